@@ -1,0 +1,1 @@
+"""novelbus messages."""
