@@ -1,0 +1,168 @@
+"""Claim manager (CLM-1..6): claims units and holds every delegation in private memory.
+
+The execution token is created by the store, kept here, injected into commits here, and never
+leaves this actor: not in a reply, an event, a log line or anything a model sees (ARCH-2).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import store
+from actors.context import ActorContext
+from bus.codec import encode
+from bus.service import CommandService
+from messages import claims as m
+from messages import events as ev
+from messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
+from messages.work import WorkNotice
+
+
+class ClaimRefused(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Delegation:
+    novel_id: str
+    unit_id: str
+    claim_id: str
+    intent_id: str
+    execution_token: str
+    granted_at: float
+    dispatch_limit: int
+    dispatches: int = 0
+
+    def __repr__(self) -> str:  # never print the token, even by accident
+        return f"Delegation(novel={self.novel_id}, unit={self.unit_id}, claim={self.claim_id})"
+
+
+@dataclass
+class ClaimManagerState:
+    """ARCH-2: the only place delegation scope exists. Volatile by design (CLM-4)."""
+
+    instance: str
+    delegations: dict[str, Delegation] = field(default_factory=dict)
+
+
+class ClaimManager:
+    name = "claims"
+
+    def __init__(self, ctx: ActorContext) -> None:
+        self.ctx = ctx
+        self.state = ClaimManagerState(instance=ctx.settings.claims_instance)
+        s = ctx.subjects
+        self.services = [
+            CommandService(ctx.nc, s.claims, {
+                m.ClaimUnit: self.on_claim,
+                m.BeginDispatch: self.on_begin_dispatch,
+                m.ReleaseClaim: self.on_release,
+                m.ReleaseUnit: self.on_release_unit,
+            }, queue="claims"),
+            # CLM-5: commits are routed to the instance holding the delegation.
+            CommandService(ctx.nc, s.commit(self.state.instance), {m.CommitUnit: self.on_commit},
+                           queue=f"commit-{self.state.instance}"),
+        ]
+
+    async def start(self) -> None:
+        await self.recover()
+        for svc in self.services:
+            await svc.start()
+
+    async def stop(self) -> None:
+        for svc in self.services:
+            await svc.stop()
+
+    async def recover(self) -> None:
+        """CLM-4: after a restart our delegations are gone, so our claimed units go back to prepared."""
+        recovered = await store.recover_claims(self.ctx.pool, claimed_by=self.state.instance)
+        by_novel: dict[str, list[str]] = {}
+        for novel_id, unit_id in recovered:
+            by_novel.setdefault(novel_id, []).append(unit_id)
+        for novel_id, unit_ids in by_novel.items():
+            await self.ctx.emit(ev.ClaimsRecovered(novel_id=novel_id, unit_ids=unit_ids,
+                                                   instance=self.state.instance))
+            notice = WorkNotice(novel_id=novel_id, notice_id=f"recover-{secrets.token_hex(6)}",
+                                reason="recovered")
+            data, headers = encode(notice)
+            await self.ctx.js.publish(self.ctx.subjects.work(novel_id), data, headers=headers)
+
+    # --- handlers -------------------------------------------------------------------------
+    async def on_claim(self, req: m.ClaimUnit) -> m.UnitClaimed:
+        novel = await store.get_novel(self.ctx.pool, req.novel_id)
+        claim = await store.claim_unit(self.ctx.pool, req.novel_id, req.unit_id, req.intent_id,
+                                       mode=req.mode, claimed_by=self.state.instance)
+        delegation_id = f"dlg-{self.state.instance}-{secrets.token_hex(12)}"
+        # CLM-3: registered before the reply leaves, so no writer can ever call first.
+        self.state.delegations[delegation_id] = Delegation(
+            novel_id=req.novel_id, unit_id=claim.unit_id, claim_id=claim.claim_id,
+            intent_id=req.intent_id, execution_token=claim.token, granted_at=time.time(),
+            dispatch_limit=novel.config.budgets.writerDispatchLimit,
+        )
+        await self.ctx.emit(ev.UnitClaimed(novel_id=req.novel_id, unit_id=claim.unit_id,
+                                           claim_id=claim.claim_id, attempt=claim.attempt, mode=req.mode))
+        return m.UnitClaimed(claim_id=claim.claim_id, unit_id=claim.unit_id, attempt=claim.attempt,
+                             delegation_id=delegation_id, instance=self.state.instance)
+
+    async def on_begin_dispatch(self, req: m.BeginDispatch) -> m.DispatchGranted:
+        d = self._delegation(req.delegation_id)
+        if d.dispatches >= d.dispatch_limit:
+            raise ClaimRefused(DISPATCH_LIMIT, f"claim {d.claim_id} used all {d.dispatch_limit} dispatches")
+        d.dispatches += 1
+        return m.DispatchGranted(delegation_id=req.delegation_id, dispatch=d.dispatches, limit=d.dispatch_limit)
+
+    async def on_commit(self, req: m.CommitUnit) -> m.CommitReceipt:
+        d = self.state.delegations.get(req.delegation_id)
+        if d is None:
+            # The delegation may have ended (recovered, released) or never existed.
+            if await store.novel_exists(self.ctx.pool, req.novel_id):
+                await self.ctx.emit(ev.DelegationRefused(novel_id=req.novel_id, requested_unit_id=req.unit_id,
+                                                         code=DELEGATION_NOT_FOUND))
+            raise ClaimRefused(DELEGATION_NOT_FOUND, "no such delegation (it may have ended)")
+        if req.unit_id != d.unit_id or req.novel_id != d.novel_id:
+            # CLM-2: scope is structural; a writer cannot widen it whatever its text says.
+            await self.ctx.emit(ev.ScopeViolation(novel_id=d.novel_id, requested_unit_id=req.unit_id,
+                                                  delegated_unit_id=d.unit_id))
+            raise ClaimRefused(SCOPE_VIOLATION, f"delegation covers unit {d.unit_id}, not {req.unit_id}")
+        receipt = await store.commit_body(self.ctx.pool, d.novel_id, d.unit_id, d.execution_token, req.body,
+                                          run_id=req.run_id, context_hash=req.context_sha256)
+        # CLM-3: the claim ended with its commit; the delegation goes with it.
+        self.state.delegations.pop(req.delegation_id, None)
+        if not receipt.duplicate:
+            await self.ctx.emit(ev.UnitCommitted(
+                novel_id=d.novel_id, unit_id=d.unit_id, commit_id=receipt.commit_id,
+                effective_characters=receipt.effective_characters, total_characters=receipt.total_characters,
+                body_sha256=receipt.body_hash, context_sha256=receipt.context_hash))
+        return m.CommitReceipt(
+            commit_id=receipt.commit_id, unit_id=receipt.unit_id, claim_id=receipt.claim_id,
+            body_sha256=receipt.body_hash, effective_characters=receipt.effective_characters,
+            delta_characters=receipt.delta_characters, total_characters=receipt.total_characters,
+            duplicate=receipt.duplicate, context_sha256=receipt.context_hash)
+
+    async def on_release(self, req: m.ReleaseClaim) -> m.ClaimReleased:
+        d = self.state.delegations.pop(req.delegation_id, None)
+        if d is None:
+            raise ClaimRefused(DELEGATION_NOT_FOUND, "no such delegation (it may have ended)")
+        released = await store.release_claim(self.ctx.pool, d.novel_id, d.unit_id, reason=req.reason)
+        await self.ctx.emit(ev.ClaimReleased(novel_id=d.novel_id, unit_id=d.unit_id, reason=req.reason))
+        return m.ClaimReleased(unit_id=d.unit_id, released=released)
+
+    async def on_release_unit(self, req: m.ReleaseUnit) -> m.ClaimReleased:
+        for delegation_id, d in list(self.state.delegations.items()):
+            if d.novel_id == req.novel_id and d.unit_id == req.unit_id:
+                del self.state.delegations[delegation_id]
+        released = await store.release_claim(self.ctx.pool, req.novel_id, req.unit_id, reason=req.reason)
+        if released:
+            await self.ctx.emit(ev.ClaimReleased(novel_id=req.novel_id, unit_id=req.unit_id, reason=req.reason))
+        return m.ClaimReleased(unit_id=req.unit_id, released=released)
+
+    # --- helpers --------------------------------------------------------------------------
+    def _delegation(self, delegation_id: str) -> Delegation:
+        d = self.state.delegations.get(delegation_id)
+        if d is None:
+            raise ClaimRefused(DELEGATION_NOT_FOUND, "no such delegation (it may have ended)")
+        return d

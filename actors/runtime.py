@@ -1,0 +1,107 @@
+"""The runtime owns actors: connects, migrates, ensures streams, starts and stops them in order.
+
+Each actor can run alone in its own OS process (`novelbus actor NAME`) or all together in one
+(`novelbus up`, `novelbus demo`); the code path is the same (ARCH-1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from nats.aio.client import Client as NATS
+
+import store
+from actors.claims import ClaimManager
+from actors.context import ActorContext, Settings
+from actors.driver import Driver
+from actors.packer import PackRenderer
+from actors.usage import UsageSampler
+from actors.verifier import CommitVerifier
+from actors.writer import WriterRunner
+from bus.client import connect
+from bus.streams import ensure_streams
+from messages.subjects import Subjects
+
+log = logging.getLogger("novelbus.runtime")
+
+# Start order: servers of commands first, the driver (their client) last.
+ACTOR_NAMES = ("claims", "packer", "writer", "verifier", "usage", "driver")
+
+
+class Actor(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def build_actor(name: str, ctx: ActorContext, **kwargs: Any) -> Actor:
+    factories: dict[str, Any] = {
+        "claims": ClaimManager, "packer": PackRenderer, "writer": WriterRunner,
+        "verifier": CommitVerifier, "usage": UsageSampler, "driver": Driver,
+    }
+    if name not in factories:
+        raise ValueError(f"unknown actor {name!r}; choose from {', '.join(ACTOR_NAMES)}")
+    return factories[name](ctx, **kwargs.get(name, {}))  # type: ignore[no-any-return]
+
+
+@dataclass
+class Runtime:
+    ctx: ActorContext
+    actors: list[Actor] = field(default_factory=list)
+
+    def actor(self, name: str) -> Actor:
+        for a in self.actors:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+@contextlib.asynccontextmanager
+async def connected(nats_url: str, database_url: str, *, subjects: Subjects, settings: Settings | None = None,
+                    name: str = "novelbus", pool_size: int = 10) -> AsyncIterator[ActorContext]:
+    """Connections + migrations + streams: what every actor process and CLI command needs."""
+    pool = await store.connect(database_url, max_size=pool_size)
+    nc: NATS | None = None
+    try:
+        await store.migrate(pool)
+        nc = await connect(nats_url, name=name)
+        js = nc.jetstream()
+        await ensure_streams(js, subjects)
+        yield ActorContext(nc=nc, js=js, pool=pool, subjects=subjects, settings=settings or Settings())
+    finally:
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.drain()
+        await pool.close()
+
+
+@contextlib.asynccontextmanager
+async def running(nats_url: str, database_url: str, *, names: tuple[str, ...] = ACTOR_NAMES,
+                  subjects: Subjects | None = None, settings: Settings | None = None,
+                  actor_kwargs: dict[str, dict[str, Any]] | None = None) -> AsyncIterator[Runtime]:
+    """Start the named actors in this process; stop them in reverse order on exit."""
+    subjects = subjects or Subjects()
+    async with connected(nats_url, database_url, subjects=subjects, settings=settings,
+                         name="novelbus-" + "+".join(names), pool_size=max(10, 4 * len(names))) as ctx:
+        rt = Runtime(ctx=ctx)
+        try:
+            for n in sorted(names, key=ACTOR_NAMES.index):
+                actor = build_actor(n, ctx, **(actor_kwargs or {}))
+                await actor.start()
+                rt.actors.append(actor)
+                log.info("actor %s started", n)
+            yield rt
+        finally:
+            for actor in reversed(rt.actors):
+                with contextlib.suppress(Exception):
+                    await actor.stop()
+
+
+async def serve_forever() -> None:
+    await asyncio.Event().wait()

@@ -1,0 +1,143 @@
+"""Writer runner (RUN-1..6): one fresh writer per dispatch, W1 draft or W2 delegate.
+
+Read tools see one snapshot of the delegated novel, loaded in a read-only transaction (TOOL-5).
+Commits go to the claim manager by delegation id; this actor never holds a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+import store
+from actors.context import ActorContext
+from bus.client import RemoteError, request
+from bus.service import CommandService
+from messages import claims as cm
+from messages import events as ev
+from messages import runs as m
+from novel.body import CommitBody
+from novel.snapshot import NovelSnapshot
+from writers.provider import ModelProvider, make_provider
+from writers.runner import RunOutcome, run_w1, run_w2
+from writers.tools import W2_ALLOW_LIST, call_read_tool, check_read_tools_gate
+
+
+@dataclass
+class WriterRunnerState:
+    provider: ModelProvider
+    runs: int = 0
+    active: set[str] = field(default_factory=set)
+
+
+class WriterRunner:
+    name = "writer"
+
+    def __init__(self, ctx: ActorContext, provider: ModelProvider | None = None) -> None:
+        self.ctx = ctx
+        self.state = WriterRunnerState(provider=provider or make_provider(ctx.settings.model))
+        self.services = [CommandService(ctx.nc, ctx.subjects.runs, {m.RunWriter: self.on_run}, queue="runs",
+                                        max_concurrency=32)]
+
+    async def start(self) -> None:
+        for svc in self.services:
+            await svc.start()
+
+    async def stop(self) -> None:
+        for svc in self.services:
+            await svc.stop()
+
+    async def on_run(self, req: m.RunWriter) -> m.WriterFinished:
+        provider = self.state.provider
+        novel = await store.get_novel(self.ctx.pool, req.novel_id)
+        await store.start_writer_run(self.ctx.pool, run_id=req.run_id, novel_id=req.novel_id, unit_id=req.unit_id,
+                                     claim_id=None, dispatch=req.dispatch, mode=req.shape, provider=provider.label)
+        await self.ctx.emit(ev.WriterDispatched(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
+                                                dispatch=req.dispatch, provider=provider.label))
+        self.state.runs += 1
+        self.state.active.add(req.run_id)
+        try:
+            if req.shape == "W1":
+                outcome = await run_w1(provider, req.pack_text, max_output_tokens=novel_output_tokens(novel))
+            else:
+                check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
+                outcome = await self._run_w2(req, provider, novel_output_tokens(novel))
+        finally:
+            self.state.active.discard(req.run_id)
+        return await self._finish(req, provider, outcome)
+
+    async def _run_w2(self, req: m.RunWriter, provider: ModelProvider, max_tokens: int) -> RunOutcome:
+        snapshot: NovelSnapshot | None = None
+        lock = asyncio.Lock()
+
+        async def read_tool(name: str, args: dict[str, Any]) -> Any:
+            nonlocal snapshot
+            async with lock:
+                if snapshot is None:  # one read-only snapshot per run, of the delegated novel only
+                    snapshot = await store.load_snapshot(self.ctx.pool, req.novel_id)
+            return call_read_tool(snapshot, name, args)
+
+        async def commit(args: dict[str, Any]) -> dict[str, Any]:
+            args = dict(args)
+            unit_id = str(args.pop("unitId", ""))
+            try:
+                body = msgspec.convert(args, CommitBody)
+            except msgspec.ValidationError as e:
+                return {"ok": False, "code": "schema", "message": f"invalid commit arguments: {e}"}
+            try:
+                receipt = await request(
+                    self.ctx.nc, self.ctx.subjects.commit(req.instance),
+                    cm.CommitUnit(delegation_id=req.delegation_id, novel_id=req.novel_id, unit_id=unit_id,
+                                  body=body, run_id=req.run_id, context_sha256=req.context_sha256),
+                    cm.CommitReceipt, timeout=self.ctx.settings.request_timeout_s, retries=2)
+            except RemoteError as e:
+                return {"ok": False, "code": e.code, "message": e.detail}
+            return {"ok": True, "receipt": {"commitId": receipt.commit_id,
+                                            "effectiveCharacters": receipt.effective_characters,
+                                            "totalCharacters": receipt.total_characters}}
+
+        return await run_w2(provider, req.pack_text, allow_list=W2_ALLOW_LIST, read_tool=read_tool,
+                            commit=commit, max_tool_rounds=self.ctx.settings.max_tool_rounds,
+                            max_output_tokens=max_tokens)
+
+    async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome) -> m.WriterFinished:
+        tool_bytes: dict[str, int] = {}
+        manifest = []
+        for rec in outcome.tool_calls:
+            tool_bytes[rec.tool] = tool_bytes.get(rec.tool, 0) + rec.result_bytes
+            manifest.append({"seq": rec.seq, "tool": rec.tool, "args": rec.args_truncated, "isError": rec.is_error})
+            # RUN-6: every tool call recorded with truncated args (prose replaced by counts).
+            await self.ctx.emit(ev.ToolStarted(novel_id=req.novel_id, run_id=req.run_id, seq=rec.seq, tool=rec.tool,
+                                               args=rec.args_truncated, refused=rec.refused))
+            if rec.refused:
+                await self.ctx.emit(ev.ToolRefused(novel_id=req.novel_id, run_id=req.run_id, tool=rec.tool))
+        await store.finish_writer_run(
+            self.ctx.pool, req.run_id, status="ok" if outcome.ok else "failed", reason=outcome.reason,
+            output_chars=outcome.output_chars, manifest=(manifest if outcome.ok and manifest else None))
+        await self.ctx.emit(ev.WriterFinished(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
+                                              ok=outcome.ok, reason=outcome.reason,
+                                              output_chars=outcome.output_chars, tool_calls=len(outcome.tool_calls)))
+        calls = [call_sample(c) for c in outcome.usage]
+        return m.WriterFinished(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=outcome.reason,
+                                provider=provider.label, output_chars=outcome.output_chars,
+                                tool_calls=len(outcome.tool_calls), tool_bytes=tool_bytes, calls=calls,
+                                draft=outcome.draft)
+
+
+def novel_output_tokens(novel: Any) -> int:
+    return 8_192
+
+
+def call_sample(c: Any) -> m.CallSample:
+    usage = c.usage
+    return m.CallSample(
+        input_chars=c.input_chars, output_chars=c.output_chars, history_chars=c.history_chars,
+        tool_result_chars=c.tool_result_chars, pack_chars=c.pack_chars, prose_echo_chars=c.prose_echo_chars,
+        input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
+        cached_tokens=usage.cached_tokens if usage else None, est_input_tokens=c.est_input_tokens)
+
+
+

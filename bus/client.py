@@ -1,0 +1,65 @@
+"""Connecting and request/reply: the one request helper every actor and the CLI use."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from bus.codec import decode_reply, encode
+from messages.errors import ErrorReply
+
+T = TypeVar("T")
+
+
+class RemoteError(Exception):
+    """The serving actor answered with an error reply (stable `code`)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.detail = message
+
+
+class BusUnavailable(Exception):
+    """Nobody answered in time (no responders or a timeout); the request may be retried."""
+
+    code = "bus-unavailable"
+
+
+async def connect(url: str, *, name: str, user: str | None = None, password: str | None = None) -> NATS:
+    """Connect with reconnects forever: a NATS node going away delays work, it does not fail it (REL-6)."""
+    opts: dict[str, Any] = dict(
+        servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        allow_reconnect=True, connect_timeout=5,
+    )
+    if user is not None:
+        opts.update(user=user, password=password)
+    return await nats.connect(**opts)
+
+
+async def request(
+    nc: NATS, subject: str, msg: msgspec.Struct, reply: type[T] | Any, *,
+    timeout: float = 30.0, retries: int = 0, retry_delay: float = 0.5,
+) -> T:
+    """Send a command and decode its reply; an ErrorReply raises RemoteError."""
+    data, headers = encode(msg)
+    attempt = 0
+    while True:
+        try:
+            raw = await nc.request(subject, data, timeout=timeout, headers=headers)
+            break
+        except (TimeoutError, NoRespondersError, NatsTimeout) as e:
+            if attempt >= retries:
+                raise BusUnavailable(f"no reply on {subject} ({type(e).__name__})") from None
+            attempt += 1
+            await asyncio.sleep(retry_delay * attempt)
+    answer = decode_reply(raw.data, reply)
+    if isinstance(answer, ErrorReply):
+        raise RemoteError(answer.code, answer.message)
+    return answer  # type: ignore[return-value]

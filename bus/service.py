@@ -1,0 +1,99 @@
+"""A command service: one subject, one queue group, a handler per message type (BUS-2, BUS-4).
+
+Decoding and validation happen once, here, at the edge; handlers get typed messages. Every
+failure becomes an ErrorReply with a stable code, is counted, and the service keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import operator
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from bus.codec import MessageError, decode, encode
+from messages.errors import INTERNAL, ErrorReply
+
+log = logging.getLogger("novelbus.bus")
+
+Handler = Callable[[Any], Awaitable[msgspec.Struct]]
+
+
+def error_reply_for(exc: BaseException) -> ErrorReply:
+    """The one place that maps exceptions to stable error codes."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code:
+        return ErrorReply(code=code, message=str(exc)[:500])
+    return ErrorReply(code=INTERNAL, message=f"internal error ({type(exc).__name__})")
+
+
+class CommandService:
+    def __init__(
+        self, nc: NATS, subject: str, handlers: dict[type, Handler], *,
+        queue: str, max_concurrency: int = 64,
+    ) -> None:
+        self.nc = nc
+        self.subject = subject
+        self.queue = queue
+        self.handlers = handlers
+        self.kind: Any = functools.reduce(operator.or_, handlers.keys())
+        self.stats: Counter[str] = Counter()
+        self._sub: Subscription | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max_concurrency)
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_message)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # connection already closed
+                pass
+            self._sub = None
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _on_message(self, msg: Msg) -> None:
+        # Handlers run concurrently (bounded); the subscription callback must not block.
+        await self._slots.acquire()
+        task = asyncio.create_task(self._serve(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _serve(self, msg: Msg) -> None:
+        try:
+            try:
+                request = decode(msg.data, self.kind, msg.headers)
+                reply: msgspec.Struct = await self.handlers[type(request)](request)
+                self.stats["served"] += 1
+            except MessageError as e:
+                self.stats[e.code] += 1
+                reply = ErrorReply(code=e.code, message=str(e)[:500])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - every failure becomes an error reply
+                reply = error_reply_for(e)
+                self.stats[reply.code] += 1
+                if reply.code == INTERNAL:
+                    log.exception("handler failed on %s", self.subject)
+            if msg.reply:
+                data, headers = encode(reply)
+                await self.nc.publish(msg.reply, data, headers=headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a broken reply path must not kill the service
+            log.exception("could not reply on %s", self.subject)

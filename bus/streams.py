@@ -1,0 +1,49 @@
+"""JetStream streams and consumers: durable work notices, replayable events, dead letters."""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError
+
+from messages.subjects import Subjects
+
+WORK_MAX_DELIVER = 5  # bounded redelivery; then the notice goes to the dead-letter subject
+WORK_ACK_WAIT_S = 60.0  # the driver sends in-progress acks while a unit runs
+DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id de-duplication window
+DAY = 86_400.0
+
+
+def _stream_configs(s: Subjects) -> list[StreamConfig]:
+    return [
+        StreamConfig(name=s.work_stream, subjects=[s.work_all], retention=RetentionPolicy.LIMITS,
+                     storage=StorageType.FILE, max_age=7 * DAY, duplicate_window=DUPLICATE_WINDOW_S),
+        StreamConfig(name=s.events_stream, subjects=[s.events_all], retention=RetentionPolicy.LIMITS,
+                     storage=StorageType.FILE, max_age=30 * DAY, duplicate_window=DUPLICATE_WINDOW_S),
+        StreamConfig(name=s.dlq_stream, subjects=[s.dead_letter_all], retention=RetentionPolicy.LIMITS,
+                     storage=StorageType.FILE, max_age=30 * DAY),
+    ]
+
+
+async def ensure_streams(js: JetStreamContext, s: Subjects) -> None:
+    """Create or update the streams; safe to call from many processes at once."""
+    for cfg in _stream_configs(s):
+        try:
+            await js.add_stream(cfg)
+        except BadRequestError:
+            await js.update_stream(cfg)
+
+
+def driver_consumer_config(s: Subjects) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name="driver", filter_subject=s.work_all, ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL, ack_wait=WORK_ACK_WAIT_S,
+        max_deliver=WORK_MAX_DELIVER + 1, max_ack_pending=1000,
+    )

@@ -1,0 +1,123 @@
+"""Shared CLI plumbing: where the servers are, and one way to run an async command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import urlparse
+
+import typer
+from rich.console import Console
+
+from infra import Infrastructure
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+T = TypeVar("T")
+
+
+def home_dir(home: Path | None) -> Path:
+    return (home or Path(os.environ.get("NOVELBUS_HOME", ".novelbus"))).expanduser().resolve()
+
+
+def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
+    err_console.print(f"[bold red]error:[/] {message}")
+    if hint:
+        err_console.print(f"[dim]hint:[/] {hint}")
+    raise typer.Exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; Ctrl-C and SIGTERM cancel it so every `async with` cleans up."""
+    from infra import install_signal_handlers
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        install_signal_handlers(asyncio.get_running_loop(), task)
+        return await coro
+
+    try:
+        return asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        err_console.print("[yellow]interrupted; servers stopped[/]")
+        raise typer.Exit(130) from None
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    nats_url: str
+    database_url: str
+
+
+def _endpoints_file(home: Path) -> Path:
+    return home / "endpoints.json"
+
+
+def _reachable(url: str) -> bool:
+    u = urlparse(url)
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 0), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def write_endpoints(home: Path, ep: Endpoints) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    _endpoints_file(home).write_text(json.dumps({"natsUrl": ep.nats_url, "databaseUrl": ep.database_url}))
+
+
+def clear_endpoints(home: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _endpoints_file(home).unlink()
+
+
+def running_endpoints(home: Path) -> Endpoints | None:
+    """Servers started by a running `novelbus up`/`demo` under this home, if they still answer."""
+    try:
+        data = json.loads(_endpoints_file(home).read_text())
+        ep = Endpoints(data["natsUrl"], data["databaseUrl"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+    return ep if _reachable(ep.nats_url) and _reachable(ep.database_url) else None
+
+
+@contextlib.asynccontextmanager
+async def servers(home: Path | None, nats_url: str | None, database_url: str | None, *,
+                  start_embedded: bool = True, announce: bool = True) -> AsyncIterator[Endpoints]:
+    """Resolve servers: flags/env (INFRA-2), else a running `up` under home, else embedded ones (INFRA-1)."""
+    h = home_dir(home)
+    nats_url = nats_url or os.environ.get("NOVELBUS_NATS_URL")
+    database_url = database_url or os.environ.get("NOVELBUS_DATABASE_URL")
+    if nats_url and database_url:
+        yield Endpoints(nats_url, database_url)
+        return
+    existing = running_endpoints(h)
+    if existing is not None and not (nats_url or database_url):
+        yield existing
+        return
+    if not start_embedded:
+        fail("no running novelbus servers found",
+             hint="start them with `novelbus up`, or set NOVELBUS_NATS_URL and NOVELBUS_DATABASE_URL")
+    log = (lambda line: err_console.print(f"[dim]{line}[/]")) if announce else None
+    async with Infrastructure(home=h, nats_url=nats_url, database_url=database_url, fast=True, log=log) as infra:
+        ep = Endpoints(infra.nats_url, infra.database_url)
+        write_endpoints(h, ep)
+        try:
+            yield ep
+        finally:
+            clear_endpoints(h)
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, indent=2, default=str) + "\n")

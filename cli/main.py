@@ -1,0 +1,411 @@
+"""The `novelbus` command (OPS-1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+
+import store
+from actors.context import Settings
+from actors.driver import publish_notice
+from actors.runtime import ACTOR_NAMES, connected, running
+from bus.codec import decode
+from cli.common import console, err_console, fail, home_dir, print_json, run, servers
+from messages import events as ev
+from messages.subjects import Subjects
+from novel.export import export_markdown
+from novel.outline import OutlineError, parse_novel_file
+
+app = typer.Typer(name="novelbus", no_args_is_help=True, add_completion=False,
+                  help="Bounded-context long-form fiction: six actors over NATS and PostgreSQL.")
+novel_app = typer.Typer(no_args_is_help=True, help="Create and steer novels.")
+app.add_typer(novel_app, name="novel")
+
+HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
+NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]
+DbOpt = Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL (env NOVELBUS_DATABASE_URL)")]
+NsOpt = Annotated[str, typer.Option("--namespace", hidden=True, help="Subject namespace prefix (tests)")]
+ModelOpt = Annotated[str, typer.Option("--model", help="Writer provider: offline | openai:<model>")]
+
+
+def _settings(model: str = "offline", instance: str = "claims-0") -> Settings:
+    return Settings(model=model, claims_instance=instance)
+
+
+# --- running ---------------------------------------------------------------------------------
+@app.command()
+def demo(
+    home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, model: ModelOpt = "offline",
+    out: Annotated[Path | None, typer.Option("--out", help="Where to write the novel as Markdown")] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds")] = 600.0,
+    namespace: NsOpt = "",
+) -> None:
+    """Write the bundled sample novel end to end on embedded NATS + PostgreSQL, then print a summary."""
+    from novel.sample import sample_novel_bytes
+
+    async def main() -> None:
+        started = time.monotonic()
+        async with servers(home, nats_url, database_url) as ep:
+            subjects = Subjects(namespace)
+            async with running(ep.nats_url, ep.database_url, subjects=subjects, settings=_settings(model)) as rt:
+                ctx = rt.ctx
+                nf = parse_novel_file(sample_novel_bytes())
+                nf = nf.model_copy(update={"novelId": None})
+                novel_id = await store.create_novel(ctx.pool, nf)
+                snap = await store.load_snapshot(ctx.pool, novel_id)
+                scenes = len(snap.outline.scenes) if snap.outline else 0
+                console.print(f"[bold]novelbus demo[/] — writer: [cyan]{rt.actor('writer').state.provider.label}[/]")
+                console.print(f"novel [bold]{novel_id}[/] “{nf.title}”: {len(nf.outline.chapters)} chapters, "
+                              f"{scenes} scenes, mode {nf.config.writerMode}/{nf.config.writerShape}")
+                finished = await _watch_until_done(ctx, novel_id, scenes, timeout, publish=True)
+                await _summary(ctx.pool, novel_id, time.monotonic() - started, out or (home_dir(home) / "out"),
+                               finished)
+                if not finished:
+                    raise typer.Exit(1)
+
+    run(main())
+
+
+async def _watch_until_done(ctx: Any, novel_id: str, scenes: int, timeout: float, *, publish: bool) -> bool:
+    """Follow the novel's events live and print one line per unit (OPS-4)."""
+    done = asyncio.get_running_loop().create_future()
+    counts = {"committed": 0}
+
+    async def on_event(msg: Any) -> None:
+        try:
+            e = decode(msg.data, ev.NovelEvent)
+        except Exception:  # noqa: BLE001
+            return
+        if isinstance(e, ev.UnitCommitted):
+            counts["committed"] += 1
+            console.print(f"  [green]✔[/] {e.unit_id:<14} {e.commit_id:<10} +{e.effective_characters:>5} chars "
+                          f"(total {e.total_characters:,})  [{counts['committed']}/{scenes}]")
+        elif isinstance(e, ev.UnitFailed):
+            console.print(f"  [red]✘[/] {e.unit_id:<14} failed: {e.reason} after {e.dispatches} dispatch(es)")
+        elif isinstance(e, ev.ChapterCompleted):
+            console.print(f"  [bold]chapter {e.chapter_id} complete[/]")
+        elif isinstance(e, ev.NovelFinished) and not done.done():
+            done.set_result(True)
+        elif isinstance(e, ev.NovelPaused) and not done.done():
+            console.print(f"  [yellow]paused:[/] {e.reason} {e.detail}")
+            done.set_result(False)
+
+    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
+    try:
+        if publish:
+            await publish_notice(ctx, novel_id, reason="demo")
+        return bool(await asyncio.wait_for(done, timeout))
+    except TimeoutError:
+        err_console.print(f"[red]the novel did not finish within {timeout:.0f} s[/]")
+        return False
+    finally:
+        await sub.unsubscribe()
+
+
+async def _summary(pool: Any, novel_id: str, wall: float, out_dir: Path, finished: bool) -> None:
+    snap = await store.load_snapshot(pool, novel_id)
+    samples = await store.recent_usage(pool, novel_id)
+    per_unit = [int(s.get("inputChars", 0)) for s in samples]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{novel_id}.md"
+    path.write_text(export_markdown(snap), encoding="utf-8")
+    console.print()
+    console.print(f"[bold]{'finished' if finished else 'NOT finished'}[/] in {wall:.1f} s")
+    console.print(f"  units:            {len([u for u in snap.units if u.state != 'superseded'])}")
+    console.print(f"  commits:          {len(snap.commits)}")
+    console.print(f"  characters:       {snap.committed_characters:,} (effective: letters and digits)")
+    if per_unit:
+        console.print(f"  raw input / unit: min {min(per_unit):,}  max {max(per_unit):,}  "
+                      f"mean {sum(per_unit) // len(per_unit):,} chars")
+    console.print(f"  markdown:         {path}")
+
+
+@app.command()
+def up(
+    home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, model: ModelOpt = "offline",
+    processes: Annotated[bool, typer.Option("--processes", help="Run each actor in its own OS process")] = False,
+    namespace: NsOpt = "",
+) -> None:
+    """Run all six actors and keep serving until Ctrl-C or SIGTERM."""
+    if processes:
+        from cli.supervise import supervise
+
+        run(supervise(home, nats_url, database_url, model=model, namespace=namespace))
+        return
+
+    async def main() -> None:
+        async with servers(home, nats_url, database_url) as ep:
+            async with running(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
+                               settings=_settings(model)):
+                console.print(f"novelbus up: all actors running (NATS {ep.nats_url}); Ctrl-C to stop")
+                await asyncio.Event().wait()
+
+    run(main())
+
+
+@app.command()
+def actor(
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(ACTOR_NAMES)}")],
+    home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, model: ModelOpt = "offline",
+    instance: Annotated[str, typer.Option(help="Claim-manager instance id (stable across restarts)")] = "claims-0",
+    namespace: NsOpt = "",
+) -> None:
+    """Run one actor in this process against given (or running) servers."""
+    if name not in ACTOR_NAMES:
+        fail(f"unknown actor {name!r}", hint=f"choose one of: {', '.join(ACTOR_NAMES)}", code=2)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+
+    async def main() -> None:
+        async with servers(home, nats_url, database_url, start_embedded=False) as ep:
+            async with running(ep.nats_url, ep.database_url, names=(name,), subjects=Subjects(namespace),
+                               settings=_settings(model, instance)):
+                print(f"actor {name} ready", flush=True)
+                await asyncio.Event().wait()
+
+    run(main())
+
+
+# --- novels ----------------------------------------------------------------------------------
+async def _with_ctx(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str,
+                    fn: Any) -> Any:
+    async with servers(home, nats_url, database_url, announce=False) as ep:
+        async with connected(ep.nats_url, ep.database_url, subjects=Subjects(namespace), name="novelbus-cli") as ctx:
+            return await fn(ctx)
+
+
+@novel_app.command("create")
+def novel_create(
+    file: Annotated[Path, typer.Argument(help="Novel file (JSON): title, config, outline")],
+    home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, namespace: NsOpt = "",
+    start: Annotated[bool, typer.Option(help="Publish a first work notice")] = True,
+) -> None:
+    """Create a novel from an outline file; bad files get an error naming the field."""
+    try:
+        nf = parse_novel_file(file.read_bytes())
+    except FileNotFoundError:
+        fail(f"no such file: {file}", code=2)
+    except OutlineError as e:
+        fail(f"{file}: {e}", code=2)
+
+    async def go(ctx: Any) -> str:
+        novel_id = await store.create_novel(ctx.pool, nf)
+        if start:
+            await publish_notice(ctx, novel_id, reason="created")
+        return novel_id
+
+    try:
+        novel_id = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    except store.StoreError as e:
+        fail(f"{e.code}: {e}", code=2)
+    console.print(novel_id)
+
+
+def _steer(action: str) -> Any:
+    def command(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+                namespace: NsOpt = "") -> None:
+        async def go(ctx: Any) -> str:
+            if action == "pause":
+                changed = await store.pause_novel(ctx.pool, novel_id, "user-request")
+                if changed:
+                    await ctx.emit(ev.NovelPaused(novel_id=novel_id, reason="user-request"))
+            elif action == "stop":
+                changed = await store.pause_novel(ctx.pool, novel_id, "stopped")
+                await store.recover_claims(ctx.pool, novel_ids=[novel_id])
+                if changed:
+                    await ctx.emit(ev.NovelPaused(novel_id=novel_id, reason="stopped"))
+            else:
+                changed = await store.resume_novel(ctx.pool, novel_id)
+                if changed:
+                    await ctx.emit(ev.NovelResumed(novel_id=novel_id))
+                await publish_notice(ctx, novel_id, reason="resume")
+            novel = await store.get_novel(ctx.pool, novel_id)
+            return f"{novel_id}: {novel.status}" + (f" ({novel.pause_reason})" if novel.pause_reason else "")
+
+        try:
+            console.print(run(_with_ctx(home, nats_url, database_url, namespace, go)))
+        except store.StoreError as e:
+            fail(f"{e.code}: {e}", code=2)
+
+    command.__doc__ = {"pause": "Pause a novel (user-request).", "resume": "Resume a paused novel.",
+                       "stop": "Stop a novel: pause it and return claimed units to prepared."}[action]
+    return command
+
+
+for _action in ("pause", "resume", "stop"):
+    novel_app.command(_action)(_steer(_action))
+
+
+@novel_app.command("mode")
+def novel_mode(novel_id: str, mode: Annotated[str, typer.Argument(help="inline | subagent")],
+               home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+               namespace: NsOpt = "") -> None:
+    """Switch writerMode; it takes effect from the next unit (DRV-3)."""
+    if mode not in ("inline", "subagent"):
+        fail(f"unknown writer mode {mode!r}", hint="use inline or subagent", code=2)
+
+    async def go(ctx: Any) -> None:
+        await store.set_writer_mode(ctx.pool, novel_id, mode)
+        await ctx.emit(ev.ModeSwitched(novel_id=novel_id, writer_mode=mode))
+
+    try:
+        run(_with_ctx(home, nats_url, database_url, namespace, go))
+    except store.StoreError as e:
+        fail(f"{e.code}: {e}", code=2)
+    console.print(f"{novel_id}: writerMode {mode} from the next unit")
+
+
+@novel_app.command("list")
+def novel_list(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+               namespace: NsOpt = "") -> None:
+    """List novels with their status."""
+    async def go(ctx: Any) -> list[Any]:
+        return await store.list_novels(ctx.pool)
+
+    for n in run(_with_ctx(home, nats_url, database_url, namespace, go)):
+        console.print(f"{n.novel_id:<16} {n.status:<9} {n.writer_mode:<9} turns {n.turns:<4} {n.title}")
+
+
+@app.command()
+def notice(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+           namespace: NsOpt = "", reason: str = "manual") -> None:
+    """Publish a work notice for a novel (what an external scheduler does)."""
+    async def go(ctx: Any) -> str:
+        await store.get_novel(ctx.pool, novel_id)
+        return await publish_notice(ctx, novel_id, reason=reason)
+
+    try:
+        console.print(run(_with_ctx(home, nats_url, database_url, namespace, go)))
+    except store.StoreError as e:
+        fail(f"{e.code}: {e}", code=2)
+
+
+@app.command()
+def status(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+           namespace: NsOpt = "", as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show a novel's state: units, commits, characters, counters."""
+    async def go(ctx: Any) -> dict[str, Any]:
+        n = await store.get_novel(ctx.pool, novel_id)
+        snap = await store.load_snapshot(ctx.pool, novel_id)
+        states: dict[str, int] = {}
+        for u in snap.units:
+            states[u.state] = states.get(u.state, 0) + 1
+        scenes = len(snap.outline.scenes) if snap.outline else 0
+        return {"novelId": n.novel_id, "title": n.title, "status": n.status, "pauseReason": n.pause_reason,
+                "writerMode": n.writer_mode, "outlineRevision": n.outline_revision, "scenes": scenes,
+                "units": states, "commits": len(snap.commits), "characters": snap.committed_characters,
+                "turns": n.turns, "writerRuns": n.writer_runs, "writerOutputChars": n.writer_output_chars,
+                "consecutiveFailures": n.consecutive_failures}
+
+    try:
+        info = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    except store.StoreError as e:
+        fail(f"{e.code}: {e}", code=2)
+    if as_json:
+        print_json(info)
+        return
+    for k, v in info.items():
+        console.print(f"{k:<20} {v}")
+
+
+@app.command()
+def export(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+           namespace: NsOpt = "",
+           out: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout)")] = None) -> None:
+    """Export a novel's committed prose as Markdown."""
+    async def go(ctx: Any) -> str:
+        return export_markdown(await store.load_snapshot(ctx.pool, novel_id))
+
+    try:
+        text = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    except store.StoreError as e:
+        fail(f"{e.code}: {e}", code=2)
+    if out:
+        out.write_text(text, encoding="utf-8")
+        console.print(str(out))
+    else:
+        typer.echo(text)
+
+
+@app.command()
+def monitor(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, namespace: NsOpt = "",
+            novel: Annotated[str | None, typer.Option("--novel", help="Only this novel")] = None,
+            new_only: Annotated[bool, typer.Option("--new", help="Skip history; only new events")] = False,
+            count: Annotated[int | None, typer.Option("--count", help="Exit after this many events")] = None,
+            as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False) -> None:
+    """Tail the event stream live; starting late replays what was missed (BUS-3)."""
+    from nats.js.api import DeliverPolicy
+
+    async def go(ctx: Any) -> None:
+        subject = ctx.subjects.events_of(novel)
+        policy = DeliverPolicy.NEW if new_only else DeliverPolicy.ALL
+        sub = await ctx.js.subscribe(subject, stream=ctx.subjects.events_stream, ordered_consumer=True,
+                                     deliver_policy=policy)
+        seen = 0
+        async for msg in sub.messages:
+            data = json.loads(msg.data)
+            if as_json:
+                typer.echo(json.dumps(data, ensure_ascii=False))
+            else:
+                rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("type", "novelId"))
+                console.print(f"[cyan]{data.get('novelId')}[/] [bold]{data.get('type')}[/] {rest}")
+            seen += 1
+            if count is not None and seen >= count:
+                break
+
+    run(_with_ctx(home, nats_url, database_url, namespace, go))
+
+
+@app.command()
+def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+          namespace: NsOpt = "", as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Recent usage samples (ring of 50) and totals per mode (USE-1..3)."""
+    async def go(ctx: Any) -> dict[str, Any]:
+        return {"recent": await store.recent_usage(ctx.pool, novel_id),
+                "totals": await store.usage_totals(ctx.pool, novel_id)}
+
+    data = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    if as_json:
+        print_json(data)
+        return
+    console.print("turn  unit            calls  input chars  est tokens  tool bytes  output")
+    for s in data["recent"]:
+        console.print(f"{s.get('turn', ''):<5} {s.get('unitId', ''):<15} {s.get('calls', 0):<6} "
+                      f"{s.get('inputChars', 0):<12,} {s.get('estInputTokens', 0):<11,} "
+                      f"{sum((s.get('toolBytes') or {}).values()):<11,} {s.get('outputChars', 0):,}")
+    for mode, totals in data["totals"].items():
+        console.print(f"[bold]{mode}[/] totals: {json.dumps(totals)}")
+
+
+@app.command()
+def schema(as_file: Annotated[Path | None, typer.Option("--out", help="Write to this file")] = None) -> None:
+    """Print the public schema (work notices and events) as JSON Schema (BUS-5)."""
+    from messages.work import WorkNotice
+
+    _, components = msgspec.json.schema_components([WorkNotice, ev.NovelEvent],
+                                                   ref_template="#/$defs/{name}")
+    doc = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "novelbus public messages",
+           "description": "Work notices go to `novel.work.<novelId>`; events come on "
+                          "`novel.events.<novelId>.<type>`. Each message carries its type in the "
+                          "`type` field and in the Novelbus-Type header, its schema version in "
+                          "Novelbus-Schema.",
+           "$defs": components,
+           "properties": {"workNotice": {"$ref": "#/$defs/WorkNotice"},
+                          "event": {"anyOf": [{"$ref": f"#/$defs/{t.__name__}"}
+                                              for t in ev.NovelEvent.__args__]}}}
+    text = json.dumps(doc, indent=2)
+    if as_file:
+        as_file.write_text(text)
+        console.print(str(as_file))
+    else:
+        typer.echo(text)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,74 @@
+"""Claim manager commands (CLM-1..3). No message here ever carries an execution token."""
+
+from typing import Literal
+
+from messages.base import Message
+from novel.body import CommitBody
+
+
+class ClaimUnit(Message, tag="claims.claim"):
+    novel_id: str
+    unit_id: str
+    intent_id: str
+    mode: Literal["inline", "subagent"]
+
+
+class UnitClaimed(Message, tag="claims.claimed"):
+    claim_id: str
+    unit_id: str
+    attempt: int
+    delegation_id: str
+    instance: str  # which claim-manager instance holds the delegation (CLM-5 routing)
+
+
+class BeginDispatch(Message, tag="claims.dispatch"):
+    delegation_id: str
+
+
+class DispatchGranted(Message, tag="claims.dispatch-granted"):
+    delegation_id: str
+    dispatch: int
+    limit: int
+
+
+class CommitUnit(Message, tag="claims.commit"):
+    delegation_id: str
+    novel_id: str
+    unit_id: str
+    body: CommitBody
+    run_id: str
+    context_sha256: str | None = None
+
+
+class CommitReceipt(Message, tag="claims.committed"):
+    commit_id: str
+    unit_id: str
+    claim_id: str
+    body_sha256: str
+    effective_characters: int
+    delta_characters: int
+    total_characters: int
+    duplicate: bool
+    context_sha256: str | None = None
+
+
+class ReleaseClaim(Message, tag="claims.release"):
+    delegation_id: str
+    reason: str
+
+
+class ClaimReleased(Message, tag="claims.released"):
+    unit_id: str
+    released: bool
+
+
+class ReleaseUnit(Message, tag="claims.release-unit"):
+    """The driver gives up a stale claim it no longer drives (e.g. after a driver restart)."""
+
+    novel_id: str
+    unit_id: str
+    reason: str
+
+
+ClaimsRequest = ClaimUnit | BeginDispatch | ReleaseClaim | ReleaseUnit
+CommitRequest = CommitUnit

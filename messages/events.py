@@ -1,0 +1,153 @@
+"""Events on `novel.events.<novelId>.<type>` (BUS-3). Safe echo only (BUS-6): ids, versions,
+counts, hashes and states — never prose, prompts, model output or tokens."""
+
+from messages.base import Message
+
+
+class Event(Message):
+    novel_id: str
+
+
+class NovelCreated(Event, tag="novel.created"):
+    title: str
+    writer_mode: str
+    outline_revision: str
+    chapters: int
+    scenes: int
+
+
+class UnitPrepared(Event, tag="unit.prepared"):
+    unit_id: str
+    chapter_id: str
+    scene_id: str
+    fragment: int
+
+
+class UnitClaimed(Event, tag="unit.claimed"):
+    unit_id: str
+    claim_id: str
+    attempt: int
+    mode: str
+
+
+class PackRendered(Event, tag="pack.rendered"):
+    unit_id: str
+    shape: str
+    chars: int
+    est_tokens: int
+    prefix_sha256: str
+
+
+class WriterDispatched(Event, tag="writer.dispatched"):
+    unit_id: str
+    run_id: str
+    dispatch: int
+    provider: str
+
+
+class ToolStarted(Event, tag="tool.started"):
+    run_id: str
+    seq: int
+    tool: str
+    args: str  # truncated, prose replaced by counts (RUN-6)
+    refused: bool = False
+
+
+class WriterFinished(Event, tag="writer.finished"):
+    unit_id: str
+    run_id: str
+    ok: bool
+    reason: str
+    output_chars: int
+    tool_calls: int
+
+
+class UnitCommitted(Event, tag="unit.committed"):
+    unit_id: str
+    commit_id: str
+    effective_characters: int
+    total_characters: int
+    body_sha256: str
+    context_sha256: str | None
+    duplicate: bool = False
+
+
+class VerificationFailed(Event, tag="verify.failed"):
+    unit_id: str
+    run_id: str
+    failure: str
+
+
+class UnitFailed(Event, tag="unit.failed"):
+    unit_id: str
+    reason: str
+    signature: str
+    dispatches: int
+    missing_blocks: list[str] = []
+
+
+class ClaimReleased(Event, tag="claim.released"):
+    unit_id: str
+    reason: str
+
+
+class ClaimsRecovered(Event, tag="claims.recovered"):
+    unit_ids: list[str]
+    instance: str
+
+
+class ScopeViolation(Event, tag="scope.violation"):
+    requested_unit_id: str
+    delegated_unit_id: str
+
+
+class DelegationRefused(Event, tag="delegation.refused"):
+    requested_unit_id: str
+    code: str
+
+
+class ToolRefused(Event, tag="tool.refused"):
+    run_id: str
+    tool: str
+
+
+class UsageSampled(Event, tag="usage.sampled"):
+    unit_id: str
+    mode: str
+    turn: int
+    input_chars: int
+    est_input_tokens: int
+    output_chars: int
+    window_peak_tokens: int
+    calls: int
+
+
+class ChapterCompleted(Event, tag="chapter.completed"):
+    chapter_id: str
+
+
+class NovelPaused(Event, tag="novel.paused"):
+    reason: str
+    detail: str = ""
+
+
+class NovelResumed(Event, tag="novel.resumed"):
+    pass
+
+
+class ModeSwitched(Event, tag="novel.mode-switched"):
+    writer_mode: str
+
+
+class NovelFinished(Event, tag="novel.finished"):
+    units: int
+    commits: int
+    characters: int
+
+
+NovelEvent = (
+    NovelCreated | UnitPrepared | UnitClaimed | PackRendered | WriterDispatched | ToolStarted
+    | WriterFinished | UnitCommitted | VerificationFailed | UnitFailed | ClaimReleased
+    | ClaimsRecovered | ScopeViolation | DelegationRefused | ToolRefused | UsageSampled
+    | ChapterCompleted | NovelPaused | NovelResumed | ModeSwitched | NovelFinished
+)

@@ -1,0 +1,49 @@
+"""Writer runner commands (RUN-1..6)."""
+
+from typing import Literal
+
+from messages.base import Message
+from novel.body import CommitBody
+
+
+class RunWriter(Message, tag="runs.run"):
+    novel_id: str
+    unit_id: str
+    run_id: str
+    delegation_id: str
+    instance: str
+    shape: Literal["W1", "W2"]
+    pack_text: str
+    dispatch: int
+    context_sha256: str | None = None
+
+
+class CallSample(Message, tag="runs.call"):
+    """One model call's measured input (USE-1): the four-way split adds up to input_chars."""
+
+    input_chars: int
+    output_chars: int
+    history_chars: int
+    tool_result_chars: int
+    pack_chars: int
+    prose_echo_chars: int
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    est_input_tokens: int = 0
+
+
+class WriterFinished(Message, tag="runs.finished"):
+    run_id: str
+    unit_id: str
+    ok: bool
+    reason: str
+    provider: str
+    output_chars: int
+    tool_calls: int
+    tool_bytes: dict[str, int]
+    calls: list[CallSample]
+    draft: CommitBody | None = None  # W1 only: the candidate the driver commits via the claim manager
+
+
+RunsRequest = RunWriter

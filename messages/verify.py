@@ -1,0 +1,29 @@
+"""Commit verifier commands (VER-1..4)."""
+
+from messages.base import Message
+from messages.claims import CommitReceipt
+from novel.body import CommitBody
+
+
+class VerifyCommit(Message, tag="verify.commit"):
+    novel_id: str
+    unit_id: str
+    claim_id: str
+    run_id: str
+
+
+class ValidateDraft(Message, tag="verify.draft"):
+    novel_id: str
+    unit_id: str
+    body: CommitBody
+
+
+class Verified(Message, tag="verify.result"):
+    ok: bool
+    failure: str | None = None  # not-committed | wrong-claim | guard | schema
+    detail: str | None = None
+    receipt: CommitReceipt | None = None
+    scene_completed: bool | None = None
+
+
+VerifyRequest = VerifyCommit | ValidateDraft

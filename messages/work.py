@@ -1,0 +1,12 @@
+"""Work notices: what external schedulers (and the driver itself) publish to get a novel moving."""
+
+from messages.base import Message
+
+
+class WorkNotice(Message, tag="work.notice"):
+    novel_id: str
+    notice_id: str
+    reason: str = "schedule"
+
+
+WorkMessage = WorkNotice
