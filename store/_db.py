@@ -1,0 +1,44 @@
+"""Small helpers shared by the store modules: one transaction per store function."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal, TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+# Every store function accepts a pool or a connection (for callers composing a larger transaction).
+Db: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+
+Isolation = Literal["read_committed", "repeatable_read", "serializable"]
+
+
+@asynccontextmanager
+async def acquire(db: Db) -> AsyncIterator[Conn]:
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            yield conn
+    else:
+        yield db
+
+
+@asynccontextmanager
+async def transaction(
+    db: Db, *, isolation: Isolation | None = None, readonly: bool = False
+) -> AsyncIterator[Conn]:
+    """One transaction (a savepoint when `db` is a connection already inside one)."""
+    async with acquire(db) as conn, conn.transaction(isolation=isolation, readonly=readonly):
+        yield conn
+
+
+async def lock_novel(conn: Conn, novel_id: str) -> asyncpg.Record:
+    """Lock the novel row: serialises claims, commits and revisions of one novel."""
+    from store.errors import NovelNotFound
+
+    row = await conn.fetchrow("SELECT * FROM novels WHERE novel_id = $1 FOR UPDATE", novel_id)
+    if row is None:
+        raise NovelNotFound(f"novel {novel_id!r} not found")
+    return row

@@ -1,0 +1,85 @@
+"""Typed store errors with stable codes (the bus maps `.code` to error replies).
+
+Messages name ids and fields only: never prose, tokens or token hashes (BUS-6, REL-4).
+`novel.commitcheck.BodyError` and `novel.guard.ProseGuardError` pass through unchanged.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    code: str = "store-error"
+
+
+class NovelNotFound(StoreError):
+    code = "novel-not-found"
+
+
+class NovelExists(StoreError):
+    code = "novel-exists"
+
+
+class NovelNotActive(StoreError):
+    code = "novel-not-active"
+
+
+class UnitNotFound(StoreError):
+    code = "unit-not-found"
+
+
+class SceneNotFound(StoreError):
+    """prepare_unit named a (chapter, scene) pair the current outline does not have."""
+
+    code = "scene-not-found"
+
+
+class UnitNotClaimable(StoreError):
+    code = "unit-not-claimable"
+
+
+class UnitInFlight(StoreError):
+    """Another unit of the novel is claimed (units of one novel are strictly sequential)."""
+
+    code = "unit-in-flight"
+
+
+class UnitNotClaimed(StoreError):
+    code = "unit-not-claimed"
+
+
+class TokenMismatch(StoreError):
+    code = "token-mismatch"
+
+
+class CommitConflict(StoreError):
+    code = "commit-conflict"
+
+
+class RevisionConflict(StoreError):
+    """Compare-and-set on the outline revision failed."""
+
+    code = "revision-conflict"
+
+
+class RevisionRefused(StoreError):
+    """An outline revision breaks committed history (a committed chapter removed or reordered)."""
+
+    code = "revision-refused"
+
+
+class SupersedeRefused(StoreError):
+    code = "supersede-refused"
+
+
+class OutlineMissing(StoreError):
+    code = "outline-missing"
+
+
+class RunNotFound(StoreError):
+    code = "run-not-found"
+
+
+class UnsafePayload(StoreError):
+    """An event payload carried a key reserved for prose, prompts or tokens (BUS-6)."""
+
+    code = "unsafe-payload"

@@ -1,0 +1,99 @@
+"""The append-only event ledger, intents and processed-message marks (BUS-3, BUS-6, REL-2)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from store._db import Db, transaction
+from store.errors import UnsafePayload
+
+# BUS-6: keys that would carry prose, prompts or tokens never enter an event payload.
+FORBIDDEN_PAYLOAD_KEYS = frozenset({"token", "paragraphs", "prompt", "text"})
+
+
+class EventRow(msgspec.Struct, frozen=True):
+    seq: int
+    novel_id: str | None
+    type: str
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+def _forbidden_key(value: Any, path: str) -> str | None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}"
+            if str(key).lower() in FORBIDDEN_PAYLOAD_KEYS:
+                return where
+            found = _forbidden_key(item, where)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _forbidden_key(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+async def append_event(pool: Db, novel_id: str | None, type: str, payload: dict[str, Any]) -> int:
+    """Append an event; return its ledger seq. Payload keys are checked at any depth."""
+    if not type:
+        raise ValueError("event type must not be empty")
+    bad = _forbidden_key(payload, "payload")
+    if bad is not None:
+        raise UnsafePayload(f"event {type!r}: {bad} is a reserved key (no prose or tokens)")
+    async with transaction(pool) as conn:
+        seq = await conn.fetchval(
+            "INSERT INTO events (novel_id, type, payload) VALUES ($1, $2, $3) RETURNING seq",
+            novel_id,
+            type,
+            payload,
+        )
+    return int(seq)
+
+
+async def list_events(
+    pool: Db, novel_id: str | None = None, after_seq: int = 0, limit: int = 1000
+) -> list[EventRow]:
+    """Events after `after_seq` in ledger order, for one novel or all."""
+    async with transaction(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT seq, novel_id, type, payload, created_at FROM events"
+            " WHERE seq > $1 AND ($2::text IS NULL OR novel_id = $2) ORDER BY seq LIMIT $3",
+            after_seq,
+            novel_id,
+            limit,
+        )
+    return [EventRow(**dict(r)) for r in rows]
+
+
+async def record_intent(
+    pool: Db, novel_id: str, intent_id: str, unit_id: str, notice_id: str | None
+) -> bool:
+    """Persist the driver's intent (DRV-1); False when it was already recorded."""
+    async with transaction(pool) as conn:
+        inserted = await conn.fetchval(
+            "INSERT INTO intents (intent_id, novel_id, unit_id, notice_id)"
+            " VALUES ($1, $2, $3, $4) ON CONFLICT (intent_id) DO NOTHING RETURNING intent_id",
+            intent_id,
+            novel_id,
+            unit_id,
+            notice_id,
+        )
+    return inserted is not None
+
+
+async def mark_processed(pool: Db, message_id: str) -> bool:
+    """REL-2: True the first time a message id is seen, False on every redelivery."""
+    async with transaction(pool) as conn:
+        inserted = await conn.fetchval(
+            "INSERT INTO processed_messages (message_id) VALUES ($1)"
+            " ON CONFLICT (message_id) DO NOTHING RETURNING message_id",
+            message_id,
+        )
+    return inserted is not None

@@ -1,0 +1,426 @@
+"""The novel aggregate: creation, status, writer mode, counters and outline revisions."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from datetime import datetime
+from types import EllipsisType
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from novel.outline import NovelConfig, NovelFile, Outline, outline_revision
+from store._db import Conn, Db, lock_novel, transaction
+from store.errors import (
+    NovelExists,
+    NovelNotActive,
+    NovelNotFound,
+    OutlineMissing,
+    RevisionConflict,
+    RevisionRefused,
+    UnitInFlight,
+)
+
+WRITER_MODES = ("inline", "subagent")
+OUTLINE_LAYERS = ("story", "chapters", "scenes", "characters", "lore", "foreshadowing")
+
+
+class NovelRow(msgspec.Struct, frozen=True):
+    novel_id: str
+    title: str
+    config: NovelConfig
+    writer_mode: str
+    status: str
+    pause_reason: str | None
+    outline_revision: str | None
+    turns: int
+    writer_runs: int
+    writer_output_chars: int
+    consecutive_failures: int
+    stall_signature: str | None
+    stall_count: int
+    duration_window_start: datetime
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def novel_row(r: asyncpg.Record) -> NovelRow:
+    return NovelRow(
+        novel_id=r["novel_id"],
+        title=r["title"],
+        config=NovelConfig.model_validate(r["config"]),
+        writer_mode=r["writer_mode"],
+        status=r["status"],
+        pause_reason=r["pause_reason"],
+        outline_revision=r["outline_revision"],
+        turns=r["turns"],
+        writer_runs=r["writer_runs"],
+        writer_output_chars=r["writer_output_chars"],
+        consecutive_failures=r["consecutive_failures"],
+        stall_signature=r["stall_signature"],
+        stall_count=r["stall_count"],
+        duration_window_start=r["duration_window_start"],
+        created_at=r["created_at"],
+        finished_at=r["finished_at"],
+    )
+
+
+async def create_novel(pool: Db, nf: NovelFile) -> str:
+    """Store a new novel with its config and first outline revision; return its id."""
+    novel_id = nf.novelId or "n-" + secrets.token_hex(4)
+    revision = outline_revision(None, "create", nf.outline)
+    try:
+        async with transaction(pool) as conn:
+            await conn.execute(
+                "INSERT INTO novels (novel_id, title, config, writer_mode, outline_revision)"
+                " VALUES ($1, $2, $3, $4, $5)",
+                novel_id,
+                nf.title,
+                nf.config.model_dump(mode="json"),
+                nf.config.writerMode,
+                revision,
+            )
+            await conn.execute(
+                "INSERT INTO outline_revisions (novel_id, revision, parent, reason, outline, seq)"
+                " VALUES ($1, $2, NULL, 'create', $3, 1)",
+                novel_id,
+                revision,
+                nf.outline.model_dump(mode="json"),
+            )
+    except asyncpg.UniqueViolationError:
+        raise NovelExists(f"novel {novel_id!r} already exists") from None
+    return novel_id
+
+
+async def get_novel(pool: Db, novel_id: str) -> NovelRow:
+    async with transaction(pool) as conn:
+        row = await conn.fetchrow("SELECT * FROM novels WHERE novel_id = $1", novel_id)
+    if row is None:
+        raise NovelNotFound(f"novel {novel_id!r} not found")
+    return novel_row(row)
+
+
+async def list_novels(pool: Db) -> list[NovelRow]:
+    async with transaction(pool) as conn:
+        rows = await conn.fetch("SELECT * FROM novels ORDER BY created_at, novel_id")
+    return [novel_row(r) for r in rows]
+
+
+async def set_writer_mode(pool: Db, novel_id: str, mode: str) -> NovelRow:
+    """Switch writerMode; DRV-3: a claimed unit keeps the mode it was claimed in."""
+    if mode not in WRITER_MODES:
+        raise ValueError(f"writer mode must be one of {WRITER_MODES}, got {mode!r}")
+    async with transaction(pool) as conn:
+        await lock_novel(conn, novel_id)
+        row = await conn.fetchrow(
+            "UPDATE novels SET writer_mode = $2,"
+            " config = jsonb_set(config, '{writerMode}', to_jsonb($2::text))"
+            " WHERE novel_id = $1 RETURNING *",
+            novel_id,
+            mode,
+        )
+    assert row is not None
+    return novel_row(row)
+
+
+async def novel_exists(pool: Db, novel_id: str) -> bool:
+    async with transaction(pool) as conn:
+        return bool(
+            await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM novels WHERE novel_id = $1)", novel_id
+            )
+        )
+
+
+async def pause_novel(pool: Db, novel_id: str, reason: str) -> bool:
+    """Active → paused with a reason; False when it was already paused (the first reason stays)."""
+    if not reason:
+        raise ValueError("pause reason must not be empty")
+    async with transaction(pool) as conn:
+        current = await lock_novel(conn, novel_id)
+        if current["status"] == "finished":
+            raise NovelNotActive(f"novel {novel_id!r} is finished; it cannot be paused")
+        if current["status"] == "paused":
+            return False
+        await conn.execute(
+            "UPDATE novels SET status = 'paused', pause_reason = $2 WHERE novel_id = $1",
+            novel_id,
+            reason,
+        )
+    return True
+
+
+async def resume_novel(pool: Db, novel_id: str) -> bool:
+    """Paused → active, resetting the duration window and the stall counter (SPEC §16 Budgets).
+
+    False when the novel was already active.
+    """
+    async with transaction(pool) as conn:
+        current = await lock_novel(conn, novel_id)
+        if current["status"] == "finished":
+            raise NovelNotActive(f"novel {novel_id!r} is finished; it cannot be resumed")
+        if current["status"] == "active":
+            return False
+        await conn.execute(
+            "UPDATE novels SET status = 'active', pause_reason = NULL,"
+            " duration_window_start = now(), stall_count = 0, stall_signature = NULL"
+            " WHERE novel_id = $1",
+            novel_id,
+        )
+    return True
+
+
+async def finish_novel(pool: Db, novel_id: str) -> bool:
+    """Mark the novel finished; False when it already was. The pure finish guards are the
+    caller's job; a claimed unit still refuses (UnitInFlight)."""
+    async with transaction(pool) as conn:
+        current = await lock_novel(conn, novel_id)
+        if current["status"] == "finished":
+            return False
+        claimed = await conn.fetchval(
+            "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed'", novel_id
+        )
+        if claimed is not None:
+            raise UnitInFlight(f"novel {novel_id!r}: unit {claimed!r} is claimed; cannot finish")
+        await conn.execute(
+            "UPDATE novels SET status = 'finished', pause_reason = NULL, finished_at = now()"
+            " WHERE novel_id = $1",
+            novel_id,
+        )
+    return True
+
+
+async def record_turn(
+    pool: Db,
+    novel_id: str,
+    *,
+    committed: bool,
+    writer_output_chars: int = 0,
+    failure_signature: str | None = None,
+) -> NovelRow:
+    """Account one unit turn atomically and return the counters (DRV-4, DRV-6, USE-3).
+
+    Always turns + 1. A committed turn adds a writer run and its output characters and clears
+    the failure and stall counters. A failed turn adds a consecutive failure; the same
+    signature as last time grows the stall count, a new one restarts it at 1. Callers check
+    the stall counter on the returned row, after recording progress (SPEC §16).
+    """
+    if writer_output_chars < 0:
+        raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
+    async with transaction(pool) as conn:
+        await lock_novel(conn, novel_id)
+        if committed:
+            row = await conn.fetchrow(
+                "UPDATE novels SET turns = turns + 1, writer_runs = writer_runs + 1,"
+                " writer_output_chars = writer_output_chars + $2, consecutive_failures = 0,"
+                " stall_signature = NULL, stall_count = 0 WHERE novel_id = $1 RETURNING *",
+                novel_id,
+                writer_output_chars,
+            )
+        else:
+            row = await conn.fetchrow(
+                "UPDATE novels SET turns = turns + 1,"
+                " consecutive_failures = consecutive_failures + 1,"
+                " stall_count = CASE WHEN $2::text IS NULL THEN 0"
+                "  WHEN stall_signature = $2 THEN stall_count + 1 ELSE 1 END,"
+                " stall_signature = $2 WHERE novel_id = $1 RETURNING *",
+                novel_id,
+                failure_signature,
+            )
+    assert row is not None
+    return novel_row(row)
+
+
+async def bump_counters(
+    pool: Db,
+    novel_id: str,
+    *,
+    turns: int = 0,
+    writer_runs: int = 0,
+    writer_output_chars: int = 0,
+    consecutive_failures: int | None = None,
+    stall_signature: str | None | EllipsisType = ...,
+    stall_count: int | None = None,
+) -> NovelRow:
+    """Add to the running counters; set the absolute ones that are given.
+
+    `turns`, `writer_runs`, `writer_output_chars` are increments; `consecutive_failures` and
+    `stall_count` are absolute values when not None; `stall_signature` is set when not `...`
+    (None clears it). Returns the updated row, so callers check the stall counter after
+    recording progress (SPEC §16).
+    """
+    for name, value in (
+        ("turns", turns),
+        ("writer_runs", writer_runs),
+        ("writer_output_chars", writer_output_chars),
+    ):
+        if value < 0:
+            raise ValueError(f"{name} increment must be >= 0, got {value}")
+    set_signature = stall_signature is not ...
+    async with transaction(pool) as conn:
+        await lock_novel(conn, novel_id)
+        row = await conn.fetchrow(
+            "UPDATE novels SET turns = turns + $2, writer_runs = writer_runs + $3,"
+            " writer_output_chars = writer_output_chars + $4,"
+            " consecutive_failures = COALESCE($5, consecutive_failures),"
+            " stall_signature = CASE WHEN $6 THEN $7 ELSE stall_signature END,"
+            " stall_count = COALESCE($8, stall_count)"
+            " WHERE novel_id = $1 RETURNING *",
+            novel_id,
+            turns,
+            writer_runs,
+            writer_output_chars,
+            consecutive_failures,
+            set_signature,
+            stall_signature if set_signature else None,
+            stall_count,
+        )
+    assert row is not None
+    return novel_row(row)
+
+
+# --- outline ------------------------------------------------------------------------------
+
+
+async def fetch_outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
+    if revision is None:
+        return None
+    raw = await conn.fetchval(
+        "SELECT outline FROM outline_revisions WHERE novel_id = $1 AND revision = $2",
+        novel_id,
+        revision,
+    )
+    return None if raw is None else Outline.model_validate(raw)
+
+
+async def get_outline(pool: Db, novel_id: str) -> Outline | None:
+    """The novel's current outline (None when it has none)."""
+    async with transaction(pool) as conn:
+        revision = await conn.fetchval(
+            "SELECT outline_revision FROM novels WHERE novel_id = $1", novel_id
+        )
+        if revision is None and not await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM novels WHERE novel_id = $1)", novel_id
+        ):
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        return await fetch_outline(conn, novel_id, revision)
+
+
+def _overlay(current: Outline | None, revision: Outline | Mapping[str, Any]) -> Outline:
+    """A full Outline replaces; a mapping is an overlay: omitted layers are carried forward."""
+    if isinstance(revision, Outline):
+        return revision
+    unknown = set(revision) - set(OUTLINE_LAYERS)
+    if unknown:
+        raise ValueError(f"outline overlay: unknown layers {sorted(unknown)}")
+    base: dict[str, Any] = current.model_dump(mode="json") if current is not None else {}
+    base.update(revision)
+    return Outline.model_validate(base)
+
+
+async def revise_outline(
+    pool: Db,
+    novel_id: str,
+    outline: Outline | Mapping[str, Any],
+    *,
+    expected_revision: str | None,
+    reason: str,
+) -> str:
+    """Compare-and-set a new outline revision; return the new revision id (SPEC §16 Outline).
+
+    Refused while a unit is claimed (UnitInFlight), on a stale expected revision
+    (RevisionConflict), and when a chapter that has commits disappears or changes its
+    relative order (RevisionRefused). Prepared units whose (chapter, scene) the revision
+    removed are superseded in the same transaction.
+    """
+    if not reason:
+        raise ValueError("revision reason must not be empty")
+    async with transaction(pool) as conn:
+        novel = await lock_novel(conn, novel_id)
+        if novel["status"] == "finished":
+            raise NovelNotActive(f"novel {novel_id!r} is finished; its outline is closed")
+        current_revision = novel["outline_revision"]
+        if expected_revision != current_revision:
+            raise RevisionConflict(
+                f"novel {novel_id!r}: expected outline revision {expected_revision!r},"
+                f" current is {current_revision!r}"
+            )
+        claimed = await conn.fetchval(
+            "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed'", novel_id
+        )
+        if claimed is not None:
+            raise UnitInFlight(
+                f"novel {novel_id!r}: unit {claimed!r} is claimed; outline revision refused"
+            )
+        current = await fetch_outline(conn, novel_id, current_revision)
+        new_outline = _overlay(current, outline)
+
+        committed_chapters = {
+            r["chapter_id"]
+            for r in await conn.fetch(
+                "SELECT DISTINCT chapter_id FROM commits WHERE novel_id = $1", novel_id
+            )
+        }
+        if committed_chapters:
+            _check_committed_chapters(novel_id, current, new_outline, committed_chapters)
+
+        revision = outline_revision(current_revision, reason, new_outline)
+        seq = await conn.fetchval(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM outline_revisions WHERE novel_id = $1",
+            novel_id,
+        )
+        await conn.execute(
+            "INSERT INTO outline_revisions (novel_id, revision, parent, reason, outline, seq)"
+            " VALUES ($1, $2, $3, $4, $5, $6)",
+            novel_id,
+            revision,
+            current_revision,
+            reason,
+            new_outline.model_dump(mode="json"),
+            seq,
+        )
+        await conn.execute(
+            "UPDATE novels SET outline_revision = $2 WHERE novel_id = $1", novel_id, revision
+        )
+        # SPEC §16 finish guards: prepared units whose scene was removed are superseded.
+        scenes = [(s.chapterId, s.sceneId) for s in new_outline.scenes]
+        await conn.execute(
+            "UPDATE units SET state = 'superseded', updated_at = now(),"
+            " last_error = 'scene removed by outline revision'"
+            " WHERE novel_id = $1 AND state = 'prepared'"
+            " AND (chapter_id, scene_id) NOT IN"
+            "  (SELECT * FROM unnest($2::text[], $3::text[]))",
+            novel_id,
+            [c for c, _ in scenes],
+            [s for _, s in scenes],
+        )
+    return revision
+
+
+def _check_committed_chapters(
+    novel_id: str, current: Outline | None, new: Outline, committed: set[str]
+) -> None:
+    new_order = [c.chapterId for c in new.ordered_chapters()]
+    missing = sorted(committed - set(new_order))
+    if missing:
+        raise RevisionRefused(
+            f"novel {novel_id!r}: chapters with commits may not disappear: {missing}"
+        )
+    if current is None:
+        return
+    old_order = [c.chapterId for c in current.ordered_chapters() if c.chapterId in committed]
+    kept_order = [c for c in new_order if c in committed]
+    if old_order != kept_order:
+        raise RevisionRefused(
+            f"novel {novel_id!r}: chapters with commits may not change relative order:"
+            f" {old_order} -> {kept_order}"
+        )
+
+
+async def require_outline(conn: Conn, novel_id: str, revision: str | None) -> Outline:
+    outline = await fetch_outline(conn, novel_id, revision)
+    if outline is None:
+        raise OutlineMissing(f"novel {novel_id!r} has no outline")
+    return outline

@@ -1,0 +1,75 @@
+"""Connection pool with JSON codecs, and versioned migrations under an advisory lock (INFRA-3)."""
+
+from __future__ import annotations
+
+import importlib.resources
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from store._db import Db, acquire
+
+# Arbitrary but fixed: every novelbus process serialises migrations on this key.
+MIGRATION_LOCK_KEY = 0x6E6F76656C627573  # "novelbus"
+
+_json_encoder = msgspec.json.Encoder()
+
+
+def _encode_json(value: Any) -> str:
+    return _json_encoder.encode(value).decode()
+
+
+def _decode_json(value: str) -> Any:
+    return msgspec.json.decode(value)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for typename in ("json", "jsonb"):
+        await conn.set_type_codec(
+            typename, schema="pg_catalog", encoder=_encode_json, decoder=_decode_json
+        )
+
+
+async def connect(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """A pool whose json/jsonb columns take and return plain Python objects (and msgspec Structs)."""
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection
+    )
+    assert pool is not None
+    return pool
+
+
+def migration_files() -> list[tuple[str, str]]:
+    """(name, sql) of every packaged migration, sorted by name."""
+    root = importlib.resources.files("store") / "migrations"
+    files = [p for p in root.iterdir() if p.name.endswith(".sql")]
+    return [(p.name, p.read_text(encoding="utf-8")) for p in sorted(files, key=lambda p: p.name)]
+
+
+async def migrate(pool: Db) -> list[str]:
+    """Apply pending migrations in name order; return the names applied by this call.
+
+    INFRA-3: a session advisory lock serialises concurrent starters; each file is applied
+    in its own transaction together with its schema_migrations row.
+    """
+    applied_now: list[str] = []
+    async with acquire(pool) as conn:
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        try:
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " name text PRIMARY KEY,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
+            for name, sql in migration_files():
+                if name in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
+                applied_now.append(name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+    return applied_now

@@ -1,0 +1,97 @@
+"""Immutable snapshots for the pure decision functions (ARCH-3, PACK-1, CTX-4)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from novel.body import CanonChange, SceneCompletion
+from novel.outline import NovelConfig
+from novel.snapshot import CommitView, NovelSnapshot, UnitView
+from store._db import Db, transaction
+from store.errors import NovelNotFound
+from store.novels import fetch_outline
+
+
+async def load_snapshot(pool: Db, novel_id: str, *, as_of_seq: int | None = None) -> NovelSnapshot:
+    """Everything the pure functions need, read in ONE `REPEATABLE READ READ ONLY` transaction.
+
+    CTX-4: commits (and their canon facts) with seq > `as_of_seq` are excluded in SQL, so no
+    future source leaks into a context. Units and notes are their current state. Canon sources
+    are already rewritten to commit ids (STORE-3). `as_of_seq=None` means the latest commit.
+    """
+    if as_of_seq is not None and as_of_seq < 0:
+        raise ValueError(f"as_of_seq must be >= 0, got {as_of_seq}")
+    async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
+        novel = await conn.fetchrow("SELECT * FROM novels WHERE novel_id = $1", novel_id)
+        if novel is None:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
+        units = await conn.fetch(
+            "SELECT unit_id, chapter_id, scene_id, fragment, state, attempt,"
+            " continuation_anchor, last_error FROM units WHERE novel_id = $1"
+            " ORDER BY created_seq",
+            novel_id,
+        )
+        limit = (1 << 31) - 1 if as_of_seq is None else as_of_seq
+        commits = await conn.fetch(
+            "SELECT seq, commit_id, unit_id, chapter_id, scene_id, body, effective_chars,"
+            " body_hash FROM commits WHERE novel_id = $1 AND seq <= $2 ORDER BY seq",
+            novel_id,
+            limit,
+        )
+        facts = await conn.fetch(
+            "SELECT f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids"
+            " FROM canon_facts f JOIN commits c"
+            "  ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
+            " WHERE f.novel_id = $1 AND c.seq <= $2 ORDER BY c.seq, f.idx",
+            novel_id,
+            limit,
+        )
+        notes = await conn.fetch(
+            "SELECT note_id, text FROM notes WHERE novel_id = $1 ORDER BY created_at, note_id",
+            novel_id,
+        )
+
+    canon: dict[str, list[CanonChange]] = {}
+    for f in facts:
+        canon.setdefault(f["commit_id"], []).append(
+            CanonChange(
+                kind=f["kind"],
+                summary=f["summary"],
+                sources=list(f["sources"]),
+                detail=f["detail"],
+                character_ids=list(f["character_ids"]),
+            )
+        )
+    commit_views = []
+    for c in commits:
+        if as_of_seq is not None and c["seq"] > as_of_seq:  # fail closed (CTX-4)
+            raise AssertionError(f"commit {c['commit_id']!r} is after as_of_seq {as_of_seq}")
+        body = c["body"]
+        commit_views.append(
+            CommitView(
+                commit_id=c["commit_id"],
+                seq=c["seq"],
+                unit_id=c["unit_id"],
+                chapter_id=c["chapter_id"],
+                scene_id=c["scene_id"],
+                paragraphs=list(body["paragraphs"]),
+                scene_completion=msgspec.convert(body["sceneCompletion"], SceneCompletion),
+                canon_changes=canon.get(c["commit_id"], []),
+                effective_characters=c["effective_chars"],
+                body_hash=c["body_hash"],
+            )
+        )
+    return NovelSnapshot(
+        novel_id=novel_id,
+        title=novel["title"],
+        status=novel["status"],
+        pause_reason=novel["pause_reason"],
+        config=NovelConfig.model_validate(novel["config"]),
+        outline=outline,
+        outline_revision=novel["outline_revision"],
+        units=[UnitView(**dict(u)) for u in units],
+        commits=commit_views,
+        as_of_seq=commit_views[-1].seq if commit_views else 0,
+        notes=[(n["note_id"], n["text"]) for n in notes],
+    )

@@ -1,0 +1,350 @@
+"""The unit aggregate: prepare, claim (STORE-1), release and recovery (STORE-4), supersede (STORE-5)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from collections.abc import Iterator
+
+import asyncpg
+import msgspec
+
+from novel.outline import is_valid_id
+from store._db import Conn, Db, lock_novel, transaction
+from store.errors import (
+    NovelNotActive,
+    RevisionConflict,
+    SceneNotFound,
+    SupersedeRefused,
+    UnitInFlight,
+    UnitNotClaimable,
+    UnitNotFound,
+)
+from store.novels import WRITER_MODES, require_outline
+
+MAX_ID_LENGTH = 64
+
+
+class UnitRow(msgspec.Struct, frozen=True):
+    """A unit as stored, minus its token hash (which never leaves the store)."""
+
+    novel_id: str
+    unit_id: str
+    chapter_id: str
+    scene_id: str
+    fragment: int
+    state: str
+    attempt: int
+    continuation_anchor: str | None
+    last_error: str | None
+    claim_id: str | None
+    claimed_mode: str | None
+    intent_id: str | None
+    claimed_by: str | None
+    created_seq: int
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """What claim_unit returns once: the token exists nowhere else (STORE-1, CLM-1)."""
+
+    claim_id: str
+    unit_id: str
+    attempt: int
+    token: str
+
+    def __repr__(self) -> str:  # REL-4: a logged Claim never shows the token
+        return (
+            f"Claim(claim_id={self.claim_id!r}, unit_id={self.unit_id!r},"
+            f" attempt={self.attempt}, token=<redacted>)"
+        )
+
+    __str__ = __repr__
+
+
+_UNIT_COLUMNS = (
+    "novel_id, unit_id, chapter_id, scene_id, fragment, state, attempt, continuation_anchor,"
+    " last_error, claim_id, claimed_mode, intent_id, claimed_by, created_seq"
+)
+
+
+def unit_row(r: asyncpg.Record) -> UnitRow:
+    return UnitRow(**{k: r[k] for k in UnitRow.__struct_fields__})
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _short_hash(value: str, n: int) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:n]
+
+
+def _fit(prefix: str, suffix: str) -> str:
+    """prefix + suffix within 64 characters; a cut prefix gets a hash so cuts stay distinct."""
+    if len(prefix) + len(suffix) <= MAX_ID_LENGTH:
+        return prefix + suffix
+    tag = "-" + _short_hash(prefix, 8)
+    return prefix[: MAX_ID_LENGTH - len(suffix) - len(tag)] + tag + suffix
+
+
+def unit_id_candidates(chapter_id: str, scene_id: str, fragment: int) -> Iterator[str]:
+    """`<sceneId>-<fragment:02d>` first; then chapter-qualified forms for a reused scene id."""
+    yield _fit(scene_id, f"-{fragment:02d}")
+    yield _fit(scene_id, f"-{fragment:02d}-{_short_hash(chapter_id, 6)}")
+    for n in range(2, 1000):
+        yield _fit(scene_id, f"-{fragment:02d}-{_short_hash(chapter_id, 6)}-{n}")
+
+
+async def prepare_unit(
+    pool: Db,
+    novel_id: str,
+    chapter_id: str,
+    scene_id: str,
+    *,
+    fragment: int,
+    continuation_anchor: str | None,
+) -> str:
+    """Create the unit for (chapter, scene, fragment) or return the existing one (idempotent)."""
+    if fragment < 1:
+        raise ValueError(f"fragment must be >= 1, got {fragment}")
+    async with transaction(pool) as conn:
+        novel = await lock_novel(conn, novel_id)
+        existing = await conn.fetchval(
+            "SELECT unit_id FROM units"
+            " WHERE novel_id = $1 AND chapter_id = $2 AND scene_id = $3 AND fragment = $4",
+            novel_id,
+            chapter_id,
+            scene_id,
+            fragment,
+        )
+        if existing is not None:
+            return str(existing)
+        if novel["status"] == "finished":
+            raise NovelNotActive(f"novel {novel_id!r} is finished; no new units")
+        outline = await require_outline(conn, novel_id, novel["outline_revision"])
+        if not any(s.sceneId == scene_id and s.chapterId == chapter_id for s in outline.scenes):
+            raise SceneNotFound(
+                f"novel {novel_id!r}: the outline has no scene {scene_id!r}"
+                f" in chapter {chapter_id!r}"
+            )
+        for candidate in unit_id_candidates(chapter_id, scene_id, fragment):
+            taken = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM units WHERE novel_id = $1 AND unit_id = $2)",
+                novel_id,
+                candidate,
+            )
+            if not taken:
+                break
+        assert is_valid_id(candidate), candidate
+        await conn.execute(
+            "INSERT INTO units (novel_id, unit_id, chapter_id, scene_id, fragment,"
+            " continuation_anchor) VALUES ($1, $2, $3, $4, $5, $6)",
+            novel_id,
+            candidate,
+            chapter_id,
+            scene_id,
+            fragment,
+            continuation_anchor,
+        )
+    return candidate
+
+
+async def claim_unit(
+    pool: Db,
+    novel_id: str,
+    unit_id: str,
+    intent_id: str,
+    *,
+    mode: str,
+    claimed_by: str | None = None,
+    expected_revision: str | None = None,
+) -> Claim:
+    """STORE-1: prepared → claimed with a fresh 256-bit token; only its SHA-256 is stored.
+
+    Preconditions in SPEC §16 order: novel active; outline present; expected outline revision
+    (when given) matches; no other unit of the novel claimed; unit exists and is prepared.
+    `claimed_by` names the claim-manager instance (CLM-5) so it can recover its own claims.
+    """
+    if mode not in WRITER_MODES:
+        raise ValueError(f"mode must be one of {WRITER_MODES}, got {mode!r}")
+    if not intent_id:
+        raise ValueError("intent_id must not be empty")
+    async with transaction(pool) as conn:
+        novel = await lock_novel(conn, novel_id)
+        if novel["status"] != "active":
+            raise NovelNotActive(f"novel {novel_id!r} is {novel['status']}, not active")
+        await require_outline(conn, novel_id, novel["outline_revision"])
+        if expected_revision is not None and expected_revision != novel["outline_revision"]:
+            raise RevisionConflict(
+                f"novel {novel_id!r}: expected outline revision {expected_revision!r},"
+                f" current is {novel['outline_revision']!r}"
+            )
+        other = await conn.fetchval(
+            "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed' AND unit_id <> $2",
+            novel_id,
+            unit_id,
+        )
+        if other is not None:
+            raise UnitInFlight(f"novel {novel_id!r}: unit {other!r} is already claimed")
+        token = secrets.token_hex(32)
+        claim_id = "claim-" + uuid.uuid4().hex[:16]
+        # ARCH-4: the transition is a conditional update, not a read-then-write.
+        attempt = await conn.fetchval(
+            "UPDATE units SET state = 'claimed', attempt = attempt + 1, token_hash = $3,"
+            " claim_id = $4, claimed_mode = $5, intent_id = $6, claimed_by = $7,"
+            " updated_at = now()"
+            " WHERE novel_id = $1 AND unit_id = $2 AND state = 'prepared' RETURNING attempt",
+            novel_id,
+            unit_id,
+            hash_token(token),
+            claim_id,
+            mode,
+            intent_id,
+            claimed_by,
+        )
+        if attempt is None:
+            state = await _unit_state(conn, novel_id, unit_id)
+            raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {state}, not prepared")
+    return Claim(claim_id=claim_id, unit_id=unit_id, attempt=attempt, token=token)
+
+
+async def _unit_state(conn: Conn, novel_id: str, unit_id: str) -> str:
+    state = await conn.fetchval(
+        "SELECT state FROM units WHERE novel_id = $1 AND unit_id = $2", novel_id, unit_id
+    )
+    if state is None:
+        raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
+    return str(state)
+
+
+_RELEASE = (
+    "state = 'prepared', attempt = attempt + 1, token_hash = NULL, claim_id = NULL,"
+    " claimed_mode = NULL, intent_id = NULL, claimed_by = NULL, updated_at = now()"
+)
+
+
+async def release_claim(
+    pool: Db, novel_id: str, unit_id: str, *, reason: str, claim_id: str | None = None
+) -> bool:
+    """Claimed → prepared (attempt + 1, token hash cleared, last_error = reason).
+
+    Returns False when the unit is not claimed (or, with `claim_id`, claimed under another
+    claim), so a redelivered release changes nothing twice.
+    """
+    async with transaction(pool) as conn:
+        released = await conn.fetchval(
+            f"UPDATE units SET {_RELEASE}, last_error = $3"
+            " WHERE novel_id = $1 AND unit_id = $2 AND state = 'claimed'"
+            " AND ($4::text IS NULL OR claim_id = $4) RETURNING unit_id",
+            novel_id,
+            unit_id,
+            reason,
+            claim_id,
+        )
+        if released is None:
+            await _unit_state(conn, novel_id, unit_id)  # UnitNotFound for an unknown unit
+            return False
+    return True
+
+
+async def recover_claims(
+    pool: Db,
+    novel_ids: list[str] | None = None,
+    *,
+    claimed_by: str | None = None,
+    reason: str = "recovered",
+) -> list[tuple[str, str]]:
+    """STORE-4 / CLM-4: claimed, uncommitted units return to prepared (attempt + 1, token hash
+    cleared); returns the (novel id, unit id) pairs, sorted.
+
+    Filters: `novel_ids` (None: every novel) and `claimed_by` (None: every instance; a
+    restarting claim-manager instance recovers only the claims it held).
+    """
+    async with transaction(pool) as conn:
+        rows = await conn.fetch(
+            f"UPDATE units SET {_RELEASE}, last_error = $3"
+            " WHERE state = 'claimed' AND ($1::text[] IS NULL OR novel_id = ANY($1::text[]))"
+            " AND ($2::text IS NULL OR claimed_by = $2)"
+            " RETURNING novel_id, unit_id",
+            novel_ids,
+            claimed_by,
+            reason,
+        )
+    return sorted((r["novel_id"], r["unit_id"]) for r in rows)
+
+
+async def supersede_unit(pool: Db, novel_id: str, unit_id: str) -> bool:
+    """STORE-5: retire a leftover prepared unit whose scene already has a completed commit.
+
+    Refuses claimed and committed units and scenes whose latest commit is not complete.
+    Returns False when the unit was already superseded.
+    """
+    async with transaction(pool) as conn:
+        await lock_novel(conn, novel_id)
+        unit = await conn.fetchrow(
+            "SELECT chapter_id, scene_id, state FROM units WHERE novel_id = $1 AND unit_id = $2",
+            novel_id,
+            unit_id,
+        )
+        if unit is None:
+            raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
+        if unit["state"] == "superseded":
+            return False
+        if unit["state"] != "prepared":
+            raise SupersedeRefused(
+                f"novel {novel_id!r}: unit {unit_id!r} is {unit['state']}; only a prepared"
+                " unit can be superseded"
+            )
+        completed = await conn.fetchval(
+            "SELECT (body -> 'sceneCompletion' ->> 'completed')::boolean FROM commits"
+            " WHERE novel_id = $1 AND chapter_id = $2 AND scene_id = $3"
+            " ORDER BY seq DESC LIMIT 1",
+            novel_id,
+            unit["chapter_id"],
+            unit["scene_id"],
+        )
+        if not completed:
+            raise SupersedeRefused(
+                f"novel {novel_id!r}: scene {unit['scene_id']!r} of chapter"
+                f" {unit['chapter_id']!r} has no completed commit; unit {unit_id!r} is still needed"
+            )
+        await conn.execute(
+            "UPDATE units SET state = 'superseded', updated_at = now()"
+            " WHERE novel_id = $1 AND unit_id = $2 AND state = 'prepared'",
+            novel_id,
+            unit_id,
+        )
+    return True
+
+
+async def get_unit(pool: Db, novel_id: str, unit_id: str) -> UnitRow:
+    async with transaction(pool) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_UNIT_COLUMNS} FROM units WHERE novel_id = $1 AND unit_id = $2",
+            novel_id,
+            unit_id,
+        )
+    if row is None:
+        raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
+    return unit_row(row)
+
+
+async def list_units(pool: Db, novel_id: str) -> list[UnitRow]:
+    """The novel's units in creation order."""
+    async with transaction(pool) as conn:
+        rows = await conn.fetch(
+            f"SELECT {_UNIT_COLUMNS} FROM units WHERE novel_id = $1 ORDER BY created_seq",
+            novel_id,
+        )
+    return [unit_row(r) for r in rows]
+
+
+async def claimed_units(pool: Db, novel_id: str) -> list[str]:
+    """Ids of the novel's claimed units (at most one by construction)."""
+    async with transaction(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed' ORDER BY unit_id",
+            novel_id,
+        )
+    return [r["unit_id"] for r in rows]
