@@ -1,0 +1,47 @@
+"""An in-process stack (all six actors) on the session's NATS, a fresh database and a private namespace."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import store
+from actors.driver import publish_notice
+from actors.runtime import Runtime, running
+from bus.codec import decode
+from messages import events as ev
+from messages.subjects import Subjects
+from novel.outline import NovelFile
+
+
+@pytest.fixture
+async def stack(nats_url: str, new_database: Any, namespace: str) -> AsyncIterator[Runtime]:
+    dsn = await new_database()
+    async with running(nats_url, dsn, subjects=Subjects(namespace)) as rt:
+        yield rt
+
+
+async def run_novel(rt: Runtime, nf: NovelFile, *, timeout: float = 120.0) -> tuple[str, list[Any]]:
+    """Create a novel, start it, and collect its events until it finishes or pauses."""
+    ctx = rt.ctx
+    novel_id = await store.create_novel(ctx.pool, nf)
+    events: list[Any] = []
+    done = asyncio.get_running_loop().create_future()
+
+    async def on_event(msg: Any) -> None:
+        e = decode(msg.data, ev.NovelEvent)
+        events.append(e)
+        if isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
+            done.set_result(e)
+
+    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
+    try:
+        await publish_notice(ctx, novel_id, reason="test")
+        final = await asyncio.wait_for(done, timeout)
+    finally:
+        await sub.unsubscribe()
+    assert isinstance(final, ev.NovelFinished), f"novel did not finish: {final}"
+    return novel_id, events
