@@ -11,7 +11,7 @@ from messages.errors import BAD_MESSAGE, TOO_LARGE, UNKNOWN_TYPE, ErrorReply
 
 TYPE_HEADER = "Novelbus-Type"
 SCHEMA_HEADER = "Novelbus-Schema"
-MAX_MESSAGE_BYTES = 1_048_576  # 1 MiB: larger payloads are refused with `too-large`
+MAX_MESSAGE_BYTES = 524_288  # 512 KiB (NATS max_payload is 1 MiB): larger ones get `too-large`
 
 T = TypeVar("T")
 
