@@ -1,0 +1,33 @@
+"""Markdown export of a novel's committed prose (OPS-1 `novelbus export`)."""
+
+from __future__ import annotations
+
+from novel.next_work import scene_commits
+from novel.snapshot import NovelSnapshot
+from novel.text import one_line
+
+
+def export_markdown(snapshot: NovelSnapshot) -> str:
+    """``# Title``, then ``## Chapter title`` per chapter in outline order, each followed by the
+    committed paragraphs of its scenes in outline order (every live commit of a scene, in seq
+    order; commits of superseded units excluded), all separated by blank lines.
+
+    Chapters without committed prose are left out; a chapter without a title is headed
+    ``Chapter <order>``.
+    """
+    parts = [f"# {one_line(snapshot.title)}"]
+    outline = snapshot.outline
+    if outline is not None:
+        for chapter in outline.ordered_chapters():
+            paragraphs = [
+                paragraph
+                for scene in outline.scenes_of(chapter.chapterId)
+                for commit in scene_commits(snapshot, chapter.chapterId, scene.sceneId)
+                for paragraph in commit.paragraphs
+            ]
+            if not paragraphs:
+                continue
+            title = one_line(chapter.title) or f"Chapter {chapter.order}"
+            parts.append(f"## {title}")
+            parts.extend(paragraphs)
+    return "\n\n".join(parts) + "\n"

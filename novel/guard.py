@@ -1,0 +1,137 @@
+"""Prose bookkeeping guard (STORE-6, SPEC §16 Commit).
+
+Explanations, ids and progress never enter prose. The guard rejects paragraphs that carry
+chapter numbers, scene numbers, unit/chapter ids, Markdown headings, chapter headings, closing
+markers or progress notes. Errors name the paragraph index and the rule, never the text
+(BUS-6: prose must not reach error messages or logs).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+_CN_NUM = "0-9０-９零〇一二三四五六七八九十百千万两"
+_EN_NUM_WORDS = (
+    "one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|"
+    "sixteen|seventeen|eighteen|nineteen|twenty|first|second|third|last|final"
+)
+# Closing words that are only bookkeeping when they stand as a marker (whole paragraph, in
+# brackets, or tacked on after the last sentence); as words inside a sentence they are prose
+# ("事情并未完结", "他收束心神").
+_CLOSING_WORDS = "全书完|全文完|未完待续|大结局|完结|收束|待续|本章完|完"
+_OPEN = r"[\(\[（【〔〖<《「『]"
+_CLOSE = r"[\)\]）】〕〗>》」』]"
+
+
+class ProseGuardError(ValueError):
+    """A paragraph carries bookkeeping. The message never quotes the paragraph."""
+
+    code = "guard"
+
+    def __init__(self, paragraph_index: int, rule: str, description: str) -> None:
+        self.paragraph_index = paragraph_index
+        self.rule = rule
+        self.description = description
+        super().__init__(f"paragraph {paragraph_index} violates prose rule {rule!r}: {description}")
+
+
+# (rule, description, pattern); the first match wins. Patterns run on the whole paragraph.
+_RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
+    (
+        "markdown-heading",
+        "a Markdown heading line (#)",
+        re.compile(r"^[ \t]{0,3}#{1,6}(?:[ \t]|$)", re.MULTILINE),
+    ),
+    (
+        "chapter-number",
+        "a chapter number such as 'Chapter 3'",
+        re.compile(r"\bchapter[ \t]*[0-9０-９]+\b", re.IGNORECASE),
+    ),
+    (
+        "chapter-heading",
+        "a chapter heading paragraph",
+        re.compile(
+            rf"^\s*(?:chapter|part|book)\s+(?:[0-9]+|[ivxlcdm]+|{_EN_NUM_WORDS})\b"
+            r"(?:\s*[:.\-—–]\s*[^\n.!?…]{0,60})?\s*$",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "chinese-chapter-heading",
+        "a whole-paragraph 第X章/第X节 heading",
+        re.compile(
+            rf"^\s*第[{_CN_NUM}]+[章节回卷幕](?:[\s:：·、—\-–]+[^。，！？；!?,;.\n]{{1,40}})?\s*$"
+        ),
+    ),
+    (
+        "scene-number",
+        "a scene number such as 'scene 2-1'",
+        re.compile(r"\bscene[ \t]*[0-9]+[ \t]*[-–—_.][ \t]*[0-9]+\b", re.IGNORECASE),
+    ),
+    (
+        "id",
+        "an internal id such as 'ch-001', 'scene-3', 'unit-7' or 'commit-4'",
+        re.compile(
+            r"(?<![\w-])(?:ch|chap|chapter|sc|scene|unit|commit)[-_][0-9]+(?![\w])"
+            r"|(?<![\w-])unit-(?=[A-Za-z]*[0-9])[A-Za-z0-9]+",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "to-be-continued",
+        "a '(to be continued)' note",
+        re.compile(
+            rf"{_OPEN}\s*to\s+be\s+continued\W*{_CLOSE}|^\W*to\s+be\s+continued\W*$",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "end-marker",
+        "an end marker such as '[END]' or 'THE END'",
+        re.compile(
+            rf"(?i:{_OPEN}\s*(?:the\s+)?end\s*{_CLOSE})|\bTHE\s+END\b|(?i:^\W*the\s+end\W*$)"
+        ),
+    ),
+    (
+        "closing-note",
+        "a closing note such as 未完待续, 全书完 or (完)",
+        re.compile(
+            r"全书完|全文完|未完待续|本章完|本章结束|本节完"
+            rf"|{_OPEN}\s*(?:{_CLOSING_WORDS})\s*{_CLOSE}"
+            rf"|^[\s\W]*(?:{_CLOSING_WORDS})[\s\W]*$"
+            rf"|[。！？!?.…~～—\-\s]\s*(?:{_CLOSING_WORDS})[\s。！!~～—\-]*$"
+        ),
+    ),
+    (
+        "progress-note",
+        "a progress note such as 'word count:' or '字数：'",
+        re.compile(
+            r"\b(?:word|character|char)\s*count\s*[:：=]"
+            r"|\bwords?\s*[:：]\s*[0-9]"
+            r"|[\(\[（【]\s*[0-9][0-9,，]*\s*(?:words|characters|chars|字)\s*[\)\]）】]"
+            r"|字数\s*[:：]|字数统计|本章字数"
+            r"|\bauthor['’]?s\s+note\b|作者的话|作者有话说"
+            r"|\bprogress\s*[:：]",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+RULES: tuple[str, ...] = tuple(dict.fromkeys(rule for rule, _, _ in _RULES))
+
+
+def check_paragraph(paragraph: str) -> tuple[str, str] | None:
+    """The first violated rule of one paragraph as (rule, description), or None."""
+    for rule, description, pattern in _RULES:
+        if pattern.search(paragraph):
+            return rule, description
+    return None
+
+
+def guard_prose(paragraphs: Sequence[str]) -> None:
+    """Raise ProseGuardError on the first paragraph that carries bookkeeping (STORE-6)."""
+    for index, paragraph in enumerate(paragraphs):
+        hit = check_paragraph(paragraph)
+        if hit is not None:
+            raise ProseGuardError(index, hit[0], hit[1])

@@ -1,0 +1,226 @@
+"""Next-work selection and the cheap structural completion checks (DRV-1, DRV-5, SPEC §16).
+
+Everything here is a pure function of a NovelSnapshot. Scene completion is keyed by
+(chapterId, sceneId) — the original keyed it by scene id alone, so a reused scene id in a
+later chapter looked finished. Superseded units, and commits of superseded units, are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import msgspec
+
+from novel.length import book_band
+from novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
+
+
+class WriteUnit(msgspec.Struct, frozen=True, tag="write-unit"):
+    """Write the next unit of ``(chapter_id, scene_id)``.
+
+    ``unit_id`` is the scene's existing prepared unit (claim it) or None (prepare one with this
+    ``fragment`` and ``continuation_anchor``, then claim it). ``fragment`` is 1 for the scene's
+    first unit; a continuation's anchor is the previous commit's ``nextAnchor``, a first unit's
+    anchor is the scene's own ``continuationAnchor``.
+    """
+
+    chapter_id: str
+    scene_id: str
+    unit_id: str | None
+    fragment: int
+    continuation_anchor: str | None
+
+
+class InFlight(msgspec.Struct, frozen=True, tag="in-flight"):
+    """A unit of this novel is claimed; units of one novel are strictly sequential."""
+
+    unit_id: str
+
+
+class AwaitOutline(msgspec.Struct, frozen=True, tag="await-outline"):
+    """Planning needed: no outline, no chapters, or the current chapter has no scenes."""
+
+    reason: str
+
+
+class Finish(msgspec.Struct, frozen=True, tag="finish"):
+    """Every scene is finished and no finish guard is violated."""
+
+
+class Blocked(msgspec.Struct, frozen=True, tag="blocked"):
+    """Every scene is finished but finish guards fail (see ``finish_violations``)."""
+
+    violations: list[str]
+
+
+class Inactive(msgspec.Struct, frozen=True, tag="inactive"):
+    """The novel is paused or finished."""
+
+    status: NovelStatus
+
+
+WorkDecision: TypeAlias = WriteUnit | InFlight | AwaitOutline | Finish | Blocked | Inactive
+
+
+def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
+    """Units that are not superseded, in creation order."""
+    return [u for u in snapshot.units if u.state != "superseded"]
+
+
+def live_commits(snapshot: NovelSnapshot) -> list[CommitView]:
+    """Commits in seq order, without commits of superseded units."""
+    superseded = {u.unit_id for u in snapshot.units if u.state == "superseded"}
+    return sorted(
+        (c for c in snapshot.commits if c.unit_id not in superseded), key=lambda c: c.seq
+    )
+
+
+def scene_commits(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> list[CommitView]:
+    """Live commits of one scene, in seq order."""
+    return [
+        c
+        for c in live_commits(snapshot)
+        if c.chapter_id == chapter_id and c.scene_id == scene_id
+    ]
+
+
+def latest_scene_commit(
+    snapshot: NovelSnapshot, chapter_id: str, scene_id: str
+) -> CommitView | None:
+    commits = scene_commits(snapshot, chapter_id, scene_id)
+    return commits[-1] if commits else None
+
+
+def scene_finished(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> bool:
+    """A scene is finished when its latest commit (by seq) claims completion."""
+    latest = latest_scene_commit(snapshot, chapter_id, scene_id)
+    return latest is not None and latest.scene_completion.completed
+
+
+def completed_chapters(snapshot: NovelSnapshot) -> list[str]:
+    """Chapter ids, in outline order, whose every scene is finished (DRV-5).
+
+    A chapter needs at least one scene (hence at least one commit) to be complete.
+    """
+    outline = snapshot.outline
+    if outline is None:
+        return []
+    done: list[str] = []
+    for chapter in outline.ordered_chapters():
+        scenes = outline.scenes_of(chapter.chapterId)
+        if scenes and all(scene_finished(snapshot, chapter.chapterId, s.sceneId) for s in scenes):
+            done.append(chapter.chapterId)
+    return done
+
+
+def remaining_scenes(snapshot: NovelSnapshot) -> int:
+    """Outline scenes not yet finished (0 without an outline)."""
+    outline = snapshot.outline
+    if outline is None:
+        return 0
+    chapter_ids = {c.chapterId for c in outline.chapters}
+    return sum(
+        1
+        for s in outline.scenes
+        if s.chapterId in chapter_ids and not scene_finished(snapshot, s.chapterId, s.sceneId)
+    )
+
+
+def finish_violations(snapshot: NovelSnapshot) -> list[str]:
+    """SPEC §16 finish guards, each a violation string; empty means the book may finish.
+
+    Checked: outline missing; chapter incomplete; required foreshadowing unresolved; unit in
+    flight (prepared or claimed); total length outside the band (target budgets). The
+    requirement-ledger guard is not visible in a snapshot; the driver checks it.
+    """
+    outline = snapshot.outline
+    if outline is None:
+        return ["outline missing"]
+    violations: list[str] = []
+    done = set(completed_chapters(snapshot))
+    for chapter in outline.ordered_chapters():
+        if chapter.chapterId not in done:
+            violations.append(f"chapter {chapter.chapterId} incomplete")
+    for item in outline.foreshadowing:
+        if item.required and item.status != "resolved":
+            violations.append(f"required foreshadowing {item.id} unresolved")
+    for unit in live_units(snapshot):
+        if unit.state in ("prepared", "claimed"):
+            violations.append(f"unit {unit.unit_id} in flight ({unit.state})")
+    band = book_band(snapshot.config.length)
+    if band is not None:
+        total = sum(c.effective_characters for c in live_commits(snapshot))
+        lower, upper = band
+        if not lower <= total <= upper:
+            violations.append(f"total length {total} outside the band [{lower}, {upper}]")
+    return violations
+
+
+def _next_fragment(snapshot: NovelSnapshot, commits: list[CommitView]) -> int:
+    units = {u.unit_id: u for u in snapshot.units}
+    fragments = [units[c.unit_id].fragment for c in commits if c.unit_id in units]
+    return max([len(commits), *fragments]) + 1
+
+
+def next_work(snapshot: NovelSnapshot) -> WorkDecision:
+    """Pick what the driver does next for this novel (DRV-1, SPEC §16 nextWork).
+
+    Order: inactive → a claimed unit is in flight → no outline / no chapters → the first
+    unfinished scene by chapter order then scene order (a chapter without scenes reached before
+    it → await outline) → all scenes finished: finish, or blocked by finish guards.
+    """
+    if snapshot.status != "active":
+        return Inactive(status=snapshot.status)
+    units = live_units(snapshot)
+    for unit in units:
+        if unit.state == "claimed":
+            return InFlight(unit_id=unit.unit_id)
+    outline = snapshot.outline
+    if outline is None:
+        return AwaitOutline(reason="no outline")
+    if not outline.chapters:
+        return AwaitOutline(reason="outline has no chapters")
+    for chapter in outline.ordered_chapters():
+        scenes = outline.scenes_of(chapter.chapterId)
+        if not scenes:
+            return AwaitOutline(reason=f"chapter {chapter.chapterId} has no scenes")
+        for scene in scenes:
+            commits = scene_commits(snapshot, chapter.chapterId, scene.sceneId)
+            if commits and commits[-1].scene_completion.completed:
+                continue
+            prepared = [
+                u
+                for u in units
+                if u.state == "prepared"
+                and u.chapter_id == chapter.chapterId
+                and u.scene_id == scene.sceneId
+            ]
+            if prepared:
+                unit = prepared[-1]
+                return WriteUnit(
+                    chapter_id=chapter.chapterId,
+                    scene_id=scene.sceneId,
+                    unit_id=unit.unit_id,
+                    fragment=unit.fragment,
+                    continuation_anchor=unit.continuation_anchor,
+                )
+            if not commits:
+                return WriteUnit(
+                    chapter_id=chapter.chapterId,
+                    scene_id=scene.sceneId,
+                    unit_id=None,
+                    fragment=1,
+                    continuation_anchor=scene.continuationAnchor,
+                )
+            # Continuation: keep the previous commit's nextAnchor (the original lost it).
+            return WriteUnit(
+                chapter_id=chapter.chapterId,
+                scene_id=scene.sceneId,
+                unit_id=None,
+                fragment=_next_fragment(snapshot, commits),
+                continuation_anchor=commits[-1].scene_completion.next_anchor,
+            )
+    violations = finish_violations(snapshot)
+    if violations:
+        return Blocked(violations=violations)
+    return Finish()
