@@ -128,7 +128,8 @@ def _clean(phrase: str, *, chinese: bool) -> str:
     phrase = _BOOKKEEPING_RE.sub(" ", phrase)
     phrase = " ".join(phrase.split()).strip(" .。!！?？;；,，:：—-…")
     if chinese:
-        return phrase
+        # A Latin phrase inside Chinese prose reads as a slip; the caller falls back to a default.
+        return phrase if any(is_cjk(ch) for ch in phrase) else ""
     words = phrase.split()
     while words and words[-1].lower() in _TRAILING_DANGLERS:
         words.pop()
@@ -379,9 +380,6 @@ def compose_draft(pack_text: str) -> dict[str, Any]:
     brief = UnitBrief.from_pack(pack_text)
     paragraphs = compose_prose(brief)
     zh = brief.chinese
-    last = paragraphs[-1]
-    anchor_source = re.split(r"(?<=[。！？.!?])\s*", last.strip())
-    anchor = next((s for s in reversed(anchor_source) if s.strip()), last)[:160]
     canon: list[dict[str, Any]] = []
     if brief.participants:
         name, character_id = brief.participants[0]
@@ -415,7 +413,7 @@ def compose_draft(pack_text: str) -> dict[str, Any]:
             "completed": True,
             "basis": basis,
             "outstandingGoals": [],
-            "nextAnchor": anchor,
+            "nextAnchor": None,  # the protocol: null when the scene is completed
         },
         "canonChanges": canon,
     }
@@ -425,12 +423,13 @@ def compose_draft(pack_text: str) -> dict[str, Any]:
 
 
 def _pack_text(messages: Sequence[ChatMessage]) -> str:
-    parts = [
+    """The writer pack: the first system/user message that holds a [[unit]] block."""
+    texts = [
         m["content"]
         for m in messages
         if m.get("role") in ("system", "user") and isinstance(m.get("content"), str)
     ]
-    return "\n".join(parts)
+    return next((t for t in texts if "[[unit]]" in t), "\n\n".join(texts))
 
 
 def _all_chars_text(messages: Sequence[ChatMessage]) -> str:

@@ -20,6 +20,7 @@ import msgspec
 
 from novel.body import CommitBody
 from novel.commitcheck import BodyError, parse_draft
+from novel.text import estimate_tokens
 from writers.provider import (
     ChatMessage,
     ModelProvider,
@@ -45,7 +46,13 @@ from writers.tools import (
 
 ARGS_RECORD_CAP = 500  # RUN-6: recorded tool arguments are truncated JSON text
 # CTX-8: what the writer is told about its own commit; never hashes or claim ids.
-_RECEIPT_FIELDS_FOR_MODEL = ("commitId", "unitId", "effectiveCharacters", "duplicate")
+_RECEIPT_FIELDS_FOR_MODEL = (
+    "commitId",
+    "unitId",
+    "effectiveCharacters",
+    "totalCharacters",
+    "duplicate",
+)
 
 W1_INSTRUCTION = (
     "Write the unit described in [[unit]] now. Reply with one JSON object only, no Markdown "
@@ -69,6 +76,7 @@ class ToolRecord(msgspec.Struct, frozen=True):
     is_error: bool
     result_bytes: int
     error_code: str | None = None  # "tool-not-allowed", "tool-contract", or the commit's code
+    refused: bool = False  # RUN-3 / REL-5: outside the allow-list, refused by the host
 
 
 class InputSplit(msgspec.Struct, frozen=True):
@@ -85,11 +93,25 @@ class InputSplit(msgspec.Struct, frozen=True):
 
 
 class CallUsage(msgspec.Struct, frozen=True):
-    input_chars: int
-    output_chars: int
-    tool_result_chars: int
-    usage: Usage | None
-    input_split: InputSplit
+    """One model call as the service built it (USE-1); provider tokens when reported."""
+
+    input_chars: int  # raw: every message content and tool-call argument character sent
+    output_chars: int  # text plus tool-call names and arguments received
+    tool_result_chars: int  # new tool results (one part of the split)
+    pack_chars: int
+    history_chars: int
+    prose_echo_chars: int
+    est_input_tokens: int  # novel.text.estimate_tokens over the same input
+    usage: Usage | None  # None when the provider reports none (USE-2: fail-open)
+
+    @property
+    def input_split(self) -> InputSplit:
+        return InputSplit(
+            pack_chars=self.pack_chars,
+            tool_result_chars=self.tool_result_chars,
+            history_chars=self.history_chars,
+            prose_echo_chars=self.prose_echo_chars,
+        )
 
 
 class RunOutcome(msgspec.Struct, frozen=True):
@@ -184,20 +206,37 @@ def split_input(messages: list[ChatMessage], preamble: int, new_from: int) -> In
     return InputSplit(pack, tool_results, history, echo)
 
 
+def _input_text(messages: list[ChatMessage]) -> str:
+    parts: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function", {})
+            parts.append(fn.get("name", "") + fn.get("arguments", ""))
+    return "".join(parts)
+
+
 class _Meter:
     """Per-call usage of one run."""
 
     def __init__(self) -> None:
         self.calls: list[CallUsage] = []
 
-    def record(self, split: InputSplit, reply: ModelReply | None) -> None:
+    def record(
+        self, messages: list[ChatMessage], split: InputSplit, reply: ModelReply | None
+    ) -> None:
         self.calls.append(
             CallUsage(
                 input_chars=split.total,
                 output_chars=0 if reply is None else _reply_output_chars(reply),
                 tool_result_chars=split.tool_result_chars,
+                pack_chars=split.pack_chars,
+                history_chars=split.history_chars,
+                prose_echo_chars=split.prose_echo_chars,
+                est_input_tokens=estimate_tokens(_input_text(messages)),
                 usage=None if reply is None else reply.usage,
-                input_split=split,
             )
         )
 
@@ -227,9 +266,9 @@ async def run_w1(provider: ModelProvider, pack_text: str, *, max_output_tokens: 
     try:
         reply = await provider.complete(messages, None, max_output_tokens=max_output_tokens)
     except ProviderError as e:
-        meter.record(split, None)
+        meter.record(messages, split, None)
         return fail(f"provider-error:{e.code}", e.message)
-    meter.record(split, reply)
+    meter.record(messages, split, reply)
     if reply.stop_reason != "completed":
         return fail(f"stop-reason:{reply.stop_reason}")
     if not (reply.text or "").strip():
@@ -290,9 +329,9 @@ async def run_w2(
         try:
             reply = await provider.complete(messages, tools, max_output_tokens=max_output_tokens)
         except ProviderError as e:
-            meter.record(split, None)
+            meter.record(messages, split, None)
             return fail(f"provider-error:{e.code}", e.message)
-        meter.record(split, reply)
+        meter.record(messages, split, reply)
 
         if reply.stop_reason not in ("completed", "tool_calls"):
             return fail(f"stop-reason:{reply.stop_reason}")
@@ -320,6 +359,7 @@ async def run_w2(
                     is_error=code is not None,
                     result_bytes=len(content.encode()),
                     error_code=code,
+                    refused=code == "tool-not-allowed",
                 )
             )
             messages.append(tool_message(call.id, content))

@@ -1,0 +1,182 @@
+"""An OpenAI-compatible chat-completions provider on the official `openai` client (RUN-1).
+
+Works against any server speaking the chat-completions wire format: the hosted API, vLLM,
+llama.cpp server, Ollama. One request per call (`stream=False`); the client's own retry with
+backoff handles 408/409/429/5xx and connection errors up to `max_retries` times.
+
+Errors become `ProviderError` with a stable code and a message that names the server host and
+the HTTP status, never prompt text, server-echoed bodies or keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import openai
+
+from writers.provider import ChatMessage, ModelReply, ProviderError, StopReason, ToolCall, Usage
+
+_FINISH: dict[str, StopReason] = {
+    "stop": "completed",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "refused",
+}
+
+
+class OpenAIProvider:
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        api_key: str,
+        timeout: float = 120,
+        max_retries: int = 2,
+        *,
+        max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
+    ) -> None:
+        # `max_tokens` is what vLLM, llama.cpp and Ollama accept; hosted reasoning models want
+        # `max_completion_tokens`.
+        if not model:
+            raise ProviderError("provider-config", "no model named")
+        self.model = model
+        self.base_url = base_url
+        self.host = urlsplit(base_url).netloc or base_url
+        self.label = f"openai-compatible model {model} at {self.host}"
+        self.max_tokens_field = max_tokens_field
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def __aenter__(self) -> OpenAIProvider:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def complete(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        *,
+        max_output_tokens: int,
+    ) -> ModelReply:
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": False,
+            self.max_tokens_field: max_output_tokens,
+        }
+        if tools:
+            request["tools"] = tools
+        try:
+            completion = await self._client.chat.completions.create(**request)
+        except openai.APIError as e:
+            raise self._error(e) from None
+        except ValueError:  # a body that is not JSON (json.JSONDecodeError) or not an object
+            raise ProviderError(
+                "provider-bad-reply", f"model server at {self.host} sent a reply that is not JSON"
+            ) from None
+        return self._reply(completion)
+
+    # --- mapping -------------------------------------------------------------------------------
+
+    def _error(self, e: openai.APIError) -> ProviderError:
+        where = f"model server at {self.host}"
+        if isinstance(e, openai.RateLimitError):
+            return ProviderError(
+                "provider-rate-limited",
+                f"{where} is rate-limiting requests (HTTP 429); retry later",
+            )
+        if isinstance(e, openai.APITimeoutError):
+            return ProviderError("provider-unavailable", f"{where} did not answer in time")
+        if isinstance(e, openai.APIConnectionError):
+            return ProviderError(
+                "provider-unavailable", f"cannot reach {where}: is the server running?"
+            )
+        if isinstance(e, openai.AuthenticationError | openai.PermissionDeniedError):
+            return ProviderError(
+                "provider-config",
+                f"{where} refused the credentials (HTTP {e.status_code}): check "
+                "NOVELBUS_MODEL_API_KEY / OPENAI_API_KEY",
+            )
+        if isinstance(e, openai.NotFoundError):
+            return ProviderError(
+                "provider-config",
+                f"{where} answered 404: check the model name {self.model!r} and the base URL "
+                "(it usually ends in /v1)",
+            )
+        if isinstance(e, openai.APIStatusError):
+            kind = "provider-unavailable" if e.status_code >= 500 else "provider-bad-reply"
+            detail = f" ({e.code})" if isinstance(e.code, str) and len(e.code) <= 64 else ""
+            return ProviderError(kind, f"{where} answered HTTP {e.status_code}{detail}")
+        # APIResponseValidationError and anything else the client could not make sense of.
+        return ProviderError("provider-bad-reply", f"{where} sent a reply the client cannot read")
+
+    def _reply(self, completion: Any) -> ModelReply:
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise ProviderError(
+                "provider-bad-reply", f"model server at {self.host} sent a reply with no choices"
+            )
+        choice = choices[0]
+        message = getattr(choice, "message", None)
+        if message is None:
+            raise ProviderError(
+                "provider-bad-reply", f"model server at {self.host} sent a choice with no message"
+            )
+        calls = []
+        for call in getattr(message, "tool_calls", None) or ():
+            fn = getattr(call, "function", None)
+            name = getattr(fn, "name", None)
+            if not isinstance(name, str) or not name:
+                raise ProviderError(
+                    "provider-bad-reply",
+                    f"model server at {self.host} sent a tool call with no name",
+                )
+            arguments = getattr(fn, "arguments", None)
+            calls.append(
+                ToolCall(
+                    id=str(getattr(call, "id", None) or f"call-{len(calls) + 1}"),
+                    name=name,
+                    arguments=arguments if isinstance(arguments, str) else "",
+                )
+            )
+        finish = getattr(choice, "finish_reason", None)
+        if getattr(message, "refusal", None):
+            stop: StopReason = "refused"
+        elif finish is None:
+            stop = "tool_calls" if calls else "completed"
+        else:
+            stop = _FINISH.get(str(finish), "error")
+        text = getattr(message, "content", None)
+        return ModelReply(
+            text=text if isinstance(text, str) else None,
+            tool_calls=calls,
+            usage=_usage(getattr(completion, "usage", None)),
+            stop_reason=stop,
+        )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _usage(usage: Any) -> Usage | None:
+    """Provider usage, or None when the server reports none (USE-2: fail-open)."""
+    if usage is None:
+        return None
+    details = getattr(usage, "prompt_tokens_details", None)
+    return Usage(
+        input_tokens=_int_or_none(getattr(usage, "prompt_tokens", None)),
+        output_tokens=_int_or_none(getattr(usage, "completion_tokens", None)),
+        cached_tokens=_int_or_none(getattr(details, "cached_tokens", None)),
+        cache_write_tokens=_int_or_none(getattr(details, "cache_write_tokens", None)),
+    )
