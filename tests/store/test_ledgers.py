@@ -1,0 +1,137 @@
+"""Events (BUS-3, BUS-6), intents and processed messages (REL-2), writer runs (RUN-6),
+context freezes (CTX-6), sessions (RUN-5)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+import store
+
+
+async def test_events_append_and_list_in_order(pool: asyncpg.Pool, novel_id: str) -> None:
+    first = await store.append_event(pool, novel_id, "unit.claimed", {"unitId": "s1-01"})
+    second = await store.append_event(pool, novel_id, "unit.committed", {"commitId": "commit-1"})
+    other = await store.append_event(pool, None, "service.started", {"actor": "driver"})
+    assert first < second < other
+
+    mine = await store.list_events(pool, novel_id)
+    assert [(e.seq, e.type, e.payload) for e in mine] == [
+        (first, "unit.claimed", {"unitId": "s1-01"}),
+        (second, "unit.committed", {"commitId": "commit-1"}),
+    ]
+    assert [e.seq for e in await store.list_events(pool)] == [first, second, other]
+    assert [e.seq for e in await store.list_events(pool, after_seq=first)] == [second, other]
+    assert [e.seq for e in await store.list_events(pool, limit=1)] == [first]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"token": "abc"},
+        {"unit": {"paragraphs": ["x"]}},
+        {"calls": [{"prompt": "write"}]},
+        {"Text": "prose"},
+    ],
+)
+async def test_bus6_event_payload_guard_refuses_prose_and_token_keys(
+    pool: asyncpg.Pool, novel_id: str, payload: dict[str, object]
+) -> None:
+    with pytest.raises(store.UnsafePayload) as err:
+        await store.append_event(pool, novel_id, "unit.committed", payload)
+    assert err.value.code == "unsafe-payload"
+    assert await pool.fetchval("SELECT count(*) FROM events") == 0
+
+
+async def test_events_and_context_freeze_are_append_only(pool: asyncpg.Pool, novel_id: str) -> None:
+    await store.append_event(pool, novel_id, "t", {})
+    await store.save_context_freeze(
+        pool, novel_id=novel_id, unit_id="s1-01", manifest_hash="m1", context_hash="c1", manifest={}
+    )
+    for sql in (
+        "UPDATE events SET type = 'x'",
+        "DELETE FROM events",
+        "UPDATE context_freeze SET context_hash = 'x'",
+        "DELETE FROM context_freeze",
+    ):
+        with pytest.raises(asyncpg.PostgresError, match="append-only"):
+            await pool.execute(sql)
+
+
+async def test_record_intent_and_mark_processed_are_idempotent(
+    pool: asyncpg.Pool, novel_id: str
+) -> None:
+    assert await store.record_intent(pool, novel_id, "intent-1", "s1-01", "notice-1") is True
+    assert await store.record_intent(pool, novel_id, "intent-1", "s1-01", "notice-1") is False
+    assert await pool.fetchval("SELECT count(*) FROM intents") == 1
+
+    results = await asyncio.gather(*(store.mark_processed(pool, "msg-1") for _ in range(10)))
+    assert results.count(True) == 1  # REL-2: one handler run, redeliveries see False
+    assert await store.mark_processed(pool, "msg-2") is True
+
+
+async def test_run6_writer_runs_record_status_and_manifest(
+    pool: asyncpg.Pool, novel_id: str
+) -> None:
+    common = {"novel_id": novel_id, "unit_id": "s1-01", "mode": "W2", "provider": "offline"}
+    assert await store.start_writer_run(
+        pool, run_id="run-1", claim_id="claim-1", dispatch=1, **common
+    )
+    assert not await store.start_writer_run(
+        pool, run_id="run-1", claim_id="claim-1", dispatch=1, **common
+    )
+    await store.start_writer_run(pool, run_id="run-2", claim_id=None, dispatch=2, **common)
+    manifest = [{"seq": 1, "tool": "novel_outline_read", "args": {}, "isError": False}]
+    assert await store.finish_writer_run(
+        pool, "run-1", status="failed", reason="empty-output", output_chars=0, manifest=None
+    )
+    assert await store.finish_writer_run(
+        pool, "run-2", status="ok", reason=None, output_chars=1500, manifest=manifest
+    )
+    assert not await store.finish_writer_run(
+        pool, "run-2", status="ok", reason=None, output_chars=1, manifest=None
+    )
+    with pytest.raises(store.RunNotFound):
+        await store.finish_writer_run(
+            pool, "run-x", status="ok", reason=None, output_chars=0, manifest=None
+        )
+    runs = await store.list_writer_runs(pool, novel_id)
+    assert [(r.run_id, r.status, r.reason, r.output_chars, r.manifest) for r in runs] == [
+        ("run-1", "failed", "empty-output", 0, None),
+        ("run-2", "ok", None, 1500, manifest),
+    ]
+    assert all(r.ended_at is not None for r in runs)
+
+
+async def test_ctx6_context_freeze_is_idempotent_on_the_manifest_hash(
+    pool: asyncpg.Pool, novel_id: str
+) -> None:
+    manifest = {"sources": [{"sourceId": "commit-1", "offset": 0}]}
+    args = {
+        "novel_id": novel_id,
+        "unit_id": "s1-01",
+        "manifest_hash": "m-1",
+        "context_hash": "c-1",
+        "manifest": manifest,
+    }
+    assert await store.save_context_freeze(pool, **args) is True
+    assert await store.save_context_freeze(pool, **{**args, "context_hash": "c-2"}) is False
+    frozen = await store.get_context_freeze(pool, "m-1")
+    assert frozen is not None
+    assert (frozen["context_hash"], frozen["manifest"]) == ("c-1", manifest)
+    assert await store.get_context_freeze(pool, "m-none") is None
+
+
+async def test_run5_sessions_save_and_load(pool: asyncpg.Pool, novel_id: str) -> None:
+    assert await store.load_session(pool, "sess-1") is None
+    await store.save_session(pool, "sess-1", novel_id, "ch-a", [{"role": "user", "n": 1}])
+    await store.save_session(pool, "sess-1", novel_id, "ch-b", [{"role": "user", "n": 2}])
+    session = await store.load_session(pool, "sess-1")
+    assert session is not None
+    assert (session.novel_id, session.chapter_id, session.history) == (
+        novel_id,
+        "ch-b",
+        [{"role": "user", "n": 2}],
+    )
