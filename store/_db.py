@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeAlias
 
-import asyncpg
-from asyncpg.pool import PoolConnectionProxy
+import asyncpg  # type: ignore[import-untyped]
+from asyncpg.pool import PoolConnectionProxy  # type: ignore[import-untyped]
 
 # Every store function accepts a pool or a connection (for callers composing a larger transaction).
 Db: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
@@ -38,7 +38,22 @@ async def lock_novel(conn: Conn, novel_id: str) -> asyncpg.Record:
     """Lock the novel row: serialises claims, commits and revisions of one novel."""
     from store.errors import NovelNotFound
 
-    row = await conn.fetchrow("SELECT * FROM novels WHERE novel_id = $1 FOR UPDATE", novel_id)
+    row: asyncpg.Record | None = await conn.fetchrow(
+        "SELECT * FROM novels WHERE novel_id = $1 FOR UPDATE", novel_id
+    )
     if row is None:
         raise NovelNotFound(f"novel {novel_id!r} not found")
     return row
+
+
+@asynccontextmanager
+async def novel_must_exist(novel_id: str) -> AsyncIterator[None]:
+    """Turn a foreign-key failure on novels into the typed NovelNotFound."""
+    from store.errors import NovelNotFound
+
+    try:
+        yield
+    except asyncpg.ForeignKeyViolationError as e:
+        if not str(getattr(e, "constraint_name", "")).endswith("_novel_id_fkey"):
+            raise
+        raise NovelNotFound(f"novel {novel_id!r} not found") from None

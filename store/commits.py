@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from datetime import datetime
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from novel.body import CommitBody

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from store._db import Db, transaction
+from store._db import Db, novel_must_exist, transaction
 from store.errors import UnsafePayload
 
 # BUS-6: keys that would carry prose, prompts or tokens never enter an event payload.
@@ -76,7 +76,7 @@ async def record_intent(
     pool: Db, novel_id: str, intent_id: str, unit_id: str, notice_id: str | None
 ) -> bool:
     """Persist the driver's intent (DRV-1); False when it was already recorded."""
-    async with transaction(pool) as conn:
+    async with novel_must_exist(novel_id), transaction(pool) as conn:
         inserted = await conn.fetchval(
             "INSERT INTO intents (intent_id, novel_id, unit_id, notice_id)"
             " VALUES ($1, $2, $3, $4) ON CONFLICT (intent_id) DO NOTHING RETURNING intent_id",

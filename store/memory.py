@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from store._db import Db, transaction
+from store._db import Db, novel_must_exist, transaction
 
 
 class SessionRow(msgspec.Struct, frozen=True):
@@ -28,7 +28,7 @@ async def save_context_freeze(
     manifest: dict[str, Any],
 ) -> bool:
     """CTX-6: append-only, idempotent on the manifest hash; False when it was already saved."""
-    async with transaction(pool) as conn:
+    async with novel_must_exist(novel_id), transaction(pool) as conn:
         inserted = await conn.fetchval(
             "INSERT INTO context_freeze (manifest_hash, novel_id, unit_id, context_hash, manifest)"
             " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (manifest_hash) DO NOTHING"
@@ -55,7 +55,7 @@ async def get_context_freeze(pool: Db, manifest_hash: str) -> dict[str, Any] | N
 
 async def add_note(pool: Db, novel_id: str, note_id: str, text: str) -> None:
     """Add or replace an author note (memory); notes appear in snapshots."""
-    async with transaction(pool) as conn:
+    async with novel_must_exist(novel_id), transaction(pool) as conn:
         await conn.execute(
             "INSERT INTO notes (novel_id, note_id, text) VALUES ($1, $2, $3)"
             " ON CONFLICT (novel_id, note_id) DO UPDATE SET text = EXCLUDED.text,"
@@ -79,7 +79,7 @@ async def save_session(
     pool: Db, session_id: str, novel_id: str, chapter_id: str | None, history: list[Any]
 ) -> None:
     """Create or replace a writer session's history (RUN-5 session reuse)."""
-    async with transaction(pool) as conn:
+    async with novel_must_exist(novel_id), transaction(pool) as conn:
         await conn.execute(
             "INSERT INTO sessions (session_id, novel_id, chapter_id, history)"
             " VALUES ($1, $2, $3, $4) ON CONFLICT (session_id) DO UPDATE SET"

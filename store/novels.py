@@ -8,7 +8,7 @@ from datetime import datetime
 from types import EllipsisType
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from novel.outline import NovelConfig, NovelFile, Outline, outline_revision

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.resources
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from store._db import Db, acquire

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from store._db import Db, transaction
+from store._db import Db, novel_must_exist, transaction
 from store.errors import RunNotFound
 
 
@@ -39,7 +39,7 @@ async def start_writer_run(
     provider: str,
 ) -> bool:
     """Record a dispatch as `running`; False when the run id was already recorded."""
-    async with transaction(pool) as conn:
+    async with novel_must_exist(novel_id), transaction(pool) as conn:
         inserted = await conn.fetchval(
             "INSERT INTO writer_runs (run_id, novel_id, unit_id, claim_id, dispatch, mode,"
             " provider) VALUES ($1, $2, $3, $4, $5, $6, $7)"

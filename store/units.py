@@ -7,7 +7,7 @@ import secrets
 import uuid
 from collections.abc import Iterator
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from novel.outline import is_valid_id
@@ -190,19 +190,22 @@ async def claim_unit(
         token = secrets.token_hex(32)
         claim_id = "claim-" + uuid.uuid4().hex[:16]
         # ARCH-4: the transition is a conditional update, not a read-then-write.
-        attempt = await conn.fetchval(
-            "UPDATE units SET state = 'claimed', attempt = attempt + 1, token_hash = $3,"
-            " claim_id = $4, claimed_mode = $5, intent_id = $6, claimed_by = $7,"
-            " updated_at = now()"
-            " WHERE novel_id = $1 AND unit_id = $2 AND state = 'prepared' RETURNING attempt",
-            novel_id,
-            unit_id,
-            hash_token(token),
-            claim_id,
-            mode,
-            intent_id,
-            claimed_by,
-        )
+        try:
+            attempt = await conn.fetchval(
+                "UPDATE units SET state = 'claimed', attempt = attempt + 1, token_hash = $3,"
+                " claim_id = $4, claimed_mode = $5, intent_id = $6, claimed_by = $7,"
+                " updated_at = now()"
+                " WHERE novel_id = $1 AND unit_id = $2 AND state = 'prepared' RETURNING attempt",
+                novel_id,
+                unit_id,
+                hash_token(token),
+                claim_id,
+                mode,
+                intent_id,
+                claimed_by,
+            )
+        except asyncpg.UniqueViolationError:  # units_one_claim_per_novel, the SQL backstop
+            raise UnitInFlight(f"novel {novel_id!r}: another unit is already claimed") from None
         if attempt is None:
             state = await _unit_state(conn, novel_id, unit_id)
             raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {state}, not prepared")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from store._db import Db, transaction
+from store._db import Db, novel_must_exist, transaction
 
 RING_SIZE = 50
 
@@ -35,7 +35,7 @@ def add_totals(totals: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str
 
 async def record_usage(pool: Db, novel_id: str, mode: str, sample: dict[str, Any]) -> None:
     """Append a sample, trim the novel's ring to the last 50, and add it to the mode's totals."""
-    async with transaction(pool) as conn:
+    async with novel_must_exist(novel_id), transaction(pool) as conn:
         # Serialise writers of one novel's ring so a concurrent pair cannot leave 51 rows.
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('usage:' || $1))", novel_id)
         await conn.execute(

@@ -135,3 +135,28 @@ async def test_run5_sessions_save_and_load(pool: asyncpg.Pool, novel_id: str) ->
         "ch-b",
         [{"role": "user", "n": 2}],
     )
+
+
+async def test_writes_for_an_unknown_novel_raise_novel_not_found(pool: asyncpg.Pool) -> None:
+    calls = [
+        store.record_intent(pool, "n-none", "intent-1", "s1-01", None),
+        store.start_writer_run(
+            pool,
+            run_id="r",
+            novel_id="n-none",
+            unit_id="u",
+            claim_id=None,
+            dispatch=1,
+            mode="W1",
+            provider="offline",
+        ),
+        store.record_usage(pool, "n-none", "inline", {"turn": 1}),
+        store.save_context_freeze(
+            pool, novel_id="n-none", unit_id="u", manifest_hash="m", context_hash="c", manifest={}
+        ),
+        store.add_note(pool, "n-none", "note", "text"),
+        store.save_session(pool, "s", "n-none", None, []),
+    ]
+    for call in calls:
+        with pytest.raises(store.NovelNotFound):
+            await call
