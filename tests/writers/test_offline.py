@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
-from novel.commitcheck import parse_draft
+from novel.body import CommitBody
+from novel.commitcheck import check_body, parse_draft, rewrite_sources
 from novel.guard import guard_prose
+from novel.length import book_band
+from novel.next_work import Blocked, Finish, WriteUnit, next_work
 from novel.pack import block_fields, parse_pack, render_pack
-from novel.snapshot import NovelSnapshot
+from novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novel.text import effective_characters, is_cjk
+from tests.writers.conftest import snapshot_of
 from writers.offline import OFFLINE_LABEL, OfflineProvider, UnitBrief, compose_draft
 from writers.provider import ModelReply, make_provider, system_message, user_message
 from writers.runner import run_w1, run_w2
-from writers.tools import W2_ALLOW_LIST, call_read_tool
+from writers.tools import W2_ALLOW_LIST, call_read_tool, openai_tool_definitions
 
 MAX_TOKENS = 8192
 
@@ -81,8 +86,6 @@ async def test_w1_offline_draft_is_deterministic_in_range_and_guard_clean(
 
 async def test_w1_offline_draft_for_every_scene_of_the_sample(sample_file) -> None:
     """Every scene of the sample yields an in-range, guard-clean draft that differs per scene."""
-    from novel.snapshot import UnitView
-    from tests.writers.conftest import snapshot_of
 
     seen: set[str] = set()
     for i, scene in enumerate(sample_file.outline.scenes):
@@ -103,7 +106,6 @@ async def test_w1_offline_draft_for_every_scene_of_the_sample(sample_file) -> No
 
 
 async def test_w1_offline_writes_chinese_for_a_chinese_pack(chinese_file) -> None:
-    from tests.writers.conftest import snapshot_of
 
     snap = snapshot_of(chinese_file)
     pack = render_pack(snap, "u-1", "full")
@@ -252,7 +254,6 @@ async def test_w2_offline_after_success_answers_with_a_short_final_text(
         },
         {"role": "tool", "tool_call_id": "c1", "content": '{"ok":true}'},
     ]
-    from writers.tools import openai_tool_definitions
 
     reply = await OfflineProvider().complete(
         messages, openai_tool_definitions(W2_ALLOW_LIST), max_output_tokens=MAX_TOKENS
@@ -274,3 +275,84 @@ async def test_offline_usage_can_be_switched_off_for_the_fail_open_path(
     usage = on.usage[0].usage
     assert usage is not None and usage.input_tokens and usage.output_tokens
     assert usage.cached_tokens is None and usage.cache_write_tokens is None
+
+
+@pytest.mark.parametrize("shape", ["W1", "W2"])
+async def test_offline_writes_the_whole_sample_novel_inside_the_book_band(
+    sample_file, shape: str
+) -> None:
+    """Pure simulation of the pipeline: next_work → pack → offline writer → commit checks.
+
+    Every unit passes the store's body checks and guard, and the finished book lands in the
+    length band, so the offline writer can drive demos and benchmarks end to end.
+    """
+    units: list[UnitView] = []
+    commits: list[CommitView] = []
+    provider = OfflineProvider()
+    for _ in range(50):
+        snap = snapshot_of(sample_file, units=units, commits=commits)
+        decision = next_work(snap)
+        # Resolving foreshadowing is an outline revision, not the writer's job.
+        if isinstance(decision, Finish) or (
+            isinstance(decision, Blocked) and all("foreshadowing" in v for v in decision.violations)
+        ):
+            break
+        assert isinstance(decision, WriteUnit), decision
+        unit = UnitView(
+            unit_id=f"u-{len(units) + 1}",
+            chapter_id=decision.chapter_id,
+            scene_id=decision.scene_id,
+            fragment=decision.fragment,
+            state="claimed",
+            attempt=1,
+        )
+        units = [*units, unit]
+        snap = snapshot_of(sample_file, units=units, commits=commits)
+        if shape == "W1":
+            pack = render_pack(snap, unit.unit_id, "full")
+            outcome = await run_w1(provider, pack.text, max_output_tokens=MAX_TOKENS)
+            body = outcome.draft
+        else:
+            pack = render_pack(snap, unit.unit_id, "trimmed")
+            sent: list[dict[str, Any]] = []
+            outcome = await run_w2(
+                provider,
+                pack.text,
+                allow_list=W2_ALLOW_LIST,
+                read_tool=read_tool_for(snap),
+                commit=fake_commit(sent),
+                max_output_tokens=MAX_TOKENS,
+            )
+            body = outcome.draft
+            assert sent[0]["unitId"] == unit.unit_id
+        assert outcome.ok and body is not None, outcome
+        assert isinstance(body, CommitBody)
+        check_body(
+            body,
+            known_commits={c.commit_id: len(c.paragraphs) for c in commits},
+            hard_max_remaining=None,
+        )
+        seq = len(commits) + 1
+        commits = [
+            *commits,
+            CommitView(
+                commit_id=f"commit-{seq}",
+                seq=seq,
+                unit_id=unit.unit_id,
+                chapter_id=unit.chapter_id,
+                scene_id=unit.scene_id,
+                paragraphs=body.paragraphs,
+                scene_completion=body.scene_completion,
+                canon_changes=rewrite_sources(body, f"commit-{seq}"),
+                effective_characters=sum(effective_characters(p) for p in body.paragraphs),
+                body_hash="0" * 64,
+            ),
+        ]
+        units = [msgspec.structs.replace(u, state="committed") if u is unit else u for u in units]
+    else:
+        pytest.fail("the novel did not finish")
+    assert len(commits) == len(sample_file.outline.scenes)
+    band = book_band(sample_file.config.length)
+    assert band is not None
+    total = sum(c.effective_characters for c in commits)
+    assert band[0] <= total <= band[1]
