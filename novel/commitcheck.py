@@ -144,7 +144,9 @@ def parse_draft(raw: str) -> CommitBody:
     if not text:
         raise BodyError("schema", "draft: empty reply")
     if not text.startswith("{"):
-        raise BodyError("schema", "draft: the reply must be one JSON object (optionally in a ```json fence)")
+        raise BodyError(
+            "schema", "draft: the reply must be one JSON object (optionally in a ```json fence)"
+        )
     try:
         return msgspec.json.decode(text, type=CommitBody)
     except msgspec.ValidationError as e:

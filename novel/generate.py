@@ -13,13 +13,28 @@ from novel.pack import MAX_CHARACTERS
 _EN_GIVEN = ["Ada", "Bram", "Cleo", "Dorian", "Esme", "Felix", "Greta", "Hugo", "Iris", "Jonah"]
 _EN_FAMILY = ["Ashdown", "Blackwood", "Carrow", "Dunmore", "Ellery", "Fairweather", "Grange"]
 _EN_PLACES = [
-    "the clock tower", "the salt market", "the old observatory", "the river locks",
-    "the glasshouse", "the archive vaults", "the night ferry", "the quarry village",
-    "the signal station", "the winter garden", "the copper mine", "the border inn",
+    "the clock tower",
+    "the salt market",
+    "the old observatory",
+    "the river locks",
+    "the glasshouse",
+    "the archive vaults",
+    "the night ferry",
+    "the quarry village",
+    "the signal station",
+    "the winter garden",
+    "the copper mine",
+    "the border inn",
 ]
 _EN_OBJECTS = [
-    "a brass key", "a water-stained map", "a cipher wheel", "a silver compass",
-    "a sealed letter", "a cracked lens", "a ledger of debts", "a music box",
+    "a brass key",
+    "a water-stained map",
+    "a cipher wheel",
+    "a silver compass",
+    "a sealed letter",
+    "a cracked lens",
+    "a ledger of debts",
+    "a music box",
 ]
 _EN_TRAITS = ["patient", "reckless", "curious", "guarded", "cheerful", "proud", "loyal", "shrewd"]
 _EN_TIMES = ["at dawn", "at noon", "at dusk", "after midnight", "in the rain", "before the fair"]
@@ -27,10 +42,29 @@ _EN_TIMES = ["at dawn", "at noon", "at dusk", "after midnight", "in the rain", "
 _ZH_SURNAME = ["林", "沈", "顾", "苏", "陆", "白", "温", "秦", "唐", "许"]
 _ZH_GIVEN = ["晚舟", "听雨", "若川", "知微", "清和", "远山", "星河", "疏影", "青禾", "明远"]
 _ZH_PLACES = [
-    "钟楼", "盐市", "旧天文台", "河闸", "玻璃温室", "档案地库", "夜渡口", "采石村",
-    "信号站", "冬园", "铜矿", "边境客栈",
+    "钟楼",
+    "盐市",
+    "旧天文台",
+    "河闸",
+    "玻璃温室",
+    "档案地库",
+    "夜渡口",
+    "采石村",
+    "信号站",
+    "冬园",
+    "铜矿",
+    "边境客栈",
 ]
-_ZH_OBJECTS = ["铜钥匙", "水渍地图", "密码轮", "银罗盘", "封缄的信", "裂开的镜片", "欠账簿", "八音盒"]
+_ZH_OBJECTS = [
+    "铜钥匙",
+    "水渍地图",
+    "密码轮",
+    "银罗盘",
+    "封缄的信",
+    "裂开的镜片",
+    "欠账簿",
+    "八音盒",
+]
 _ZH_TRAITS = ["沉稳", "莽撞", "好奇", "戒备", "开朗", "骄傲", "忠诚", "精明"]
 _ZH_TIMES = ["黎明时分", "正午", "黄昏", "午夜之后", "雨中", "庙会之前"]
 
@@ -172,7 +206,9 @@ def generate_novel_file(
             )
             if c == 1 and s == 1:
                 scene["continuationAnchor"] = (
-                    f"{time}，{place}的门半开着。" if zh else f"{time.capitalize()}, the door of {place} stands ajar."
+                    f"{time}，{place}的门半开着。"
+                    if zh
+                    else f"{time.capitalize()}, the door of {place} stands ajar."
                 )
             scene_list.append(scene)
 
@@ -195,7 +231,11 @@ def generate_novel_file(
         foreshadowing.append(
             {
                 "id": f"fs{i + 1}",
-                "description": (f"{thing}上刻着一个无人认得的记号。" if zh else f"{thing.capitalize()} bears a mark nobody recognises."),
+                "description": (
+                    f"{thing}上刻着一个无人认得的记号。"
+                    if zh
+                    else f"{thing.capitalize()} bears a mark nobody recognises."
+                ),
                 "plantAt": plant,
                 "payoffAt": last,
                 "required": i == 0,
@@ -230,7 +270,11 @@ def generate_novel_file(
         "config": {
             "writerMode": "subagent",
             "writerShape": "W2",
-            "length": {"kind": "target", "targetCharacters": units * unit_chars, "toleranceRatio": 0.3},
+            "length": {
+                "kind": "target",
+                "targetCharacters": units * unit_chars,
+                "toleranceRatio": 0.3,
+            },
         },
         "outline": {
             "story": story,

@@ -70,17 +70,13 @@ def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
 def live_commits(snapshot: NovelSnapshot) -> list[CommitView]:
     """Commits in seq order, without commits of superseded units."""
     superseded = {u.unit_id for u in snapshot.units if u.state == "superseded"}
-    return sorted(
-        (c for c in snapshot.commits if c.unit_id not in superseded), key=lambda c: c.seq
-    )
+    return sorted((c for c in snapshot.commits if c.unit_id not in superseded), key=lambda c: c.seq)
 
 
 def scene_commits(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> list[CommitView]:
     """Live commits of one scene, in seq order."""
     return [
-        c
-        for c in live_commits(snapshot)
-        if c.chapter_id == chapter_id and c.scene_id == scene_id
+        c for c in live_commits(snapshot) if c.chapter_id == chapter_id and c.scene_id == scene_id
     ]
 
 

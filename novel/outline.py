@@ -127,7 +127,9 @@ class Outline(_Model):
                     raise ValueError(f"scenes[{i}].participants: unknown character {p!r}")
             seen = per_chapter.setdefault(s.chapterId, set())
             if s.order in seen:
-                raise ValueError(f"scenes[{i}].order: duplicate order {s.order} in chapter {s.chapterId!r}")
+                raise ValueError(
+                    f"scenes[{i}].order: duplicate order {s.order} in chapter {s.chapterId!r}"
+                )
             seen.add(s.order)
         for i, f in enumerate(self.foreshadowing):
             for field in ("plantAt", "payoffAt"):
@@ -172,7 +174,10 @@ class LengthBudget(_Model):
 
     @model_validator(mode="after")
     def _check_hard_max(self) -> LengthBudget:
-        if self.hardMaximumCharacters is not None and self.hardMaximumCharacters < self.targetCharacters:
+        if (
+            self.hardMaximumCharacters is not None
+            and self.hardMaximumCharacters < self.targetCharacters
+        ):
             raise ValueError("hardMaximumCharacters must be >= targetCharacters")
         return self
 
@@ -245,8 +250,12 @@ def parse_novel_file(raw: bytes | str) -> NovelFile:
 def outline_revision(parent: str | None, reason: str, outline: Outline) -> str:
     """Content-derived revision id: a hash over parent revision, reason and payload (SPEC §16)."""
     payload = outline.model_dump(mode="json")
-    blob = json.dumps({"parent": parent, "reason": reason, "outline": payload},
-                      sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    blob = json.dumps(
+        {"parent": parent, "reason": reason, "outline": payload},
+        sort_keys=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
     return "r-" + hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

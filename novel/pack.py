@@ -391,7 +391,7 @@ def _foreshadowing_lines(outline: Outline, chapter: Chapter) -> list[str]:
         planted_by_now = item.plantAt is not None and orders[item.plantAt] <= chapter.order
         if not (item.required or planted_by_now):
             continue
-        tags = [item.status]
+        tags: list[str] = [item.status]
         if item.required:
             tags.append("required")
         if item.plantAt is not None:
@@ -450,7 +450,9 @@ def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> Writ
         chapter = outline.chapter(unit.chapter_id)
     except KeyError:
         raise fail(["chapter"], f"chapter {unit.chapter_id} is not in the outline") from None
-    scene = next((s for s in outline.scenes_of(chapter.chapterId) if s.sceneId == unit.scene_id), None)
+    scene = next(
+        (s for s in outline.scenes_of(chapter.chapterId) if s.sceneId == unit.scene_id), None
+    )
     if scene is None:
         raise fail(["scene"], f"scene {unit.scene_id} is not in chapter {chapter.chapterId}")
 
@@ -471,7 +473,8 @@ def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> Writ
         if uncovered:
             missing.extend(["characters", "canon"])
             reasons.append(
-                "participants in neither the characters nor the canon block: " + ", ".join(uncovered)
+                "participants in neither the characters nor the canon block: "
+                + ", ".join(uncovered)
             )
     if missing:
         raise fail(missing, "; ".join(reasons))

@@ -76,9 +76,7 @@ def commit(snapshot: NovelSnapshot, unit_id: str, body: CommitBody) -> NovelSnap
         body_hash=business_hash(body),
     )
     snapshot = set_state(snapshot, unit_id, "committed")
-    return msgspec.structs.replace(
-        snapshot, commits=[*snapshot.commits, view], as_of_seq=seq
-    )
+    return msgspec.structs.replace(snapshot, commits=[*snapshot.commits, view], as_of_seq=seq)
 
 
 BodyFor = Callable[[NovelSnapshot, UnitView], CommitBody]

@@ -1,0 +1,130 @@
+"""STORE-6 prose bookkeeping guard: bad patterns are caught, ordinary prose passes, and the
+error never quotes the paragraph (BUS-6)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from novel.guard import RULES, ProseGuardError, check_paragraph, guard_prose
+from tests.pure.strategies import PURE, prose_paragraphs
+
+BAD: list[tuple[str, str]] = [
+    ("Chapter 3", "chapter-number"),
+    ("She turned to chapter 12 of the manual.", "chapter-number"),
+    ("scene 2-1: the harbour", "scene-number"),
+    ("As planned in ch-001, she waited.", "id"),
+    ("scene-3 begins at dawn.", "id"),
+    ("unit-7", "id"),
+    ("The unit-a3f9 draft follows.", "id"),
+    ("See commit-12 for details.", "id"),
+    ("# The Dark Lamp", "markdown-heading"),
+    ("She waited.\n## Part two", "markdown-heading"),
+    ("Chapter Two: The Storm", "chapter-heading"),
+    ("Part One", "chapter-heading"),
+    ("第三章", "chinese-chapter-heading"),
+    ("第12章 灯塔之夜", "chinese-chapter-heading"),
+    ("第二节：夜渡", "chinese-chapter-heading"),
+    ("She closed the door. (to be continued)", "to-be-continued"),
+    ("To be continued...", "to-be-continued"),
+    ("[END]", "end-marker"),
+    ("And so the lamp burned on. THE END", "end-marker"),
+    ("The End.", "end-marker"),
+    ("他走进了夜色。（未完待续）", "closing-note"),
+    ("未完待续", "closing-note"),
+    ("全书完", "closing-note"),
+    ("——全文完——", "closing-note"),
+    ("大结局", "closing-note"),
+    ("他终于回到了家。完结", "closing-note"),
+    ("待续", "closing-note"),
+    ("收束", "closing-note"),
+    ("完", "closing-note"),
+    ("(完)", "closing-note"),
+    ("（完）", "closing-note"),
+    ("他走了。完", "closing-note"),
+    ("word count: 1,200", "progress-note"),
+    ("Word Count = 900", "progress-note"),
+    ("字数：1500", "progress-note"),
+    ("She slept. (1,200 words)", "progress-note"),
+    ("Author's note: this scene was hard.", "progress-note"),
+]
+
+GOOD = [
+    "It was the chapter of her life she least liked to remember.",
+    "The scene at the harbour was chaos.",
+    "A unit-based plan would never work here, she thought.",
+    "He finished the whole book before the end of the road.",
+    "In the end, nobody came.",
+    "Part of me wanted to stay.",
+    "他完成了任务，松了一口气。",
+    "事情并未完结，她想。",
+    "他收束心神，继续前行。",
+    "“我还没说完。”",
+    "第三章节的内容很长，他一口气读完了。",
+    "大家都在等待续集的消息，码头上很热闹。",
+    "She counted the words on the page: seven, all of them lies.",
+    "#hashtags were not a thing in 1890, and the telegraph clerk knew nothing of them.",
+]
+
+
+@pytest.mark.parametrize(("paragraph", "rule"), BAD)
+def test_store6_guard_catches_bookkeeping(paragraph: str, rule: str) -> None:
+    hit = check_paragraph(paragraph)
+    assert hit is not None and hit[0] == rule
+    with pytest.raises(ProseGuardError) as err:
+        guard_prose(["An ordinary opening paragraph.", paragraph])
+    assert err.value.paragraph_index == 1
+    assert err.value.rule == rule
+    assert err.value.code == "guard"
+    assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize("paragraph", GOOD)
+def test_store6_guard_passes_ordinary_prose(paragraph: str) -> None:
+    guard_prose([paragraph])
+
+
+def test_store6_guard_error_names_index_and_rule_never_the_text() -> None:
+    secret = "Mara whispered the password swordfish-7781 and then: Chapter 9"
+    with pytest.raises(ProseGuardError) as err:
+        guard_prose(["Fine.", "Also fine.", secret])
+    message = str(err.value)
+    assert "paragraph 2" in message and "chapter-number" in message
+    assert "swordfish" not in message and "Mara" not in message and "Chapter 9" not in message
+
+
+def test_store6_guard_rules_are_named() -> None:
+    assert set(RULES) >= {
+        "chapter-number",
+        "scene-number",
+        "id",
+        "markdown-heading",
+        "chinese-chapter-heading",
+        "to-be-continued",
+        "end-marker",
+        "closing-note",
+        "progress-note",
+    }
+
+
+@given(st.lists(prose_paragraphs(max_sentences=8), min_size=1, max_size=6))
+@PURE
+def test_store6_generated_ordinary_prose_passes(paragraphs: list[str]) -> None:
+    guard_prose(paragraphs)
+
+
+@given(
+    st.lists(prose_paragraphs(), min_size=0, max_size=4),
+    st.sampled_from(BAD),
+    st.data(),
+)
+@PURE
+def test_store6_bad_pattern_anywhere_is_caught_at_its_index(
+    paragraphs: list[str], bad: tuple[str, str], data: st.DataObject
+) -> None:
+    index = data.draw(st.integers(0, len(paragraphs)))
+    paragraphs = [*paragraphs[:index], bad[0], *paragraphs[index:]]
+    with pytest.raises(ProseGuardError) as err:
+        guard_prose(paragraphs)
+    assert err.value.paragraph_index == index

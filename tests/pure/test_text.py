@@ -1,0 +1,106 @@
+"""novel.text: effective characters (SPEC §16 Length), token estimate (PACK-5), truncation
+markers (PACK-2) and CJK-aware keywords (§7 lore)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from novel.text import (
+    ELLIPSIS,
+    effective_characters,
+    estimate_tokens,
+    is_cjk,
+    keywords,
+    one_line,
+    tail,
+    truncate,
+)
+from tests.pure.strategies import PURE
+
+
+def test_effective_characters_counts_letters_and_digits_only() -> None:
+    assert effective_characters("Hello, world! 42") == 12
+    assert effective_characters("他说：“你好。”") == 4
+    assert effective_characters("   \n\t…—!?") == 0
+    assert effective_characters("🙂🚀 ok") == 2  # emoji do not count
+    assert effective_characters("Ⅻ ½ ٣") == 3  # Nl, No, Nd are numbers
+
+
+def test_estimate_tokens_cjk_one_each_other_quarter_rounded_up() -> None:
+    assert estimate_tokens("") == 0
+    assert estimate_tokens("abcd") == 1
+    assert estimate_tokens("abcde") == 2
+    assert estimate_tokens("灯塔") == 2
+    assert estimate_tokens("灯塔ab") == 3
+    assert estimate_tokens("ひらがなカタカナ한국어") == 11
+    assert estimate_tokens("，。") == 1  # CJK punctuation is not an ideograph
+
+
+def test_is_cjk() -> None:
+    assert all(is_cjk(ch) for ch in "灯あア한〇𠀀")
+    assert not any(is_cjk(ch) for ch in "a1 ，。!é")
+    assert not is_cjk("灯塔")
+
+
+@given(st.text(max_size=300), st.integers(0, 400))
+@PURE
+def test_truncate_keeps_limit_and_marks_cut(text: str, limit: int) -> None:
+    out = truncate(text, limit)
+    assert len(out) <= limit
+    if len(text) <= limit:
+        assert out == text
+    elif limit == 0:
+        assert out == ""
+    else:
+        assert out.endswith(ELLIPSIS)
+        assert text.startswith(out[:-1])
+
+
+@given(st.text(max_size=300), st.integers(0, 400))
+@PURE
+def test_tail_keeps_last_code_points_and_marks_cut(text: str, limit: int) -> None:
+    out = tail(text, limit)
+    assert len(out) <= limit
+    if len(text) <= limit:
+        assert out == text
+    elif limit == 0:
+        assert out == ""
+    else:
+        assert out.startswith(ELLIPSIS)
+        assert text.endswith(out[1:])
+        assert len(out) == limit
+
+
+def test_truncate_examples() -> None:
+    assert truncate("abcdef", 4) == "abc…"
+    assert truncate("abc", 3) == "abc"
+    assert truncate("abcdef", 1) == "…"
+    assert truncate("abcdef", 0) == ""
+    assert tail("abcdef", 4) == "…def"
+
+
+def test_one_line_collapses_whitespace() -> None:
+    assert one_line("  a\n\n b\tc  ") == "a b c"
+
+
+def test_keywords_latin_lowercased_min_length_no_stopwords() -> None:
+    assert keywords("The Lighthouse and the keeper's LEDGER at dawn") == [
+        "lighthouse",
+        "keeper's",
+        "ledger",
+        "dawn",
+    ]
+
+
+def test_keywords_cjk_runs_give_bigrams() -> None:
+    assert keywords("灯塔守夜人") == ["灯塔", "塔守", "守夜", "夜人"]
+    assert keywords("在灯塔, Mara 说") == ["在灯", "灯塔", "mara", "说"]
+
+
+@given(st.text(max_size=200))
+@PURE
+def test_keywords_are_unique_and_deterministic(text: str) -> None:
+    out = keywords(text)
+    assert len(out) == len(set(out))
+    assert out == keywords(text)
