@@ -22,10 +22,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import itertools
 import json
 import random
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,28 +255,18 @@ class _Composer:
             "w": ",".join(words) or ("it" if not zh else "这件事"),  # noun phrases, comma-joined
         }
 
-    def sentences(self) -> list[str]:
-        """An endless-enough supply of distinct-looking sentences, deterministically shuffled."""
+    def sentences(self) -> Iterator[str]:
+        """An endless supply of sentences: the place first, then seeded passes over the rest."""
         templates = _ZH_SENTENCES if self.brief.chinese else _EN_SENTENCES
         slots = self.slots()
         words = slots["w"].split(",")
-        out: list[str] = []
-        order = list(range(len(templates)))
-        self.rng.shuffle(order)
-        # The opening sentence sets the place; the rest follow a seeded order, reshuffled per pass.
-        out.append(templates[0].format(**{**slots, "w": words[0]}))
-        passes = 0
-        while len(out) < 4000:
+        yield templates[0].format(**{**slots, "w": words[0]})
+        order = list(range(1, len(templates)))
+        while True:
+            self.rng.shuffle(order)  # reshuffled per pass so long units do not loop visibly
             for k in order:
-                if k == 0 and passes == 0:
-                    continue
                 w = words[self.rng.randrange(len(words))]
-                out.append(templates[k].format(**{**slots, "w": w}))
-            passes += 1
-            self.rng.shuffle(order)
-            if passes > 200:
-                break
-        return out
+                yield templates[k].format(**{**slots, "w": w})
 
     def compose(self) -> list[str]:
         b = self.brief
@@ -285,11 +276,14 @@ class _Composer:
         chosen: list[str] = []
         total = 0
         for s in supply:
-            if total >= goal:
+            if total >= goal and chosen:
                 break
             chosen.append(s)
             total += effective_characters(s)
         chosen, total = _trim_to(chosen, total, hi, chinese=b.chinese)
+        if not chosen:
+            # A body is never empty; a range too small for any sentence gets the shortest one.
+            chosen = [min(itertools.islice(self.sentences(), 12), key=effective_characters)]
         per_paragraph = 180 if b.chinese else 320
         n = max(3, min(8, goal // per_paragraph))
         n = min(n, len(chosen))

@@ -356,3 +356,10 @@ async def test_offline_writes_the_whole_sample_novel_inside_the_book_band(
     assert band is not None
     total = sum(c.effective_characters for c in commits)
     assert band[0] <= total <= band[1]
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0, 1), (0, 5), (1, 30)])
+def test_offline_never_writes_an_empty_body_even_for_a_tiny_range(lo: int, hi: int) -> None:
+    draft = compose_draft(hand_pack("Mara finds the hidden map", lo, hi))
+    assert draft["paragraphs"] and all(p.strip() for p in draft["paragraphs"])
+    guard_prose(draft["paragraphs"])
