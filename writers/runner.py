@@ -45,6 +45,7 @@ from writers.tools import (
 )
 
 ARGS_RECORD_CAP = 500  # RUN-6: recorded tool arguments are truncated JSON text
+TOOL_NAME_RECORD_CAP = 64  # a model-invented tool name is recorded, but not at any length
 # CTX-8: what the writer is told about its own commit; never hashes or claim ids.
 _RECEIPT_FIELDS_FOR_MODEL = (
     "commitId",
@@ -303,7 +304,10 @@ async def run_w2(
 
     `read_tool(name, args)` runs a registry read tool against the delegated novel and returns its
     JSON-able result (it may raise ToolContractError). `commit(args)` sends the commit arguments
-    to the claim manager and returns `{"ok": bool, "code": str | None, "receipt": dict | None}`.
+    to the claim manager and returns `{"ok": bool, "code": str | None, "receipt": dict | None}`
+    (plus an optional prose-free `message`). A reply that asks for tools after `max_tool_rounds`
+    executed rounds fails with `tool-round-limit`. Any other exception from the injected
+    callables is infrastructure trouble and propagates to the actor.
     """
     allowed = tuple(dict.fromkeys(allow_list))
     tools = openai_tool_definitions(allowed)
@@ -354,7 +358,7 @@ async def run_w2(
             records.append(
                 ToolRecord(
                     seq=seq,
-                    tool=call.name,
+                    tool=call.name[:TOOL_NAME_RECORD_CAP],
                     args_truncated=truncate_args(call.arguments),
                     is_error=code is not None,
                     result_bytes=len(content.encode()),
@@ -383,7 +387,8 @@ async def _execute(
     """Run one tool call: (result for the model, error code or None, committed body+receipt)."""
     if call.name not in allowed:
         # RUN-3 / PROBE P2: refused by the host, whatever the model believes it may call.
-        return {"error": "tool-not-allowed", "tool": call.name}, "tool-not-allowed", None
+        refused = {"error": "tool-not-allowed", "tool": call.name[:TOOL_NAME_RECORD_CAP]}
+        return refused, "tool-not-allowed", None
     try:
         args = parse_tool_arguments(call.arguments)
         params = validate_tool_args(call.name, args)
