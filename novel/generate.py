@@ -95,6 +95,8 @@ def generate_novel_file(
     traits = _ZH_TRAITS if zh else _EN_TRAITS
     times = _ZH_TIMES if zh else _EN_TIMES
 
+    # Scenes take their places from the lore's places, so every scene has world-book matches.
+    lore_places = places[: max(4, min(len(places), chapters + 2))]
     n_chars = rng.randint(4, 8)
     characters: list[dict[str, Any]] = []
     names: list[str] = []
@@ -174,7 +176,7 @@ def generate_novel_file(
                 }
             )
         for s in range(1, scenes_per_chapter + 1):
-            place = rng.choice(places)
+            place = rng.choice(lore_places)
             time = rng.choice(times)
             k = rng.randint(1, min(3, len(cast)))
             participants = sorted({cast[0], *rng.sample(cast, k)}, key=cast.index)
@@ -213,7 +215,7 @@ def generate_novel_file(
             scene_list.append(scene)
 
     lore: list[dict[str, Any]] = []
-    for i, place in enumerate(places[: max(4, min(len(places), chapters + 2))]):
+    for i, place in enumerate(lore_places):
         if zh:
             content = f"{place}是故事里的重要地点，{rng.choice(traits)}的人常在这里出没，关于{rng.choice(objects)}的传闻也从这里开始。"
         else:

@@ -371,15 +371,14 @@ def chapter_prose_tail(snapshot: NovelSnapshot, chapter_id: str) -> tuple[int, s
     """(number of the chapter's commits, raw tail of its committed prose ≤ 1,600)."""
     commits = [c for c in live_commits(snapshot) if c.chapter_id == chapter_id]
     text = "\n\n".join(p for c in commits for p in c.paragraphs)
+    # A prose line that looks like a block header is indented so it cannot end the block.
+    text = "\n".join(
+        (" " + line) if _HEADER_RE.match(line.strip()) else line for line in text.split("\n")
+    )
     cut = tail(text, PROSE_TAIL_LIMIT)
     if cut != text:  # truncated: drop a dangling paragraph break after the marker
         cut = cut[0] + cut[1:].lstrip()
     return len(commits), cut
-
-
-def _prose_lines(prose: str) -> list[str]:
-    # A prose line that looks like a block header is indented so it cannot end the block.
-    return [(" " + line) if _HEADER_RE.match(line.strip()) else line for line in prose.split("\n")]
 
 
 def _foreshadowing_lines(outline: Outline, chapter: Chapter) -> list[str]:
@@ -484,7 +483,7 @@ def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> Writ
         "story": _story_lines(snapshot.title, outline),
         "chapter": _chapter_lines(chapter),
         "scene": _scene_lines(outline, scene, anchor, goals),
-        "prose-tail": _prose_lines(prose) if prose else [],
+        "prose-tail": prose.split("\n") if prose else [],
         "unit": _unit_lines(snapshot, unit),
     }
     if full:

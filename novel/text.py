@@ -30,6 +30,10 @@ _CJK_RANGES: tuple[tuple[int, int], ...] = (
     (0x20000, 0x3134F),  # CJK Unified Ideographs Extensions B..G, compatibility supplement
 )
 
+_CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _CJK_RANGES)
+_CJK_RE = re.compile(f"[{_CJK_CLASS}]")
+_CJK_RUN_RE = re.compile(f"[{_CJK_CLASS}]+")
+
 _STOPWORDS = frozenset(
     """
     the and for are but not you your yours all any can had her hers him his how its our ours out
@@ -55,10 +59,7 @@ def effective_characters(text: str) -> int:
 
 def is_cjk(ch: str) -> bool:
     """True for a CJK ideograph, kana or hangul code point (not CJK punctuation)."""
-    if len(ch) != 1:
-        return False
-    cp = ord(ch)
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+    return len(ch) == 1 and _CJK_RE.match(ch) is not None
 
 
 def estimate_tokens(text: str) -> int:
@@ -70,14 +71,8 @@ def estimate_tokens(text: str) -> int:
     estimate only; where a provider reports usage, the reported numbers win (SPEC §16, the
     original under-counted Chinese by ~1.95x with a pure chars/4 estimate).
     """
-    cjk = 0
-    other = 0
-    for ch in text:
-        if is_cjk(ch):
-            cjk += 1
-        else:
-            other += 1
-    return cjk + math.ceil(other / 4)
+    cjk = len(_CJK_RE.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -122,32 +117,20 @@ def keywords(text: str) -> list[str]:
             seen.add(word)
             out.append(word)
 
-    run: list[str] = []
-    plain: list[str] = []
-
-    def flush_run() -> None:
-        if len(run) == 1:
-            add(run[0])
-        for i in range(len(run) - 1):
-            add(run[i] + run[i + 1])
-        run.clear()
-
-    def flush_plain() -> None:
-        for m in _LATIN_WORD_RE.finditer("".join(plain)):
+    def plain(chunk: str) -> None:
+        for m in _LATIN_WORD_RE.finditer(chunk):
             word = m.group(0).lower()
             if len(word) >= 3 and word not in _STOPWORDS:
                 add(word)
-        plain.clear()
 
-    for ch in text:
-        if is_cjk(ch):
-            if plain:
-                flush_plain()
-            run.append(ch)
-        else:
-            if run:
-                flush_run()
-            plain.append(ch)
-    flush_run()
-    flush_plain()
+    start = 0
+    for m in _CJK_RUN_RE.finditer(text):
+        plain(text[start : m.start()])
+        run = m.group(0)
+        if len(run) == 1:
+            add(run)
+        for i in range(len(run) - 1):
+            add(run[i : i + 2])
+        start = m.end()
+    plain(text[start:])
     return out

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from novel.body import CommitBody
-from novel.commitcheck import business_hash, rewrite_sources
+from novel.body import CanonChange, CommitBody, SceneCompletion
+from novel.commitcheck import business_hash, check_body, rewrite_sources
 from novel.next_work import WriteUnit, next_work
 from novel.outline import NovelFile, outline_revision
 from novel.snapshot import CommitView, NovelSnapshot, UnitView
@@ -59,8 +59,14 @@ def set_state(snapshot: NovelSnapshot, unit_id: str, state: str) -> NovelSnapsho
     return msgspec.structs.replace(snapshot, units=units)
 
 
-def commit(snapshot: NovelSnapshot, unit_id: str, body: CommitBody) -> NovelSnapshot:
+def commit(
+    snapshot: NovelSnapshot, unit_id: str, body: CommitBody, *, check: bool = True
+) -> NovelSnapshot:
+    """Commit a body for a unit; by default the body must pass check_body (and the guard)."""
     unit = next(u for u in snapshot.units if u.unit_id == unit_id)
+    if check:
+        known = {c.commit_id: len(c.paragraphs) for c in snapshot.commits}
+        check_body(body, known_commits=known, hard_max_remaining=None)
     seq = snapshot.as_of_seq + 1
     commit_id = f"commit-{seq}"
     view = CommitView(
@@ -101,3 +107,58 @@ def write_book(
         snapshot = commit(snapshot, unit_id, body_for(snapshot, unit))
     seen.append((snapshot, ""))
     return seen
+
+
+def golden_body(snapshot: NovelSnapshot, unit: UnitView) -> CommitBody:
+    """A fixed, deterministic body for golden files: prose built from the scene's fields.
+
+    The second scene of every chapter takes two fragments, so continuations are exercised.
+    """
+    assert snapshot.outline is not None
+    outline = snapshot.outline
+    scene = outline.scene(unit.scene_id)
+    names = [outline.character(p).name for p in scene.participants]
+    who = " and ".join(names) or "Nobody"
+    place = scene.timeLocation or "the same place"
+    paragraphs = [
+        f"{who} came to {place}. {scene.goal}",
+        f"The wind pulled at the door while {names[0] if names else 'someone'} thought about "
+        f"what had changed: {scene.expectedChange or 'nothing yet'}",
+        f"Piece {unit.fragment} of this part of the story ends with a breath, a glance at the "
+        f"sea, and the sound of the tide over the shingle. {scene.conflict}",
+    ]
+    completed = not (scene.order == 2 and unit.fragment == 1)
+    changes = [
+        CanonChange(
+            kind="character-state",
+            summary=f"{outline.character(p).name} has been through {scene.sceneId}.",
+            sources=["inline#0"],
+            character_ids=[p],
+        )
+        for p in scene.participants
+    ]
+    if len(scene.participants) >= 2:
+        changes.append(
+            CanonChange(
+                kind="relation",
+                summary=f"{names[0]} and {names[1]} trust each other a little more.",
+                sources=["inline#1"],
+                detail="Shared danger.",
+                character_ids=scene.participants[:2],
+            )
+        )
+    changes.append(
+        CanonChange(kind="event", summary=f"{scene.sceneId} happened.", sources=["inline"])
+    )
+    return CommitBody(
+        paragraphs=paragraphs,
+        scene_completion=SceneCompletion(
+            completed=completed,
+            basis="The scene goal is reached."
+            if completed
+            else "Only half of the goal is reached.",
+            outstanding_goals=[] if completed else ["Finish what the scene set out to do."],
+            next_anchor=None if completed else f"{who} pause at the threshold of {place}.",
+        ),
+        canon_changes=changes,
+    )
