@@ -29,11 +29,13 @@ class ProseGuardError(ValueError):
 
     code = "guard"
 
-    def __init__(self, paragraph_index: int, rule: str, description: str) -> None:
+    def __init__(self, paragraph_index: int, rule: str, description: str = "") -> None:
         self.paragraph_index = paragraph_index
         self.rule = rule
-        self.description = description
-        super().__init__(f"paragraph {paragraph_index} violates prose rule {rule!r}: {description}")
+        self.description = description or rule
+        super().__init__(
+            f"paragraph {paragraph_index} violates prose rule {rule!r}: {self.description}"
+        )
 
 
 # (rule, description, pattern); the first match wins. Patterns run on the whole paragraph.

@@ -136,15 +136,16 @@ class WriterPackError(Exception):
 
     code = "pack-error"
 
-    def __init__(self, novel_id: str, unit_id: str, missing_blocks: list[str], reason: str) -> None:
+    def __init__(
+        self, novel_id: str, unit_id: str, missing_blocks: list[str], reason: str = ""
+    ) -> None:
         self.novel_id = novel_id
         self.unit_id = unit_id
         self.missing_blocks = missing_blocks
         self.reason = reason
-        super().__init__(
-            f"writer pack for unit {unit_id} of novel {novel_id} is broken "
-            f"(missing: {', '.join(missing_blocks)}): {reason}"
-        )
+        message = f"writer pack for unit {unit_id} of novel {novel_id} is broken (missing: "
+        message += ", ".join(missing_blocks) + ")" + (f": {reason}" if reason else "")
+        super().__init__(message)
 
 
 class WriterPack(msgspec.Struct, frozen=True):

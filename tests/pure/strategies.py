@@ -31,8 +31,8 @@ from novel.snapshot import NovelSnapshot, UnitView
 from tests.pure.sim import commit, prepare, set_state, snapshot_from_file
 
 # Pure tests must stay fast (< 20 s for the folder): a modest example count, no deadline.
-PURE = settings(max_examples=40, deadline=None)
-PURE_SLOW = settings(max_examples=15, deadline=None)
+PURE = settings(max_examples=30, deadline=None)
+PURE_SLOW = settings(max_examples=12, deadline=None)
 
 EN_WORDS = (
     "lamp harbour tide keeper ledger storm cliff rope lantern salt gull door window night dawn "

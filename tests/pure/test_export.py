@@ -7,10 +7,11 @@ import msgspec
 from novel.export import export_markdown
 from novel.outline import parse_novel_file
 from novel.sample import sample_novel_bytes
+from novel.snapshot import NovelSnapshot
 from tests.pure.sim import golden_body, set_state, snapshot_from_file, write_book
 
 
-def finished_sample():  # type: ignore[no-untyped-def]
+def finished_sample() -> NovelSnapshot:
     return write_book(snapshot_from_file(parse_novel_file(sample_novel_bytes())), golden_body)[-1][
         0
     ]

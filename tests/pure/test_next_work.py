@@ -248,8 +248,8 @@ def test_decisions_are_tagged_msgspec_structs() -> None:
     d = WriteUnit(chapter_id="a", scene_id="a1", unit_id=None, fragment=1, continuation_anchor=None)
     raw = msgspec.json.encode(d)
     assert b'"type":"write-unit"' in raw
-    assert msgspec.json.decode(raw, type=WorkDecision) == d  # type: ignore[arg-type]
-    assert msgspec.json.decode(msgspec.json.encode(Finish()), type=WorkDecision) == Finish()  # type: ignore[arg-type]
+    assert msgspec.json.decode(raw, type=WorkDecision) == d
+    assert msgspec.json.decode(msgspec.json.encode(Finish()), type=WorkDecision) == Finish()
 
 
 @given(outlines(max_chapters=3), st.data())

@@ -246,7 +246,7 @@ def test_pack_canon_only_participant_state_and_relation_facts_most_recent_last()
     canon = parse_pack(render_pack(snapshot, unit_id, "full").text)["canon"]
     assert len(canon) == MAX_CANON_FACTS
     seqs = [int(re.match(r"- commit-(\d+) ", line).group(1)) for line in canon]  # type: ignore[union-attr]
-    assert seqs == sorted(seqs) and seqs[-1] == snapshot.as_of_seq - 0
+    assert seqs == sorted(seqs) and seqs[-1] == snapshot.as_of_seq
     assert all(" event " not in line for line in canon)
     scene = snapshot.outline.scene(unit_of(snapshot, unit_id).scene_id)  # type: ignore[union-attr]
     for line in canon:
