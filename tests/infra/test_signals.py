@@ -1,0 +1,120 @@
+"""INFRA-1: embedded servers live and die with the process that started them.
+
+Each test runs ``python -m infra`` (an Infrastructure under a fresh home) in a child process.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import asyncpg
+import nats
+import psutil
+import pytest
+
+from tests.conftest import ServerTracker
+from tests.infra.procs import InfraProcess, alive, servers_under, wait_gone
+
+
+@pytest.fixture
+def start_infra(tmp_home: Path) -> Iterator[Callable[[], InfraProcess]]:
+    """Start ``python -m infra`` over ``tmp_home``; whatever still runs is stopped after."""
+    started: list[InfraProcess] = []
+
+    def start() -> InfraProcess:
+        started.append(InfraProcess(tmp_home))
+        return started[-1]
+
+    yield start
+    for p in started:
+        if p.proc.poll() is None:
+            p.signal(signal.SIGTERM)
+            p.wait()
+
+
+def _server_pids(p: InfraProcess, tracker: ServerTracker) -> list[int]:
+    """The two servers plus PostgreSQL's own worker processes."""
+    pids = list(p.pids.values())
+    for pid in pids:
+        tracker.add_pid(pid)
+    pids += [c.pid for c in psutil.Process(p.pids["postgres"]).children()]
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_infra1_signal_stops_both_servers_and_leaves_no_orphans(
+    sig: signal.Signals,
+    tmp_home: Path,
+    server_tracker: ServerTracker,
+    start_infra: Callable[[], InfraProcess],
+) -> None:
+    p = start_infra()
+    assert p.ready["embedded"] == {"nats": True, "postgres": True}
+    assert all(alive(pid) for pid in p.pids.values())
+    pids = _server_pids(p, server_tracker)
+
+    p.signal(sig)
+    assert p.wait(timeout=20) == 0
+    assert wait_gone(pids, timeout=2) == []
+    assert servers_under(tmp_home) == []
+    log = p.stderr_path.read_text()
+    assert "stopped embedded PostgreSQL" in log and "stopped embedded nats-server" in log
+    assert not (tmp_home / "pg" / "data" / "postmaster.pid").exists()  # clean shutdown
+
+
+def test_infra1_sigkill_of_parent_takes_servers_down_via_pdeathsig(
+    tmp_home: Path, server_tracker: ServerTracker, start_infra: Callable[[], InfraProcess]
+) -> None:
+    p = start_infra()
+    pids = _server_pids(p, server_tracker)
+
+    p.signal(signal.SIGKILL)  # no cleanup code runs: only the kernel's parent-death signal
+    p.wait()
+    assert wait_gone(pids, timeout=10) == []
+    assert servers_under(tmp_home) == []
+
+
+async def test_infra1_restart_after_sigkill_reuses_home_and_keeps_data(
+    tmp_home: Path, server_tracker: ServerTracker, start_infra: Callable[[], InfraProcess]
+) -> None:
+    first = start_infra()
+    pids = _server_pids(first, server_tracker)
+    conn = await asyncpg.connect(first.ready["databaseUrl"])
+    try:
+        await conn.execute("SET synchronous_commit = on")  # fast mode: make this one durable
+        await conn.execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('survives')")
+    finally:
+        await conn.close()
+    nc = await nats.connect(first.ready["natsUrl"])
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="KEPT", subjects=["kept.>"])
+    finally:
+        await nc.close()
+
+    # Kill everything hard, servers first: stale postmaster.pid and nats-server.pid remain.
+    for pid in (first.pids["postgres"], first.pids["nats"], first.proc.pid):
+        psutil.Process(pid).kill()
+    first.wait()
+    assert wait_gone(pids, timeout=10) == []
+    assert (tmp_home / "pg" / "data" / "postmaster.pid").exists()
+    assert (tmp_home / "nats" / "nats-server.pid").exists()
+
+    second = start_infra()
+    _server_pids(second, server_tracker)
+    conn = await asyncpg.connect(second.ready["databaseUrl"])
+    try:
+        assert await conn.fetchval("SELECT v FROM kept") == "survives"
+    finally:
+        await conn.close()
+    nc = await nats.connect(second.ready["natsUrl"])
+    try:
+        info = await nc.jetstream().stream_info("KEPT")
+        assert info.config.subjects == ["kept.>"]
+    finally:
+        await nc.close()
+    second.signal(signal.SIGTERM)
+    assert second.wait() == 0
+    assert servers_under(tmp_home) == []
