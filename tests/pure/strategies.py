@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from novel.body import CanonChange, CommitBody, SceneCompletion
@@ -31,8 +31,9 @@ from novel.snapshot import NovelSnapshot, UnitView
 from tests.pure.sim import commit, prepare, set_state, snapshot_from_file
 
 # Pure tests must stay fast (< 20 s for the folder): a modest example count, no deadline.
-PURE = settings(max_examples=30, deadline=None)
-PURE_SLOW = settings(max_examples=12, deadline=None)
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+PURE = settings(max_examples=30, deadline=None, suppress_health_check=_SLOW_OK)
+PURE_SLOW = settings(max_examples=12, deadline=None, suppress_health_check=_SLOW_OK)
 
 EN_WORDS = (
     "lamp harbour tide keeper ledger storm cliff rope lantern salt gull door window night dawn "
