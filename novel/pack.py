@@ -143,9 +143,12 @@ class WriterPackError(Exception):
         self.unit_id = unit_id
         self.missing_blocks = missing_blocks
         self.reason = reason
-        message = f"writer pack for unit {unit_id} of novel {novel_id} is broken (missing: "
-        message += ", ".join(missing_blocks) + ")" + (f": {reason}" if reason else "")
-        super().__init__(message)
+        # The message ends with "missing: a, b" so a bus error reply can carry the block names.
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"writer pack for unit {unit_id} of novel {novel_id} is broken{why}; "
+            f"missing: {', '.join(missing_blocks)}"
+        )
 
 
 class WriterPack(msgspec.Struct, frozen=True):

@@ -417,6 +417,7 @@ def test_pack4_participant_covered_by_neither_characters_nor_canon() -> None:
         render_pack(snapshot, unit.unit_id, "full")
     assert err.value.missing_blocks == ["characters", "canon"]
     assert "c6" in str(err.value)
+    assert str(err.value).endswith("; missing: characters, canon")
     # trimmed: no characters block by design (PACK-5), the W2 writer reads characters by tool
     assert "characters" not in render_pack(snapshot, unit.unit_id, "trimmed").blocks
 
