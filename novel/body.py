@@ -23,6 +23,9 @@ class CanonChange(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fi
     detail: str | None = None
     # Which characters the fact is about; lets the pack pick participants' facts (PACK canon block).
     character_ids: list[str] = []
+    # kind "foreshadowing": the outline item this change plants or resolves (finish guard, §16).
+    foreshadowing_id: str | None = None
+    foreshadowing_status: Literal["planted", "resolved"] = "resolved"
 
 
 class CommitBody(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):

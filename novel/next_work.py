@@ -122,6 +122,24 @@ def remaining_scenes(snapshot: NovelSnapshot) -> int:
     )
 
 
+def foreshadowing_status(snapshot: NovelSnapshot) -> dict[str, str]:
+    """Each outline foreshadowing item's status: the outline's, overlaid by commits in order.
+
+    A commit's canon change of kind ``foreshadowing`` naming an item plants or resolves it, so a
+    writer can pay off what the outline requires without an outline revision.
+    """
+    outline = snapshot.outline
+    if outline is None:
+        return {}
+    status = {item.id: item.status for item in outline.foreshadowing}
+    for commit in live_commits(snapshot):
+        for change in commit.canon_changes:
+            if change.kind == "foreshadowing" and change.foreshadowing_id in status:
+                if status[change.foreshadowing_id] != "resolved":
+                    status[change.foreshadowing_id] = change.foreshadowing_status
+    return status
+
+
 def finish_violations(snapshot: NovelSnapshot) -> list[str]:
     """SPEC §16 finish guards, each a violation string; empty means the book may finish.
 
@@ -137,8 +155,9 @@ def finish_violations(snapshot: NovelSnapshot) -> list[str]:
     for chapter in outline.ordered_chapters():
         if chapter.chapterId not in done:
             violations.append(f"chapter {chapter.chapterId} incomplete")
+    status = foreshadowing_status(snapshot)
     for item in outline.foreshadowing:
-        if item.required and item.status != "resolved":
+        if item.required and status[item.id] != "resolved":
             violations.append(f"required foreshadowing {item.id} unresolved")
     for unit in live_units(snapshot):
         if unit.state in ("prepared", "claimed"):

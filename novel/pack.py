@@ -36,7 +36,7 @@ import msgspec
 
 from novel.body import CanonChange
 from novel.length import narrative_stage, remaining_book_characters, unit_target_range
-from novel.next_work import live_commits, remaining_scenes, scene_commits
+from novel.next_work import foreshadowing_status, live_commits, remaining_scenes, scene_commits
 from novel.outline import Chapter, Character, Outline, Scene
 from novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novel.text import estimate_tokens, keywords, one_line, tail, truncate
@@ -90,6 +90,11 @@ _SENTENCE_END = frozenset(".!?…。！？")
 # "night" is noise; a key hit alone is enough).
 _LORE_CONTENT_MIN_HITS = 2
 
+FORESHADOWING_RULE = (
+    "When the scene pays off an item named in foreshadowingDue, show it in the prose and add a "
+    "canonChange {kind: foreshadowing, foreshadowingId: <item id>, foreshadowingStatus: resolved}."
+)
+
 PROTOCOL_W1: tuple[str, ...] = (
     "You write the next unit of a novel. Write prose only, in the language and style of the story.",
     "Never put headings, chapter or scene numbers, ids, word counts, progress notes, explanations "
@@ -109,6 +114,7 @@ PROTOCOL_W1: tuple[str, ...] = (
     "canonChanges: kind is one of event, character-state, relation, foreshadowing, variable; "
     "each source is 'inline' or 'inline#<paragraph index>' pointing into your paragraphs; "
     "characterIds names the characters the fact is about.",
+    FORESHADOWING_RULE,
 )
 
 PROTOCOL_W2: tuple[str, ...] = (
@@ -126,6 +132,7 @@ PROTOCOL_W2: tuple[str, ...] = (
     "paragraphs (one string per paragraph, no blank lines inside), sceneCompletion {completed, "
     "basis, outstandingGoals, nextAnchor}, canonChanges [{kind, summary, sources, detail, "
     "characterIds}] with sources 'inline' or 'inline#<paragraph index>'.",
+    FORESHADOWING_RULE,
     "Stop after the first successful commit. If a commit is refused, fix the named problem and "
     "commit again. Never explain your work in the prose or after the commit.",
 )
@@ -287,7 +294,19 @@ def continuation_context(
     return anchor, goals
 
 
-def _scene_lines(outline: Outline, scene: Scene, anchor: str | None, goals: list[str]) -> list[str]:
+def _due_foreshadowing(outline: Outline, scene: Scene, status: dict[str, str]) -> str:
+    """Unresolved items whose payoff falls in this scene's chapter: part of the scene's task."""
+    due = [
+        f"{item.id}: {one_line(item.description)}"
+        for item in outline.foreshadowing
+        if item.payoffAt == scene.chapterId and status.get(item.id) != "resolved"
+    ]
+    return "; ".join(due)
+
+
+def _scene_lines(
+    outline: Outline, scene: Scene, anchor: str | None, goals: list[str], due: str = ""
+) -> list[str]:
     participants = ", ".join(_person(outline, p) for p in scene.participants)
     return _fields(
         [
@@ -301,6 +320,7 @@ def _scene_lines(outline: Outline, scene: Scene, anchor: str | None, goals: list
             ("expectedChange", scene.expectedChange, SCENE_FIELD_LIMIT),
             ("continuationAnchor", anchor, SCENE_FIELD_LIMIT),
             ("outstandingGoals", _joined(goals), SCENE_FIELD_LIMIT),
+            ("foreshadowingDue", due, SCENE_FIELD_LIMIT),
         ]
     )
 
@@ -385,16 +405,16 @@ def chapter_prose_tail(snapshot: NovelSnapshot, chapter_id: str) -> tuple[int, s
     return len(commits), cut
 
 
-def _foreshadowing_lines(outline: Outline, chapter: Chapter) -> list[str]:
+def _foreshadowing_lines(outline: Outline, chapter: Chapter, status: dict[str, str]) -> list[str]:
     orders = {c.chapterId: c.order for c in outline.chapters}
     lines: list[str] = []
     for item in outline.foreshadowing:
-        if item.status == "resolved":
+        if status.get(item.id, item.status) == "resolved":
             continue
         planted_by_now = item.plantAt is not None and orders[item.plantAt] <= chapter.order
         if not (item.required or planted_by_now):
             continue
-        tags: list[str] = [item.status]
+        tags: list[str] = [status.get(item.id, item.status)]
         if item.required:
             tags.append("required")
         if item.plantAt is not None:
@@ -482,11 +502,12 @@ def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> Writ
     if missing:
         raise fail(missing, "; ".join(reasons))
 
+    fstatus = foreshadowing_status(snapshot)
     content: dict[str, list[str]] = {
         "protocol": list("- " + line for line in (PROTOCOL_W1 if full else PROTOCOL_W2)),
         "story": _story_lines(snapshot.title, outline),
         "chapter": _chapter_lines(chapter),
-        "scene": _scene_lines(outline, scene, anchor, goals),
+        "scene": _scene_lines(outline, scene, anchor, goals, _due_foreshadowing(outline, scene, fstatus)),
         "prose-tail": prose.split("\n") if prose else [],
         "unit": _unit_lines(snapshot, unit),
     }
@@ -494,7 +515,7 @@ def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> Writ
         content["characters"] = _characters_lines(outline)
         content["lore"] = _lore_lines(outline, scene)
         content["canon"] = [_canon_line(outline, commit, change) for commit, change in canon]
-        content["foreshadowing"] = _foreshadowing_lines(outline, chapter)
+        content["foreshadowing"] = _foreshadowing_lines(outline, chapter, fstatus)
 
     names = [name for name in BLOCK_ORDER if content.get(name)]
     rendered = {name: _render_block(name, content[name]) for name in names}

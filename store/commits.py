@@ -220,7 +220,8 @@ async def commit_body(
         if changes:
             await conn.executemany(
                 "INSERT INTO canon_facts (novel_id, commit_id, idx, kind, summary, detail,"
-                " sources, character_ids) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                " sources, character_ids, foreshadowing_id, foreshadowing_status)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 [
                     (
                         novel_id,
@@ -231,6 +232,8 @@ async def commit_body(
                         c.detail,
                         c.sources,
                         c.character_ids,
+                        c.foreshadowing_id,
+                        c.foreshadowing_status if c.kind == "foreshadowing" else None,
                     )
                     for i, c in enumerate(changes)
                 ],

@@ -40,7 +40,8 @@ async def load_snapshot(pool: Db, novel_id: str, *, as_of_seq: int | None = None
             limit,
         )
         facts = await conn.fetch(
-            "SELECT f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids"
+            "SELECT f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids,"
+            " f.foreshadowing_id, f.foreshadowing_status"
             " FROM canon_facts f JOIN commits c"
             "  ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
             " WHERE f.novel_id = $1 AND c.seq <= $2 ORDER BY c.seq, f.idx",
@@ -61,6 +62,8 @@ async def load_snapshot(pool: Db, novel_id: str, *, as_of_seq: int | None = None
                 sources=list(f["sources"]),
                 detail=f["detail"],
                 character_ids=list(f["character_ids"]),
+                foreshadowing_id=f["foreshadowing_id"],
+                foreshadowing_status=f["foreshadowing_status"] or "resolved",
             )
         )
     commit_views = []

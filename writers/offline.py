@@ -63,6 +63,7 @@ class UnitBrief:
     target_max: int
     seed: bytes
     chinese: bool
+    foreshadowing_due: tuple[str, ...] = ()  # outline item ids this scene pays off
 
     @classmethod
     def from_pack(cls, pack_text: str) -> UnitBrief:
@@ -93,6 +94,11 @@ class UnitBrief:
             target_max=hi,
             seed=hashlib.sha256(seed_material.encode()).digest(),
             chinese=any(is_cjk(ch) for ch in goal),
+            foreshadowing_due=tuple(
+                part.split(":", 1)[0].strip()
+                for part in scene.get("foreshadowingDue", "").split(";")
+                if ":" in part and part.split(":", 1)[0].strip()
+            ),
         )
 
 
@@ -389,6 +395,16 @@ def compose_draft(pack_text: str) -> dict[str, Any]:
                 "summary": summary,
                 "sources": ["inline#0"],
                 "characterIds": [character_id],
+            }
+        )
+    for item_id in brief.foreshadowing_due:  # pay off what the outline schedules here
+        canon.append(
+            {
+                "kind": "foreshadowing",
+                "summary": "伏笔在本场景回收" if zh else "the foreshadowed thread is paid off here",
+                "sources": [f"inline#{len(paragraphs) - 1}"],
+                "foreshadowingId": item_id,
+                "foreshadowingStatus": "resolved",
             }
         )
     goal = _clean(brief.goal, chinese=zh)

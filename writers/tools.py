@@ -135,6 +135,10 @@ class CanonChangeParams(_Params):
     )
     detail: str | None = None
     characterIds: list[str] = Field(default_factory=list)
+    foreshadowingId: str | None = Field(
+        default=None, description="kind foreshadowing: the outline item planted or resolved."
+    )
+    foreshadowingStatus: Literal["planted", "resolved"] = "resolved"
 
 
 class BodyCommitParams(_Params):
