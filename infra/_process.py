@@ -62,7 +62,8 @@ def _prctl() -> Any:
     return _libc.prctl
 
 
-def _deathsig_preexec(sig: signal.Signals) -> Callable[[], None]:
+def deathsig_preexec(sig: signal.Signals) -> Callable[[], None]:
+    """A ``preexec_fn`` making the kernel send ``sig`` to the child when our thread dies."""
     prctl = _prctl()
     parent = os.getpid()
 
@@ -123,7 +124,7 @@ def spawn(
         group=group,
         extra_groups=[] if user is not None else None,
         start_new_session=True,
-        preexec_fn=_deathsig_preexec(deathsig),
+        preexec_fn=deathsig_preexec(deathsig),
         close_fds=True,
     )
 

@@ -40,6 +40,7 @@ from infra._process import (
     LOOPBACK,
     OwnerFile,
     ServerStartError,
+    deathsig_preexec,
     free_port,
     log_tail,
     open_log,
@@ -261,8 +262,11 @@ class EmbeddedPostgres:
         """
         pidfile = self.pgdata / "postmaster.pid"
         try:
-            pid = int(pidfile.read_text().splitlines()[0])
+            # Negative: a single-user backend (initdb's) wrote it.
+            pid = abs(int(pidfile.read_text().splitlines()[0]))
         except (FileNotFoundError, IndexError, ValueError):
+            return
+        if pid == 0:
             return
         if stop_stale(
             pid=pid,
@@ -330,12 +334,15 @@ class EmbeddedPostgres:
                 user=self._uid,
                 group=self._gid,
                 extra_groups=[] if self._uid is not None else None,
+                start_new_session=True,  # its own group: a kill reaches its postgres children
+                preexec_fn=deathsig_preexec(signal.SIGKILL),
             )
             try:
                 code = await proc.wait()
             except BaseException:
+                # Cancelled: the unfinished directory is redone on the next start.
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)
                 raise
         if code != 0:
             raise ServerStartError(

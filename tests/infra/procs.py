@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import selectors
@@ -99,6 +100,14 @@ def servers_under(home: Path) -> list[int]:
     return found
 
 
+def _reap(pid: int) -> None:
+    """Collect ``pid`` if it is a dead child of ours (orphans adopted as a subreaper)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
 def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     """Poll until none of ``pids`` runs; returns those still running at the deadline."""
     deadline = time.monotonic() + timeout
@@ -106,4 +115,20 @@ def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
         left = [p for p in left if alive(p)]
+    for pid in pids:
+        _reap(pid)
     return left
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_child_subreaper(on: bool) -> None:
+    """Adopt orphaned descendants, so servers of a SIGKILLed child are reaped by us.
+
+    Without it they are reparented to PID 1, which in some containers never reaps, and
+    linger as ``<defunct>`` entries after they died.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")

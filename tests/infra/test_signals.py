@@ -5,55 +5,73 @@ Each test runs ``python -m infra`` (an Infrastructure under a fresh home) in a c
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import asyncpg
 import nats
 import psutil
 import pytest
 
-from tests.conftest import ServerTracker
-from tests.infra.procs import InfraProcess, alive, servers_under, wait_gone
+from tests.infra.procs import (
+    InfraProcess,
+    alive,
+    servers_under,
+    set_child_subreaper,
+    wait_gone,
+)
+
+if TYPE_CHECKING:
+    from tests.conftest import ServerTracker
 
 
 @pytest.fixture
-def start_infra(tmp_home: Path) -> Iterator[Callable[[], InfraProcess]]:
+def start_infra(
+    tmp_home: Path, server_tracker: ServerTracker
+) -> Iterator[Callable[[], InfraProcess]]:
     """Start ``python -m infra`` over ``tmp_home``; whatever still runs is stopped after."""
     started: list[InfraProcess] = []
 
     def start() -> InfraProcess:
-        started.append(InfraProcess(tmp_home))
-        return started[-1]
+        p = InfraProcess(tmp_home)
+        started.append(p)
+        server_tracker.add_pid(p.proc.pid)
+        for pid in p.pids.values():
+            server_tracker.add_pid(pid)
+        return p
 
-    yield start
-    for p in started:
-        if p.proc.poll() is None:
-            p.signal(signal.SIGTERM)
-            p.wait()
+    set_child_subreaper(True)
+    try:
+        yield start
+    finally:
+        for p in started:
+            if p.proc.poll() is None:
+                p.signal(signal.SIGTERM)
+                p.wait()
+        set_child_subreaper(False)
 
 
-def _server_pids(p: InfraProcess, tracker: ServerTracker) -> list[int]:
+def _server_pids(p: InfraProcess) -> list[int]:
     """The two servers plus PostgreSQL's own worker processes."""
     pids = list(p.pids.values())
-    for pid in pids:
-        tracker.add_pid(pid)
-    pids += [c.pid for c in psutil.Process(p.pids["postgres"]).children()]
-    return pids
+    return pids + [c.pid for c in psutil.Process(p.pids["postgres"]).children()]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_infra1_signal_stops_both_servers_and_leaves_no_orphans(
     sig: signal.Signals,
     tmp_home: Path,
-    server_tracker: ServerTracker,
     start_infra: Callable[[], InfraProcess],
 ) -> None:
     p = start_infra()
     assert p.ready["embedded"] == {"nats": True, "postgres": True}
     assert all(alive(pid) for pid in p.pids.values())
-    pids = _server_pids(p, server_tracker)
+    pids = _server_pids(p)
 
     p.signal(sig)
     assert p.wait(timeout=20) == 0
@@ -65,10 +83,10 @@ def test_infra1_signal_stops_both_servers_and_leaves_no_orphans(
 
 
 def test_infra1_sigkill_of_parent_takes_servers_down_via_pdeathsig(
-    tmp_home: Path, server_tracker: ServerTracker, start_infra: Callable[[], InfraProcess]
+    tmp_home: Path, start_infra: Callable[[], InfraProcess]
 ) -> None:
     p = start_infra()
-    pids = _server_pids(p, server_tracker)
+    pids = _server_pids(p)
 
     p.signal(signal.SIGKILL)  # no cleanup code runs: only the kernel's parent-death signal
     p.wait()
@@ -77,10 +95,10 @@ def test_infra1_sigkill_of_parent_takes_servers_down_via_pdeathsig(
 
 
 async def test_infra1_restart_after_sigkill_reuses_home_and_keeps_data(
-    tmp_home: Path, server_tracker: ServerTracker, start_infra: Callable[[], InfraProcess]
+    tmp_home: Path, start_infra: Callable[[], InfraProcess]
 ) -> None:
     first = start_infra()
-    pids = _server_pids(first, server_tracker)
+    pids = _server_pids(first)
     conn = await asyncpg.connect(first.ready["databaseUrl"])
     try:
         await conn.execute("SET synchronous_commit = on")  # fast mode: make this one durable
@@ -103,7 +121,6 @@ async def test_infra1_restart_after_sigkill_reuses_home_and_keeps_data(
     assert (tmp_home / "nats" / "nats-server.pid").exists()
 
     second = start_infra()
-    _server_pids(second, server_tracker)
     conn = await asyncpg.connect(second.ready["databaseUrl"])
     try:
         assert await conn.fetchval("SELECT v FROM kept") == "survives"
@@ -118,3 +135,38 @@ async def test_infra1_restart_after_sigkill_reuses_home_and_keeps_data(
     second.signal(signal.SIGTERM)
     assert second.wait() == 0
     assert servers_under(tmp_home) == []
+
+
+ATEXIT_SCRIPT = """
+import asyncio, json, sys
+from pathlib import Path
+from infra import Infrastructure
+
+async def main():
+    infra = Infrastructure(home=Path(sys.argv[1]), fast=True, environ={})
+    await infra.start()  # never stopped: only the atexit backstop is left
+    print(json.dumps(infra.pids), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_infra1_atexit_backstop_stops_servers_left_running(tmp_home: Path) -> None:
+    pids: dict[str, int] = {}
+    set_child_subreaper(True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", ATEXIT_SCRIPT, str(tmp_home)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        pids = json.loads(done.stdout)
+        assert set(pids) == {"nats", "postgres"}
+        # Stopped and reaped before the interpreter exited, not later by PDEATHSIG.
+        assert [pid for pid in pids.values() if alive(pid)] == []
+        assert not (tmp_home / "pg" / "data" / "postmaster.pid").exists()
+    finally:
+        wait_gone(list(pids.values()), timeout=10)
+        set_child_subreaper(False)

@@ -1,0 +1,226 @@
+"""INFRA-1 / INFRA-2 in-process: one code path for embedded and external servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+
+from infra import (
+    EmbeddedNats,
+    EmbeddedPostgres,
+    Infrastructure,
+    ServerStartError,
+    dsn_with_database,
+    free_port,
+    redact_url,
+)
+from tests.infra.procs import alive, servers_under, wait_gone
+
+
+async def _jetstream_works(url: str, namespace: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        stream = namespace.replace(".", "") + "_S"
+        await js.add_stream(name=stream, subjects=[f"{namespace}probe.>"])
+        ack = await js.publish(f"{namespace}probe.x", b"1")
+        assert ack.stream == stream
+        await js.delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+async def _select_one(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT 1"))
+    finally:
+        await conn.close()
+
+
+async def test_infra1_embedded_servers_start_answer_and_stop(
+    tmp_home: Path, namespace: str
+) -> None:
+    lines: list[str] = []
+    async with Infrastructure(home=tmp_home, fast=True, log=lines.append, environ={}) as infra:
+        assert infra.embedded == {"nats": True, "postgres": True}
+        assert infra.nats_url.startswith("nats://127.0.0.1:")
+        assert infra.database_url.startswith("postgresql://postgres@127.0.0.1:")
+        assert infra.database_url.endswith("/novelbus")
+        assert infra.admin_database_url.endswith("/postgres")
+        await _jetstream_works(infra.nats_url, namespace)
+        assert await _select_one(infra.database_url) == 1
+        pids = list(infra.pids.values())
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+    assert wait_gone(pids, timeout=1) == []
+    assert servers_under(tmp_home) == []
+    assert any("started embedded nats-server" in line for line in lines)
+    assert any("started embedded PostgreSQL" in line for line in lines)
+    assert any("stopped embedded PostgreSQL" in line for line in lines)
+    assert (tmp_home / "nats" / "jetstream").is_dir() and (tmp_home / "pg" / "data").is_dir()
+
+
+async def test_infra1_cancelled_start_leaves_nothing_and_the_next_start_works(
+    tmp_home: Path,
+) -> None:
+    """Cancel at several points of start-up (also mid-initdb); then a full start succeeds."""
+    for delay in (0.05, 0.3, 0.6):
+        infra = Infrastructure(home=tmp_home, fast=True, environ={})
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(infra.start(), delay)
+        assert infra.pids == {}
+        left = [p for p in servers_under(tmp_home) if alive(p)]
+        assert wait_gone(left, timeout=5) == []
+    async with Infrastructure(home=tmp_home, fast=True, environ={}) as infra:
+        assert await _select_one(infra.database_url) == 1
+    assert servers_under(tmp_home) == []
+
+
+async def test_infra1_orphaned_postgres_of_a_dead_owner_is_stopped_and_replaced(
+    tmp_home: Path,
+) -> None:
+    old = EmbeddedPostgres(tmp_home, fast=True)
+    await old.start()
+    old_pid = old.pid
+    assert old_pid is not None
+    # Make it look like its owner was SIGKILLed: the owner file names a process that is gone.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_home / "owner.json").write_text(json.dumps({"pid": dead.pid, "createTime": 0.0}))
+    new = EmbeddedPostgres(tmp_home, fast=True)
+    try:
+        await new.start()
+        assert new.pid != old_pid and not alive(old_pid)
+        assert await _select_one(new.dsn) == 1
+    finally:
+        await new.stop()
+        old.stop_sync()
+
+
+async def test_infra1_server_in_use_by_a_live_process_is_not_taken_over(tmp_home: Path) -> None:
+    async with EmbeddedPostgres(tmp_home / "pg", fast=True) as first:
+        with pytest.raises(ServerStartError, match="in use by the running process"):
+            await EmbeddedPostgres(tmp_home / "pg", fast=True).start()
+        assert first.running and await _select_one(first.dsn) == 1
+    async with EmbeddedNats(tmp_home / "nats") as first_nats:
+        with pytest.raises(ServerStartError, match="in use by the running process"):
+            await EmbeddedNats(tmp_home / "nats").start()
+        assert first_nats.running
+
+
+async def test_infra1_nats_start_failure_shows_the_server_log(tmp_home: Path) -> None:
+    config = tmp_home / "broken.conf"
+    config.write_text("this is { not a valid config\n")
+    server = EmbeddedNats(tmp_home / "nats", config_file=config)
+    with pytest.raises(ServerStartError, match="nats-server exited during start-up") as err:
+        await server.start()
+    assert str(tmp_home / "nats" / "nats-server.log") in str(err.value)
+    assert not server.running
+
+
+async def test_infra1_postgres_on_a_busy_fixed_port_fails_with_the_log(tmp_home: Path) -> None:
+    port = free_port()
+    blocker = await asyncio.start_server(lambda r, w: None, "127.0.0.1", port)
+    try:
+        server = EmbeddedPostgres(tmp_home, fast=True, port=port)
+        with pytest.raises(ServerStartError, match="(?s)exited during start-up.*could not"):
+            await server.start()
+        assert not server.running
+    finally:
+        blocker.close()
+        await blocker.wait_closed()
+
+
+def test_infra1_missing_nats_binary_is_a_clear_error(
+    tmp_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.executable", str(tmp_home / "python"))
+    monkeypatch.setenv("PATH", str(tmp_home))
+    with pytest.raises(ServerStartError, match="nats-server not found.*NOVELBUS_NATS_URL"):
+        asyncio.run(EmbeddedNats(tmp_home).start())
+
+
+async def test_infra2_external_urls_start_nothing(
+    infra: Infrastructure, tmp_home: Path, namespace: str
+) -> None:
+    lines: list[str] = []
+    external = Infrastructure(
+        home=tmp_home / "unused",
+        nats_url=infra.nats_url,
+        database_url=infra.database_url,
+        log=lines.append,
+        environ={},
+    )
+    async with external:
+        assert external.embedded == {"nats": False, "postgres": False}
+        assert external.pids == {}
+        assert (external.nats_url, external.database_url) == (infra.nats_url, infra.database_url)
+        await _jetstream_works(external.nats_url, namespace)
+        assert await _select_one(external.database_url) == 1
+    assert not (tmp_home / "unused").exists()
+    assert lines == [f"using NATS at {infra.nats_url}", f"using PostgreSQL at {infra.database_url}"]
+    assert await _select_one(infra.database_url) == 1  # the external servers still run
+
+
+async def test_infra2_environment_variables_select_external_servers(
+    infra: Infrastructure, tmp_home: Path
+) -> None:
+    env = {
+        "NOVELBUS_NATS_URL": infra.nats_url,
+        "NOVELBUS_DATABASE_URL": infra.database_url,
+        "NOVELBUS_HOME": str(tmp_home / "from-env"),
+    }
+    async with Infrastructure(environ=env) as external:
+        assert external.embedded == {"nats": False, "postgres": False}
+        assert external.nats_url == infra.nats_url
+        assert external.database_url == infra.database_url
+        assert external.home == tmp_home / "from-env"
+    explicit = Infrastructure(nats_url=infra.nats_url, environ={**env, "NOVELBUS_NATS_URL": "x"})
+    async with explicit:  # an argument beats the environment
+        assert explicit.nats_url == infra.nats_url
+
+
+async def test_infra2_one_external_one_embedded(infra: Infrastructure, tmp_home: Path) -> None:
+    async with Infrastructure(
+        home=tmp_home, nats_url=infra.nats_url, fast=True, environ={}
+    ) as mixed:
+        assert mixed.embedded == {"nats": False, "postgres": True}
+        assert set(mixed.pids) == {"postgres"}
+        assert mixed.nats_url == infra.nats_url
+        assert mixed.database_url != infra.database_url
+        assert await _select_one(mixed.database_url) == 1
+        pg_pid = mixed.pids["postgres"]
+    assert wait_gone([pg_pid], timeout=1) == []
+    assert not (tmp_home / "nats").exists()
+
+
+async def test_session_fixtures_give_fresh_databases(
+    new_database: object, pg_admin_dsn: str, nats_url: str
+) -> None:
+    assert callable(new_database)
+    first, second = await new_database(), await new_database()
+    assert first != second
+    conn = await asyncpg.connect(first)
+    try:
+        tables = await conn.fetchval(
+            "SELECT count(*) FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"
+        )
+        assert tables == 0
+    finally:
+        await conn.close()
+    assert dsn_with_database(pg_admin_dsn, "x").endswith("/x")
+    assert nats_url.startswith("nats://")
+
+
+def test_redact_url_hides_passwords() -> None:
+    assert redact_url("postgresql://app:s3cret@db:5432/novelbus") == (
+        "postgresql://app:***@db:5432/novelbus"
+    )
+    assert redact_url("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+    assert "s3cret" not in redact_url("nats://u:s3cret@h")
