@@ -248,9 +248,7 @@ def find_server(pid: int, name: str, marker: Path) -> Any:
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     text = str(marker)
-    if any(text in arg for arg in cmdline) or cwd == text:
-        return proc
-    return None
+    return proc if text in cmdline or cwd == text else None
 
 
 def stop_stale(

