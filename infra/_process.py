@@ -83,7 +83,7 @@ def open_log(path: Path) -> IO[bytes]:
     with contextlib.suppress(FileNotFoundError):
         if path.stat().st_size > LOG_ROTATE_BYTES:
             path.replace(path.with_name(path.name + ".1"))
-    return open(path, "ab")  # noqa: SIM115 - owned by the server wrapper, closed on stop
+    return open(path, "ab")  # owned by the server wrapper, closed when it stops
 
 
 def log_tail(path: Path, lines: int = 25) -> str:
