@@ -104,6 +104,7 @@ class WriterRunner:
                             max_output_tokens=max_tokens)
 
     async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome) -> m.WriterFinished:
+        reason = outcome.reason or "completed"
         tool_bytes: dict[str, int] = {}
         manifest = []
         for rec in outcome.tool_calls:
@@ -115,16 +116,16 @@ class WriterRunner:
             if rec.refused:
                 await self.ctx.emit(ev.ToolRefused(novel_id=req.novel_id, run_id=req.run_id, tool=rec.tool))
         await store.finish_writer_run(
-            self.ctx.pool, req.run_id, status="ok" if outcome.ok else "failed", reason=outcome.reason,
+            self.ctx.pool, req.run_id, status="ok" if outcome.ok else "failed", reason=reason,
             output_chars=outcome.output_chars, manifest=(manifest if outcome.ok and manifest else None))
         await self.ctx.emit(ev.WriterFinished(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
-                                              ok=outcome.ok, reason=outcome.reason,
+                                              ok=outcome.ok, reason=reason,
                                               output_chars=outcome.output_chars, tool_calls=len(outcome.tool_calls)))
         calls = [call_sample(c) for c in outcome.usage]
-        return m.WriterFinished(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=outcome.reason,
+        return m.WriterFinished(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=reason,
                                 provider=provider.label, output_chars=outcome.output_chars,
                                 tool_calls=len(outcome.tool_calls), tool_bytes=tool_bytes, calls=calls,
-                                draft=outcome.draft)
+                                draft=outcome.draft if req.shape == "W1" else None)
 
 
 def novel_output_tokens(novel: Any) -> int:

@@ -91,10 +91,13 @@ def _valid_probe(subjects: Any, claim: cm.UnitClaimed, novel_id: str) -> dict[st
     }
 
 
+OWN_TAG = {"claims": "claims.claim", "commit": "claims.commit", "packs": "packs.render", "runs": "runs.run",
+           "verify": "verify.commit", "usage": "usage.turn"}
+
 BAD_PAYLOADS = [
     (b"\xff\xfe not json", "bad-message"),
     (b'{"type": "no.such.type"}', "unknown-type"),
-    (b'{"type": "claims.claim", "novelId": 7}', "bad-message"),
+    (b'{"type": "%(tag)s", "novelId": 7}', "bad-message"),  # the subject's own type, wrong field types
     (b"[]", "bad-message"),
     (b"x" * 600_000, "too-large"),
 ]
@@ -110,6 +113,7 @@ async def test_bus4_malformed_messages_get_error_replies_and_actors_keep_serving
         for payload, code in BAD_PAYLOADS:
             if len(payload) > 500_000 and name != "claims":
                 continue  # one oversized message is enough; NATS max_payload is the real cap
+            payload = payload.replace(b"%(tag)s", OWN_TAG[name].encode())
             reply = await ctx.nc.request(subject, payload, timeout=10)
             answer = decode_reply(reply.data, ErrorReply)
             assert isinstance(answer, ErrorReply), name
