@@ -17,6 +17,7 @@ from actors.context import Settings
 from actors.driver import publish_notice
 from actors.runtime import ACTOR_NAMES, connected, running
 from bus.codec import decode
+from cli.bench import bench_app
 from cli.common import console, err_console, fail, home_dir, print_json, run, servers
 from messages import events as ev
 from messages.subjects import Subjects
@@ -27,6 +28,7 @@ app = typer.Typer(name="novelbus", no_args_is_help=True, add_completion=False,
                   help="Bounded-context long-form fiction: six actors over NATS and PostgreSQL.")
 novel_app = typer.Typer(no_args_is_help=True, help="Create and steer novels.")
 app.add_typer(novel_app, name="novel")
+app.add_typer(bench_app, name="bench")
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]
