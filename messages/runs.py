@@ -12,7 +12,7 @@ class RunWriter(Message, tag="runs.run"):
     run_id: str
     delegation_id: str
     instance: str
-    shape: Literal["W1", "W2"]
+    shape: Literal["W1", "W2", "inline"]  # inline: the novel's one persistent author session (DRV-2)
     pack_text: str
     dispatch: int
     context_sha256: str | None = None
@@ -31,6 +31,8 @@ class CallSample(Message, tag="runs.call"):
     output_tokens: int | None = None
     cached_tokens: int | None = None
     est_input_tokens: int = 0
+    cache_write_tokens: int | None = None  # reported apart from cached reads where a provider does
+    compaction: bool = False  # inline: a host-style compaction call (its input is the whole history)
 
 
 class WriterFinished(Message, tag="runs.finished"):
@@ -44,6 +46,7 @@ class WriterFinished(Message, tag="runs.finished"):
     tool_bytes: dict[str, int]
     calls: list[CallSample]
     draft: CommitBody | None = None  # W1 only: the candidate the driver commits via the claim manager
+    model_ms: float = 0.0  # wall time inside provider calls, so benchmarks can subtract model time
 
 
 RunsRequest = RunWriter

@@ -7,6 +7,9 @@ model)" wherever a provider is named. It follows the same protocols a real write
 - W2 (tools offered): researches first (`novel_status_read`, then `novel_body_read` for the
   current chapter), then calls `novel_body_commit`; after a successful commit it answers with a
   short final text. A failed commit is retried once, then it stops without committing.
+- Inline (one long author session, `writers.inline`): the same W2 steps for the LATEST unit
+  brief in the history (earlier units are history), and a deterministic summary when the host
+  asks it to compact the session.
 
 The prose is a pure function of the pack's `[[scene]]` and `[[unit]]` blocks: the same pack
 gives the same bytes. Its effective characters fall inside `[targetMin, targetMax]`, aiming
@@ -33,6 +36,7 @@ from typing import Any
 from novel.guard import ProseGuardError, guard_prose
 from novel.pack import block_fields, parse_pack
 from novel.text import effective_characters, estimate_tokens, is_cjk
+from writers.inline import is_compaction_request, offline_summary
 from writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
 
 OFFLINE_LABEL = "offline (no language model)"
@@ -432,8 +436,23 @@ def compose_draft(pack_text: str) -> dict[str, Any]:
 # --- the provider --------------------------------------------------------------------------------
 
 
+def _pack_index(messages: Sequence[ChatMessage]) -> int | None:
+    """Index of the LATEST system/user message with a `[[unit]]` block header line: the pack,
+    or in a long inline session the latest unit brief (earlier briefs are history)."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        content = m.get("content")
+        if m.get("role") in ("system", "user") and isinstance(content, str):
+            if "[[unit]]" in content.split("\n"):
+                return i
+    return None
+
+
 def _pack_text(messages: Sequence[ChatMessage]) -> str:
-    """The writer pack: the first system/user message that holds a [[unit]] block."""
+    """The writer pack: the latest system/user message that holds a [[unit]] block."""
+    at = _pack_index(messages)
+    if at is not None:
+        return str(messages[at]["content"])
     texts = [
         m["content"]
         for m in messages
@@ -477,6 +496,9 @@ class OfflineProvider:
         *,
         max_output_tokens: int,
     ) -> ModelReply:
+        if not tools and is_compaction_request(messages):
+            # A host compaction of an inline session (AB-2): a deterministic summary.
+            return self._reply(messages, text=offline_summary(messages), calls=[], stop="completed")
         pack = _pack_text(messages)
         if not tools:
             text = json.dumps(compose_draft(pack), ensure_ascii=False)
@@ -500,11 +522,14 @@ class OfflineProvider:
     def _w2_step(self, messages: Sequence[ChatMessage], offered: set[str], pack: str) -> ModelReply:
         calls: dict[str, str] = {}  # tool call id -> tool name
         results: dict[str, str] = {}  # tool call id -> result text
-        issued = 0
-        for m in messages:
+        issued = max(  # call ids stay unique in a long (or compacted) inline session too
+            (_call_number(c.get("id")) for m in messages for c in m.get("tool_calls") or ()),
+            default=0,
+        )
+        # Only this unit's calls count: in an inline session earlier units are history.
+        for m in messages[_pack_index(messages) or 0 :]:
             for call in m.get("tool_calls") or ():
                 calls[call["id"]] = call.get("function", {}).get("name", "")
-                issued += 1
             if m.get("role") == "tool":
                 results[m.get("tool_call_id", "")] = m.get("content") or ""
         by_tool: dict[str, list[dict[str, Any]]] = {}
@@ -546,6 +571,13 @@ class OfflineProvider:
                 messages, text="Stopping: no way to commit this unit.", calls=[], stop="completed"
             )
         return call(COMMIT_TOOL, {"unitId": brief.unit_id, **compose_draft(pack)})
+
+
+def _call_number(call_id: Any) -> int:
+    prefix = "offline-call-"
+    if isinstance(call_id, str) and call_id.startswith(prefix) and call_id[len(prefix) :].isdigit():
+        return int(call_id[len(prefix) :])
+    return 0
 
 
 def _loads(text: str) -> dict[str, Any]:

@@ -1,0 +1,402 @@
+"""The inline author session (DRV-2, AB-2, RUN-5): the honest baseline bounded writers are measured against.
+
+One persistent session per novel writes every unit. Per unit it receives a compact **brief** (the
+unit's `[[chapter]]`, `[[scene]]` and `[[unit]]` blocks of the trimmed writer pack, plus the W2
+instruction), researches with the same read tools a W2 writer has, and commits through the same
+claim-manager path. Everything it sees and says stays in its history — briefs, tool calls, tool
+results, assistant output and commit arguments — and the whole history is re-sent with every call.
+The session's system message is the pack's `[[protocol]]` and `[[story]]` blocks, sent once per
+session (not once per unit), as a host session has its instructions once.
+
+The prose tail is NOT in the brief: the session wrote that prose itself, so it is already in its
+history, and after a compaction the protocol's research step (`novel_body_read`) brings it back.
+Leaving it out keeps the baseline as small as an inline session can honestly be, so the
+subagent/inline ratio is not flattered by a padded baseline.
+
+Host-style compaction (AB-2): before a call whose estimated input passes the threshold (default
+100,000 estimated tokens), one model call summarises the history before the current brief and the
+summary REPLACES that history; the current unit's messages stay verbatim. The compaction call is
+measured like any other (its input is the whole history), flagged `compaction`. The offline
+provider answers it deterministically (`offline_summary`); a real model writes the summary.
+
+Like `writers.runner`, this module does no I/O: the writer-runner actor loads and saves the
+history (`store.load_session` / `store.save_session`) and injects `read_tool` and `commit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from novel.pack import parse_pack
+from novel.text import estimate_tokens, tail
+from writers.provider import (
+    ChatMessage,
+    ModelProvider,
+    ModelReply,
+    ProviderError,
+    assistant_message,
+    message_chars,
+    system_message,
+    tool_message,
+    user_message,
+)
+from writers.runner import (
+    COMMIT_TOOL,
+    TOOL_NAME_RECORD_CAP,
+    W2_INSTRUCTION,
+    CallUsage,
+    CommitFn,
+    InputSplit,
+    ReadTool,
+    RunOutcome,
+    ToolRecord,
+    _execute,
+    split_input,
+    truncate_args,
+)
+from writers.tools import openai_tool_definitions
+
+DEFAULT_COMPACT_TOKENS = 100_000
+ENV_COMPACT_TOKENS = "NOVELBUS_INLINE_COMPACT_TOKENS"
+COMPACT_OUTPUT_TOKENS = 4_096
+
+SESSION_BLOCKS = ("protocol", "story")  # the session's system message, once per session
+BRIEF_BLOCKS = ("chapter", "scene", "unit")  # each unit's brief (the prose tail is history)
+
+SESSION_INSTRUCTION = (
+    "- You are one long author session writing this whole novel unit by unit. Each user message "
+    "that starts with [[brief]] is the next unit's work notice; write only the unit of the latest "
+    "brief, then wait for the next one."
+)
+BRIEF_HEADER = "[[brief]]"
+SUMMARY_HEADER = "[[session-summary]]"
+# The host's compaction request; a provider recognises it as the last user message of a call
+# without tools (the offline provider answers it with `offline_summary`).
+COMPACT_MARKER = "[[compact]]"
+COMPACT_INSTRUCTION = (
+    COMPACT_MARKER + "\nThe conversation is about to be compacted. Summarise it for yourself so "
+    "you can continue writing the novel: units written (their ids), where the story stands, "
+    "character states, open threads, and the last lines of prose. Reply with the summary only."
+)
+SUMMARY_TAIL_CHARS = 600
+SUMMARY_RECENT_UNITS = 12
+
+
+def session_id(novel_id: str) -> str:
+    """RUN-5: the inline author session is one session per novel."""
+    return f"inline-{novel_id}"
+
+
+def compact_threshold(value: int | None = None, env: dict[str, str] | None = None) -> int:
+    """The compaction threshold in estimated tokens: explicit, else the environment, else 100k."""
+    if value is not None:
+        if value <= 0:
+            raise ValueError(f"inline compaction threshold must be > 0 tokens, got {value}")
+        return value
+    raw = (os.environ if env is None else env).get(ENV_COMPACT_TOKENS, "").strip()
+    if not raw:
+        return DEFAULT_COMPACT_TOKENS
+    try:
+        parsed = int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_COMPACT_TOKENS} must be a positive integer, got {raw!r}") from None
+    return compact_threshold(parsed)
+
+
+# --- what the session is told ----------------------------------------------------------------------
+
+
+def _blocks_text(blocks: dict[str, list[str]], names: Iterable[str]) -> str:
+    return "\n\n".join(
+        f"[[{name}]]\n" + "\n".join(blocks[name]) for name in names if blocks.get(name)
+    )
+
+
+def session_preamble(pack_text: str) -> str:
+    """The system message: the pack's protocol and story blocks, plus what an inline session is."""
+    blocks = parse_pack(pack_text)
+    protocol = blocks.get("protocol", [])
+    blocks = dict(blocks, protocol=[*protocol, SESSION_INSTRUCTION])
+    return _blocks_text(blocks, SESSION_BLOCKS) + "\n"
+
+
+def unit_brief(pack_text: str) -> str:
+    """One unit's work notice: chapter, scene and unit blocks of the pack, then the W2 instruction."""
+    blocks = parse_pack(pack_text)
+    if not blocks.get("unit"):
+        raise ValueError("the writer pack has no [[unit]] block; an inline brief needs one")
+    return f"{BRIEF_HEADER}\n{_blocks_text(blocks, BRIEF_BLOCKS)}\n\n{W2_INSTRUCTION}\n"
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+class InlineCallUsage(CallUsage, frozen=True):
+    """A call of the inline session; `compaction` marks a host compaction call."""
+
+    compaction: bool = False
+
+
+def _wire_text(messages: Sequence[ChatMessage]) -> str:
+    parts: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function", {})
+            parts.append(fn.get("name", "") + fn.get("arguments", ""))
+    return "".join(parts)
+
+
+def estimate_input_tokens(messages: Sequence[ChatMessage]) -> int:
+    return estimate_tokens(_wire_text(messages))
+
+
+def inline_split(messages: list[ChatMessage], brief_at: int, new_from: int) -> InputSplit:
+    """USE-1 for a session call: system message and current brief are the brief/pack part; tool
+    results since the previous call are new; every other message is re-sent history (commit
+    paragraphs in it counted apart as prose echo). The four add up to the raw input."""
+    base = split_input(messages, preamble=1, new_from=new_from)
+    brief = message_chars(messages[brief_at]) if 0 < brief_at < len(messages) else 0
+    return InputSplit(
+        pack_chars=base.pack_chars + brief,
+        tool_result_chars=base.tool_result_chars,
+        history_chars=base.history_chars - brief,
+        prose_echo_chars=base.prose_echo_chars,
+    )
+
+
+def _reply_output_chars(reply: ModelReply) -> int:
+    return len(reply.text or "") + sum(len(c.name) + len(c.arguments) for c in reply.tool_calls)
+
+
+def _call_usage(
+    messages: list[ChatMessage], split: InputSplit, reply: ModelReply | None, *, compaction: bool
+) -> InlineCallUsage:
+    return InlineCallUsage(
+        input_chars=split.total,
+        output_chars=0 if reply is None else _reply_output_chars(reply),
+        tool_result_chars=split.tool_result_chars,
+        pack_chars=split.pack_chars,
+        history_chars=split.history_chars,
+        prose_echo_chars=split.prose_echo_chars,
+        est_input_tokens=estimate_input_tokens(messages),
+        usage=None if reply is None else reply.usage,
+        compaction=compaction,
+    )
+
+
+# --- compaction ---------------------------------------------------------------------------------
+
+
+def is_compaction_request(messages: Sequence[ChatMessage]) -> bool:
+    last = messages[-1] if messages else {}
+    content = last.get("content")
+    return (
+        last.get("role") == "user"
+        and isinstance(content, str)
+        and content.startswith(COMPACT_MARKER)
+    )
+
+
+def _loads(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        return None
+
+
+def offline_summary(messages: Sequence[ChatMessage]) -> str:
+    """A deterministic summary of a session history (the offline provider's compaction reply):
+    how many units were committed, the latest unit ids, and the tail of the last committed prose.
+    An earlier summary in the history is carried forward."""
+    results = {
+        m.get("tool_call_id"): _loads(m.get("content")) for m in messages if m.get("role") == "tool"
+    }
+    count = 0
+    units: list[str] = []
+    last_prose = ""
+    for m in messages:
+        content = m.get("content")
+        if (
+            m.get("role") == "user"
+            and isinstance(content, str)
+            and content.startswith(SUMMARY_HEADER)
+        ):
+            for line in content.split("\n"):
+                key, _, value = line.partition(": ")
+                if key == "unitsCommitted" and value.isdigit():
+                    count = int(value)
+                elif key == "recentUnits":
+                    units = [u for u in value.split(", ") if u]
+                elif key == "lastProse":
+                    last_prose = value
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function", {})
+            result = results.get(call.get("id"))
+            if fn.get("name") != COMMIT_TOOL or not (isinstance(result, dict) and result.get("ok")):
+                continue
+            args = _loads(fn.get("arguments"))
+            if not isinstance(args, dict):
+                continue
+            count += 1
+            units.append(str(args.get("unitId", "")))
+            paragraphs = [p for p in args.get("paragraphs") or () if isinstance(p, str)]
+            if paragraphs:
+                last_prose = " ".join(paragraphs[-1].split())
+    lines = [
+        f"unitsCommitted: {count}",
+        f"recentUnits: {', '.join(units[-SUMMARY_RECENT_UNITS:])}",
+        f"lastProse: {tail(last_prose, SUMMARY_TAIL_CHARS)}" if last_prose else "lastProse: ",
+    ]
+    return "\n".join(lines)
+
+
+def _compactable(messages: list[ChatMessage], brief_at: int) -> bool:
+    """Something before the current brief besides the system message and one earlier summary."""
+    earlier = messages[1:brief_at]
+    if not earlier:
+        return False
+    only = earlier[0].get("content") if len(earlier) == 1 else None
+    return not (isinstance(only, str) and only.startswith(SUMMARY_HEADER))
+
+
+# --- the session loop ---------------------------------------------------------------------------
+
+
+class InlineRun(msgspec.Struct, frozen=True):
+    """One unit handled by the session: the run outcome and the history to persist."""
+
+    outcome: RunOutcome
+    history: list[ChatMessage]
+    compactions: int = 0
+
+
+def _result_text(result: dict[str, Any]) -> str:
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+
+
+async def run_inline_unit(
+    provider: ModelProvider,
+    history: list[ChatMessage],
+    pack_text: str,
+    *,
+    allow_list: Iterable[str],
+    read_tool: ReadTool,
+    commit: CommitFn,
+    compact_tokens: int = DEFAULT_COMPACT_TOKENS,
+    max_tool_rounds: int = 8,
+    max_output_tokens: int,
+) -> InlineRun:
+    """Continue the session with one unit: brief → research → commit, re-sending all history.
+
+    The tool policy is the W2 one (`writers.runner._execute`): closed allow-list, refusals
+    recorded, the first successful commit ends the unit's turn, `tool-round-limit` after
+    `max_tool_rounds` executed rounds. Failures carry a RUN-4 reason; the history is returned
+    either way, since a host session keeps a failed attempt too.
+    """
+    allowed = tuple(dict.fromkeys(allow_list))
+    tools = openai_tool_definitions(allowed)
+    preamble = session_preamble(pack_text)
+    messages: list[ChatMessage] = [dict(m) for m in history]
+    if not messages or messages[0].get("role") != "system":
+        messages.insert(0, system_message(preamble))
+    elif messages[0].get("content") != preamble:
+        messages[0] = system_message(preamble)  # the story or protocol changed (outline revision)
+    messages.append(user_message(unit_brief(pack_text)))
+    brief_at = len(messages) - 1
+    new_from = len(messages)
+    calls: list[CallUsage] = []
+    records: list[ToolRecord] = []
+    rounds = 0
+    compactions = 0
+
+    def done(
+        ok: bool, reason: str | None = None, detail: str | None = None, **kw: Any
+    ) -> InlineRun:
+        outcome = RunOutcome(
+            ok=ok,
+            reason=reason,
+            tool_calls=records,
+            usage=calls,
+            output_chars=sum(c.output_chars for c in calls if not getattr(c, "compaction", False)),
+            detail=detail,
+            **kw,
+        )
+        return InlineRun(outcome=outcome, history=messages, compactions=compactions)
+
+    while True:
+        if estimate_input_tokens(messages) > compact_tokens and _compactable(messages, brief_at):
+            request = [*messages[:brief_at], user_message(COMPACT_INSTRUCTION)]
+            split = inline_split(request, len(request) - 1, len(request))
+            try:
+                reply = await provider.complete(
+                    request, None, max_output_tokens=COMPACT_OUTPUT_TOKENS
+                )
+            except ProviderError as e:
+                calls.append(_call_usage(request, split, None, compaction=True))
+                return done(False, f"compaction-failed:{e.code}", e.message)
+            calls.append(_call_usage(request, split, reply, compaction=True))
+            if not (reply.text or "").strip():
+                return done(False, "compaction-failed:empty-output")
+            # The summary replaces the history before the brief; the current unit stays verbatim.
+            kept = messages[brief_at:]
+            messages = [messages[0], user_message(f"{SUMMARY_HEADER}\n{reply.text.strip()}"), *kept]
+            new_from -= brief_at - 2
+            brief_at = 2
+            compactions += 1
+
+        split = inline_split(messages, brief_at, new_from)
+        try:
+            reply = await provider.complete(messages, tools, max_output_tokens=max_output_tokens)
+        except ProviderError as e:
+            calls.append(_call_usage(messages, split, None, compaction=False))
+            return done(False, f"provider-error:{e.code}", e.message)
+        calls.append(_call_usage(messages, split, reply, compaction=False))
+
+        if reply.stop_reason not in ("completed", "tool_calls"):
+            return done(False, f"stop-reason:{reply.stop_reason}")
+        if not reply.tool_calls:
+            messages.append(assistant_message(reply))  # what the author said stays in the session
+            if reply.stop_reason != "completed":
+                return done(False, f"stop-reason:{reply.stop_reason}")
+            if not (reply.text or "").strip():
+                return done(False, "empty-output")
+            return done(False, "not-committed", "the writer stopped without a successful commit")
+        if rounds >= max_tool_rounds:
+            return done(False, "tool-round-limit", f"more than {max_tool_rounds} tool rounds")
+        rounds += 1
+
+        messages.append(assistant_message(reply))
+        new_from = len(messages)
+        for call in reply.tool_calls:
+            result, code, committed = await _execute(call, allowed, read_tool, commit)
+            content = _result_text(result)
+            records.append(
+                ToolRecord(
+                    seq=len(records) + 1,
+                    tool=call.name[:TOOL_NAME_RECORD_CAP],
+                    args_truncated=truncate_args(call.arguments),
+                    is_error=code is not None,
+                    result_bytes=len(content.encode()),
+                    error_code=code,
+                    refused=code == "tool-not-allowed",
+                )
+            )
+            messages.append(tool_message(call.id, content))
+            if committed is not None:
+                # RUN-3, as in W2: the first successful commit ends the unit's turn. Later calls
+                # of the same reply are not executed, but the history must answer every call id.
+                later = reply.tool_calls[reply.tool_calls.index(call) + 1 :]
+                for skipped in later:
+                    messages.append(
+                        tool_message(skipped.id, _result_text({"error": "not-executed"}))
+                    )
+                draft, receipt = committed
+                return done(True, draft=draft, receipt=receipt)
