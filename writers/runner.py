@@ -1,4 +1,4 @@
-"""Writer run loops (RUN-2..5): one fresh writer session per dispatch, no I/O of its own.
+"""Writer run loops (RUN-2..6): a fresh writer per dispatch unless a session is continued.
 
 The writer-runner actor owns NATS, the database and the claim manager; it injects them here as
 async callables (`read_tool`, `commit`). These loops decide only what goes to the model, what a
@@ -34,6 +34,7 @@ from writers.provider import (
     tool_message,
     user_message,
 )
+from writers.sessions import SessionStore, closed_history, resume_history
 from writers.tools import (
     COMMIT_TOOL,
     BodyCommitParams,
@@ -68,6 +69,18 @@ W2_INSTRUCTION = (
 
 ReadTool = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 CommitFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class ToolStart(msgspec.Struct, frozen=True):
+    """A tool call about to run (RUN-6 `tool.started`): never prose, never a token."""
+
+    seq: int
+    tool: str
+    args_truncated: str
+    refused: bool  # outside the allow-list: it will not run (RUN-3)
+
+
+ToolStartedFn = Callable[[ToolStart], Awaitable[None]]
 
 
 class ToolRecord(msgspec.Struct, frozen=True):
@@ -124,6 +137,7 @@ class RunOutcome(msgspec.Struct, frozen=True):
     usage: list[CallUsage] = []
     output_chars: int = 0  # everything the model produced over the run: text + tool-call arguments
     detail: str | None = None  # a short, prose-free explanation of the failure
+    session_continued: bool = False  # RUN-5: this run re-sent a stored session's history
 
     @property
     def dependencies(self) -> list[dict[str, Any]]:
@@ -136,10 +150,15 @@ class RunOutcome(msgspec.Struct, frozen=True):
 
 @dataclass(frozen=True)
 class ExecutionPolicy:
-    """RUN-5: a writer session to continue, named by id and store together or not at all."""
+    """RUN-5: a writer session to continue, named by id and store together or not at all.
+
+    With a session, a W2 run that revises the same chapter continues the stored conversation
+    and a rewrite starts a new one (`writers.sessions.resume_history`); the run's conversation
+    is saved back under the same id. Without one, every run is a fresh writer.
+    """
 
     session_id: str | None = None
-    session_store: str | None = None
+    session_store: SessionStore | None = None
 
     def __post_init__(self) -> None:
         if (self.session_id is None) != (self.session_store is None):
@@ -191,12 +210,15 @@ def _commit_prose_chars(call: dict[str, Any]) -> int:
     return min(len(arguments), sum(len(p) for p in paragraphs if isinstance(p, str)))
 
 
-def split_input(messages: list[ChatMessage], preamble: int, new_from: int) -> InputSplit:
-    """Attribute each message of one call: [0, preamble) pack, [new_from, …) new tool results."""
+def split_input(
+    messages: list[ChatMessage], preamble: int, new_from: int, pack_from: int = 0
+) -> InputSplit:
+    """Attribute each message of one call: [pack_from, preamble) pack, [new_from, …) new tool
+    results; everything else (including a continued session's history) is re-sent history."""
     pack = tool_results = history = echo = 0
     for i, message in enumerate(messages):
         chars = message_chars(message)
-        if i < preamble:
+        if pack_from <= i < preamble:
             pack += chars
         elif i >= new_from and message.get("role") == "tool":
             tool_results += chars
@@ -299,6 +321,10 @@ async def run_w2(
     commit: CommitFn,
     max_tool_rounds: int = 8,
     max_output_tokens: int,
+    on_tool_started: ToolStartedFn | None = None,
+    policy: ExecutionPolicy | None = None,
+    chapter_id: str | None = None,
+    rewrite: bool = False,
 ) -> RunOutcome:
     """RUN-3/4: a closed allow-list of read tools plus commit; stop at the first successful commit.
 
@@ -308,10 +334,57 @@ async def run_w2(
     (plus an optional prose-free `message`). A reply that asks for tools after `max_tool_rounds`
     executed rounds fails with `tool-round-limit`. Any other exception from the injected
     callables is infrastructure trouble and propagates to the actor.
+
+    `on_tool_started` hears of every call before it runs (RUN-6 `tool.started`, in real time).
+    With a session `policy` (RUN-5) a revision of the same `chapter_id` continues the stored
+    conversation, a `rewrite` starts fresh, and the conversation is saved back at the end.
     """
-    allowed = tuple(dict.fromkeys(allow_list))
+    history: list[ChatMessage] = []
+    session = policy if policy is not None and policy.reuses_session else None
+    if session is not None:
+        assert session.session_store is not None and session.session_id is not None
+        history = await resume_history(
+            session.session_store, session.session_id, chapter_id, rewrite=rewrite
+        )
+    if history:
+        # A continued session already opened with a system pack; the new pack comes as the
+        # next user turn, so strict chat templates (system first, roles alternating) accept it.
+        messages = [*history, user_message(f"{pack_text}\n\n{W2_INSTRUCTION}")]
+    else:
+        messages = [system_message(pack_text), user_message(W2_INSTRUCTION)]
+    outcome = await _w2_loop(
+        provider,
+        messages,
+        pack_from=len(history),
+        allowed=tuple(dict.fromkeys(allow_list)),
+        read_tool=read_tool,
+        commit=commit,
+        max_tool_rounds=max_tool_rounds,
+        max_output_tokens=max_output_tokens,
+        on_tool_started=on_tool_started,
+    )
+    if session is not None:
+        assert session.session_store is not None and session.session_id is not None
+        await session.session_store.save(session.session_id, chapter_id, closed_history(messages))
+    if history:
+        outcome = msgspec.structs.replace(outcome, session_continued=True)
+    return outcome
+
+
+async def _w2_loop(
+    provider: ModelProvider,
+    messages: list[ChatMessage],
+    *,
+    pack_from: int,
+    allowed: tuple[str, ...],
+    read_tool: ReadTool,
+    commit: CommitFn,
+    max_tool_rounds: int,
+    max_output_tokens: int,
+    on_tool_started: ToolStartedFn | None,
+) -> RunOutcome:
+    """One W2 run over `messages`, which it extends with the conversation as it happens."""
     tools = openai_tool_definitions(allowed)
-    messages: list[ChatMessage] = [system_message(pack_text), user_message(W2_INSTRUCTION)]
     preamble = len(messages)
     meter = _Meter()
     records: list[ToolRecord] = []
@@ -329,7 +402,7 @@ async def run_w2(
         )
 
     while True:
-        split = split_input(messages, preamble=preamble, new_from=new_from)
+        split = split_input(messages, preamble=preamble, new_from=new_from, pack_from=pack_from)
         try:
             reply = await provider.complete(messages, tools, max_output_tokens=max_output_tokens)
         except ProviderError as e:
@@ -340,6 +413,8 @@ async def run_w2(
         if reply.stop_reason not in ("completed", "tool_calls"):
             return fail(f"stop-reason:{reply.stop_reason}")
         if not reply.tool_calls:
+            if reply.text:
+                messages.append(assistant_message(reply))
             if reply.stop_reason != "completed":
                 return fail(f"stop-reason:{reply.stop_reason}")
             if not (reply.text or "").strip():
@@ -353,13 +428,24 @@ async def run_w2(
         new_from = len(messages)
         for call in reply.tool_calls:
             seq = len(records) + 1
+            args_recorded = truncate_args(call.arguments)
+            tool_name = call.name[:TOOL_NAME_RECORD_CAP]
+            if on_tool_started is not None:
+                await on_tool_started(
+                    ToolStart(
+                        seq=seq,
+                        tool=tool_name,
+                        args_truncated=args_recorded,
+                        refused=call.name not in allowed,
+                    )
+                )
             result, code, committed = await _execute(call, allowed, read_tool, commit)
             content = _result_text(result)
             records.append(
                 ToolRecord(
                     seq=seq,
-                    tool=call.name[:TOOL_NAME_RECORD_CAP],
-                    args_truncated=truncate_args(call.arguments),
+                    tool=tool_name,
+                    args_truncated=args_recorded,
                     is_error=code is not None,
                     result_bytes=len(content.encode()),
                     error_code=code,

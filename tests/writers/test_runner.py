@@ -16,6 +16,7 @@ from writers.runner import (
     run_w1,
     run_w2,
 )
+from writers.sessions import MemorySessionStore
 from writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 
 PACK = "[[protocol]]\n- prose only\n\n[[unit]]\nunitId: u-1\ntargetMin: 10\ntargetMax: 500\n"
@@ -332,9 +333,10 @@ async def test_w2_recorded_arguments_never_carry_prose() -> None:
 
 def test_execution_policy_carries_session_id_and_store_together_or_not_at_all() -> None:
     """RUN-5 (seed 000)."""
+    sessions = MemorySessionStore()
     assert not ExecutionPolicy().reuses_session
-    assert ExecutionPolicy(session_id="s-1", session_store="sessions/n-1").reuses_session
+    assert ExecutionPolicy(session_id="s-1", session_store=sessions).reuses_session
     with pytest.raises(ValueError):
         ExecutionPolicy(session_id="s-1")
     with pytest.raises(ValueError):
-        ExecutionPolicy(session_store="sessions/n-1")
+        ExecutionPolicy(session_store=sessions)
