@@ -16,6 +16,10 @@ class RunWriter(Message, tag="runs.run"):
     pack_text: str
     dispatch: int
     context_sha256: str | None = None
+    # RUN-5: continue the stored writer session of this id when the unit revises the same chapter;
+    # `rewrite` starts it afresh. None: a fresh writer that stores nothing.
+    session_id: str | None = None
+    rewrite: bool = False
 
 
 class CallSample(Message, tag="runs.call"):
@@ -47,6 +51,11 @@ class WriterFinished(Message, tag="runs.finished"):
     calls: list[CallSample]
     draft: CommitBody | None = None  # W1 only: the candidate the driver commits via the claim manager
     model_ms: float = 0.0  # wall time inside provider calls, so benchmarks can subtract model time
+    # RUN-6 dependency summary: tool calls in the stored manifest (successful runs only) and where
+    # it is kept; 0 and None for a failed run or a run without tool calls.
+    dependencies: int = 0
+    dependencies_at: str | None = None
+    session_continued: bool = False  # RUN-5: the run re-sent a stored session's history
 
 
 RunsRequest = RunWriter
