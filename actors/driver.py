@@ -14,6 +14,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+import asyncpg
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
@@ -21,6 +23,7 @@ import store
 from actors.context import ActorContext
 from bus.client import BusUnavailable, RemoteError, request
 from bus.codec import MessageError, decode, encode
+from bus.routes import check_instance, claims_instance_subject
 from bus.streams import WORK_MAX_DELIVER, driver_consumer_config
 from messages import claims as cm
 from messages import events as ev
@@ -44,6 +47,27 @@ from novel.snapshot import NovelSnapshot
 log = logging.getLogger("novelbus.driver")
 
 HEARTBEAT_S = 10.0
+LEASE_S = 12.0  # a flow's lease on its unit; renewed every LEASE_RENEW_S while the flow runs (REL-1)
+LEASE_RENEW_S = 3.0
+SWEEP_S = 2.0  # how often a driver looks for claims nobody drives any more
+INTERNAL_RETRY_S = 30.0  # an actor answering `internal` is retried in place this long, then the notice naks
+EXTERNAL_REASONS = ("provider-error:provider-unavailable", "provider-error:provider-rate-limited")
+
+
+class ClaimLost(Exception):
+    """The claim ended under the flow: its delegation is gone (the claim-manager instance restarted
+    and recovered it, or cannot be reached). The unit goes back to prepared; nothing was lost."""
+
+    code = "claim-lost"
+
+
+def is_infrastructure_error(e: BaseException) -> bool:
+    """NATS or PostgreSQL away (REL-6): the work waits and is retried, it is never dead-lettered."""
+    if isinstance(e, (BusUnavailable, ClaimLost, OSError, asyncpg.PostgresConnectionError,
+                      asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError, asyncpg.InterfaceError,
+                      asyncpg.TooManyConnectionsError, nats.errors.Error, TimeoutError)):
+        return True
+    return isinstance(e, RemoteError) and e.code == BusUnavailable.code
 
 
 @dataclass
@@ -53,6 +77,7 @@ class UnitOutcome:
     dispatches: int
     missing_blocks: list[str] = field(default_factory=list)
     output_chars: int = 0
+    runs: list[rm.WriterFinished] = field(default_factory=list)  # every dispatch, for usage (USE-1)
 
 
 @dataclass
@@ -67,9 +92,18 @@ class DriverState:
 class Driver:
     name = "driver"
 
-    def __init__(self, ctx: ActorContext, *, max_parallel_novels: int = 64) -> None:
+    def __init__(self, ctx: ActorContext, *, max_parallel_novels: int = 64, instance: str = "driver-0",
+                 redelivery_backoff_s: float = 0.5, writer_timeout_s: float | None = None,
+                 lease_s: float = LEASE_S) -> None:
         self.ctx = ctx
         self.state = DriverState()
+        # Stable per driver process slot (like a claim-manager instance): a restarted driver gives
+        # back exactly the claims its previous incarnation leased (REL-1).
+        self.instance = check_instance(instance)
+        self.redelivery_backoff_s = redelivery_backoff_s
+        self.writer_timeout_s = writer_timeout_s or ctx.settings.writer_timeout_s
+        self.lease_s = lease_s
+        self._sweeper: asyncio.Task[None] | None = None
         self._slots = asyncio.Semaphore(max_parallel_novels)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
@@ -82,30 +116,55 @@ class Driver:
                                                       config=cfg)
         await self.resume_active_novels()
         self._loop_task = asyncio.create_task(self._pull_loop(), name="driver-pull")
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="driver-sweep")
 
     async def stop(self) -> None:
         self.state.running = False
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._loop_task
+        for task in (self._loop_task, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._tasks:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._psub.unsubscribe()
 
     async def resume_active_novels(self) -> None:
-        """A starting driver drives nothing yet: stale claims of active novels are released and
-        every active novel gets a notice, so no work waits for a redelivery timeout (REL-1)."""
-        for novel in await store.list_novels(self.ctx.pool):
-            if novel.status != "active":
-                continue
-            for unit_id in await store.claimed_units(self.ctx.pool, novel.novel_id):
-                with contextlib.suppress(RemoteError, BusUnavailable):
-                    await request(self.ctx.nc, self.ctx.subjects.claims,
-                                  cm.ReleaseUnit(novel_id=novel.novel_id, unit_id=unit_id, reason="driver-restart"),
-                                  cm.ClaimReleased, timeout=self.ctx.settings.request_timeout_s, retries=3)
-            await publish_notice(self.ctx, novel.novel_id, reason="driver-start")
+        """A starting driver drives nothing yet: the claims its previous incarnation leased go back
+        to prepared, so do claims nobody drives any more, and every active novel gets a notice, so
+        no work waits for a redelivery timeout (REL-1)."""
+        pool = self.ctx.pool
+        released = await store.release_held_claims(pool, self.instance, reason="driver-restart")
+        released += await store.release_lapsed_claims(pool, grace_s=self.lease_s, reason="lease-expired")
+        await self._announce_released(released, "driver-restart")
+        for novel in await store.list_novels(pool):
+            if novel.status == "active":
+                await publish_notice(self.ctx, novel.novel_id, reason="driver-start")
+
+    async def _announce_released(self, released: list[tuple[str, str]], reason: str) -> None:
+        for novel_id, unit_id in released:
+            log.info("claim on %s/%s released (%s)", novel_id, unit_id, reason)
+            await self.ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))
+
+    async def _sweep_loop(self) -> None:
+        """REL-1, CLM-5: a claim whose lease lapsed has nobody driving it (its driver died, or the
+        claim-manager instance holding its delegation died and did not come back): any driver
+        returns it to prepared and gives the novel a fresh notice."""
+        while self.state.running:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                released = await store.release_lapsed_claims(self.ctx.pool, grace_s=self.lease_s,
+                                                             exclude_novel_ids=sorted(self.state.driving))
+                await self._announce_released(released, "lease-expired")
+                for novel_id in sorted({n for n, _ in released}):
+                    await publish_notice(self.ctx, novel_id, reason="lease-expired")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the store or NATS away: next sweep (REL-6)
+                log.warning("claim sweep failed (%s)", type(e).__name__)
 
     async def _pull_loop(self) -> None:
         while self.state.running:
@@ -235,15 +294,17 @@ class Driver:
             outcome = await self.run_claim(novel, snapshot, claim, mode)
         finally:
             self.state.driving.discard(novel_id)
-        await self.account(novel_id, unit_id, claim, outcome, snapshot)
+        await self.account(novel_id, unit_id, claim, outcome, snapshot, mode)
 
     async def run_claim(self, novel: store.NovelRow, snapshot: NovelSnapshot, claim: cm.UnitClaimed,
                         mode: str) -> UnitOutcome:
         """Dispatch writers for one claim, up to writerDispatchLimit (RUN-4, DRV-4)."""
         ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
-        shape = novel.config.writerShape
+        # DRV-2: an inline unit goes to the novel's one author session (trimmed pack → brief).
+        shape = "inline" if mode == "inline" else novel.config.writerShape
         pack_shape = "full" if shape == "W1" else "trimmed"
         reasons: list[str] = []
+        runs: list[rm.WriterFinished] = []
         dispatches = 0
         last_output = 0
         while True:
@@ -262,7 +323,8 @@ class Driver:
                                      pm.PackRendered, timeout=ctx.settings.request_timeout_s, retries=2)
             except RemoteError as e:
                 if e.code == "pack-error":  # PACK-4: no writer starts on a broken pack
-                    return UnitOutcome(False, "pack-error", dispatches, missing_blocks=_missing_blocks(e.detail))
+                    return UnitOutcome(False, "pack-error", dispatches, missing_blocks=_missing_blocks(e.detail),
+                                       runs=runs)
                 raise
             run_id = f"run-{secrets.token_hex(8)}"
             result = await request(
@@ -271,7 +333,7 @@ class Driver:
                              instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
                              context_sha256=pack.context_sha256),
                 rm.WriterFinished, timeout=ctx.settings.writer_timeout_s)
-            self._last_run = result
+            runs.append(result)
             last_output = result.output_chars
             if not result.ok:
                 reasons.append(result.reason)
@@ -286,11 +348,12 @@ class Driver:
                                                      run_id=run_id),
                                      vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
             if verified.ok:
-                return UnitOutcome(True, "committed", dispatches, output_chars=last_output)
+                return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
             await ctx.emit(ev.VerificationFailed(novel_id=novel_id, unit_id=unit_id, run_id=run_id,
                                                  failure=verified.failure or "unknown"))
             reasons.append(f"verify:{verified.failure}")
-        return UnitOutcome(False, reasons[-1] if reasons else "dispatch-limit", dispatches, output_chars=last_output)
+        return UnitOutcome(False, reasons[-1] if reasons else "dispatch-limit", dispatches, output_chars=last_output,
+                           runs=runs)
 
     async def _commit_draft(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, run_id: str,
                             result: rm.WriterFinished, context_sha256: str | None) -> str | None:
@@ -315,19 +378,28 @@ class Driver:
         return None
 
     async def account(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
-                      before: NovelSnapshot) -> None:
+                      before: NovelSnapshot, mode: str | None = None) -> None:
         """Account the turn, then schedule the next unit or apply the failure policy (DRV-4, DRV-6)."""
         ctx, pool = self.ctx, self.ctx.pool
         novel = await store.get_novel(pool, novel_id)
         budgets = novel.config.budgets
-        run = getattr(self, "_last_run", None)
         turn = novel.turns + 1
-        if run is not None and run.unit_id == unit_id:
-            await request(ctx.nc, ctx.subjects.usage,
-                          um.RecordTurn(novel_id=novel_id, unit_id=unit_id, mode=novel.writer_mode, turn=turn,
-                                        provider=run.provider, calls=run.calls, tool_bytes=run.tool_bytes,
-                                        writer_output_chars=outcome.output_chars, committed=outcome.ok),
-                          um.TurnRecorded, timeout=ctx.settings.request_timeout_s, retries=2)
+        if outcome.runs:  # USE-1: every call of every dispatch of this turn, in the claimed mode
+            tool_bytes: dict[str, int] = {}
+            for r in outcome.runs:
+                for tool, n in r.tool_bytes.items():
+                    tool_bytes[tool] = tool_bytes.get(tool, 0) + n
+            try:  # USE-2: usage is observation; a sampler that is away never blocks the novel
+                record = um.RecordTurn(
+                    novel_id=novel_id, unit_id=unit_id, mode=mode or novel.writer_mode, turn=turn,
+                    provider=outcome.runs[-1].provider, calls=[c for r in outcome.runs for c in r.calls],
+                    tool_bytes=tool_bytes, writer_output_chars=outcome.output_chars, committed=outcome.ok,
+                    claim_id=claim.claim_id, dispatches=len(outcome.runs),
+                    model_ms=sum(r.model_ms for r in outcome.runs))
+                await request(ctx.nc, ctx.subjects.usage, record, um.TurnRecorded,
+                              timeout=ctx.settings.request_timeout_s, retries=2)
+            except (RemoteError, BusUnavailable) as e:
+                log.warning("usage of %s turn %s not recorded (%s)", unit_id, turn, getattr(e, "code", e))
         if outcome.ok:
             await store.record_turn(pool, novel_id, committed=True, writer_output_chars=outcome.output_chars,
                                     failure_signature=None)

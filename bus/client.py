@@ -36,7 +36,7 @@ async def connect(url: str, *, name: str, user: str | None = None, password: str
     """Connect with reconnects forever: a NATS node going away delays work, it does not fail it (REL-6)."""
     opts: dict[str, Any] = dict(
         servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-        allow_reconnect=True, connect_timeout=5,
+        allow_reconnect=True, connect_timeout=5, drain_timeout=5,
     )
     if user is not None:
         opts.update(user=user, password=password)
