@@ -1,0 +1,76 @@
+"""INFRA-1 through the CLI: `novelbus up` and `novelbus demo` start embedded servers and leave
+no `nats-server` or `postgres` process behind on exit, Ctrl-C (SIGINT) or SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")} | {"COLUMNS": "200"}
+
+
+def _servers_of(pid: int) -> list[psutil.Process]:
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [k for k in kids if k.name() in ("nats-server", "postgres")]
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float = 20) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_infra1_up_stops_its_servers_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    home = tmp_path / "home"
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--home", str(home)], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        servers: list[psutil.Process] = []
+        while time.monotonic() < deadline:
+            servers = _servers_of(proc.pid)
+            names = {p.name() for p in servers}
+            if (home / "endpoints.json").exists() and {"nats-server", "postgres"} <= names:
+                break
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            time.sleep(0.2)
+        else:
+            raise AssertionError("novelbus up did not start its servers")
+        time.sleep(1.0)  # let the actors come up too
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode in (0, 130), out.decode()
+        assert _wait_gone(servers) == []
+        assert not (home / "endpoints.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_infra1_demo_prints_summary_and_leaves_no_servers(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    before = {p.pid for p in psutil.process_iter() if p.name() in ("nats-server", "postgres")}
+    out = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--home", str(home)], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "finished in" in out.stdout and "commits:          9" in out.stdout
+    md = next((home / "out").glob("*.md"))
+    assert md.read_text().startswith("# The Keeper's Ledger")
+    time.sleep(0.5)
+    after = [p for p in psutil.process_iter() if p.name() in ("nats-server", "postgres") and p.pid not in before]
+    assert [p for p in after if p.status() != psutil.STATUS_ZOMBIE and str(home) in " ".join(p.cmdline())] == []
