@@ -197,10 +197,7 @@ class Driver:
             return
         heartbeat = asyncio.create_task(self._heartbeat(msg))
         try:
-            lock = self.state.locks.setdefault(notice.novel_id, asyncio.Lock())
-            async with lock:
-                await self.advance(notice)
-            await msg.ack()
+            await self._advance_until_done(notice)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - bounded redelivery, then the dead-letter subject
@@ -211,9 +208,35 @@ class Driver:
                 await self._dead_letter(msg, str(code), str(e))
             else:
                 with contextlib.suppress(Exception):
-                    await msg.nak(delay=min(30.0, 0.5 * 2**delivered))
+                    await msg.nak(delay=min(30.0, self.redelivery_backoff_s * 2**delivered))
+            return
         finally:
             heartbeat.cancel()
+        with contextlib.suppress(Exception):  # NATS away: the notice is redelivered, and changes nothing twice
+            await msg.ack()
+
+    async def _advance_until_done(self, notice: WorkNotice) -> None:
+        """Run the notice; NATS or PostgreSQL being away delays it without consuming a delivery
+        (REL-6), an actor answering `internal` is retried for a while, anything else raises."""
+        started, attempt = time.monotonic(), 0
+        while True:
+            try:
+                lock = self.state.locks.setdefault(notice.novel_id, asyncio.Lock())
+                async with lock:
+                    await self.advance(notice)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                internal = isinstance(e, RemoteError) and e.code == "internal"
+                if not self.state.running or not (
+                        is_infrastructure_error(e) or (internal and time.monotonic() - started < INTERNAL_RETRY_S)):
+                    raise
+                attempt += 1
+                delay = min(5.0, 0.25 * 2 ** min(attempt, 5))
+                log.warning("notice for %s delayed (%s); retry %s in %.1f s", notice.novel_id,
+                            getattr(e, "code", type(e).__name__), attempt, delay)
+                await asyncio.sleep(delay)
 
     async def _heartbeat(self, msg: Msg) -> None:
         with contextlib.suppress(Exception):
@@ -222,20 +245,30 @@ class Driver:
                 await msg.in_progress()
 
     async def _dead_letter(self, msg: Msg, code: str, detail: str) -> None:
-        headers = {"Novelbus-Error": code, "Novelbus-Error-Detail": detail[:300], "Novelbus-Subject": msg.subject}
-        with contextlib.suppress(Exception):
+        """Poison: the notice goes to `novelbus.dlq.work` with its error, then leaves the work stream.
+        If the dead-letter publish fails, the notice stays (nak), so it is never silently dropped."""
+        meta = msg.metadata
+        headers = {"Novelbus-Error": code, "Novelbus-Error-Detail": detail[:300], "Novelbus-Subject": msg.subject,
+                   "Novelbus-Deliveries": str(meta.num_delivered if meta else 1)}
+        if meta is not None:  # a repeated dead-lettering of one stream message is stored once
+            headers["Nats-Msg-Id"] = f"dlq-{meta.stream}-{meta.sequence.stream}"
+        try:
             await self.ctx.js.publish(self.ctx.subjects.dead_letter("work"), msg.data, headers=headers)
+        except Exception as e:  # noqa: BLE001
+            log.warning("dead-letter publish failed (%s); the notice stays", type(e).__name__)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=5.0)
+            return
         with contextlib.suppress(Exception):
             await msg.term()
 
     # --- decisions ------------------------------------------------------------------------
     async def advance(self, notice: WorkNotice) -> None:
         pool = self.ctx.pool
-        try:
-            snapshot = await store.load_snapshot(pool, notice.novel_id)
-        except store.NovelNotFound:
-            log.info("notice for unknown novel %s dropped", notice.novel_id)
-            return
+        # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
+        snapshot = await store.load_snapshot(pool, notice.novel_id)
+        if _removed_scene_units(snapshot):
+            snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
         if isinstance(decision, (Inactive, InFlight)):
             return  # paused/finished, or another flow holds the unit
@@ -263,6 +296,16 @@ class Driver:
             return
         await self.write_unit(snapshot, decision, notice)
 
+    async def supersede_removed(self, snapshot: NovelSnapshot) -> NovelSnapshot:
+        """Prepared units whose scene a revision removed are superseded automatically (SPEC §16)."""
+        units = {u.unit_id: u for u in snapshot.units}
+        for unit_id in await store.supersede_removed_units(self.ctx.pool, snapshot.novel_id):
+            u = units[unit_id]
+            await self.ctx.emit(ev.UnitSuperseded(novel_id=snapshot.novel_id, unit_id=unit_id,
+                                                  chapter_id=u.chapter_id, scene_id=u.scene_id,
+                                                  reason="scene-removed"))
+        return await store.load_snapshot(self.ctx.pool, snapshot.novel_id)
+
     async def pause(self, novel_id: str, reason: str, detail: str) -> None:
         if await store.pause_novel(self.ctx.pool, novel_id, reason):
             await self.ctx.emit(ev.NovelPaused(novel_id=novel_id, reason=reason, detail=detail[:300]))
@@ -281,6 +324,10 @@ class Driver:
         mode = novel.writer_mode  # DRV-3: read at claim time; the claim keeps it to the end
         intent_id = f"intent-{secrets.token_hex(8)}"
         await store.record_intent(pool, novel_id, intent_id, unit_id, notice.notice_id)
+        # REL-1: lease the unit before claiming it (the claim carries this intent), so a claim always
+        # has somebody responsible for it, even if this process dies right after the claim.
+        if not await store.hold_lease(pool, novel_id, unit_id, intent_id, self.instance, self.lease_s):
+            return  # the unit moved on (claimed by another flow, committed); the state decides
         try:
             claim = await request(ctx.nc, ctx.subjects.claims,
                                   cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id=intent_id, mode=mode),
@@ -290,11 +337,55 @@ class Driver:
                 return  # someone else moved it on; the state decides what comes next
             raise
         self.state.driving.add(novel_id)
+        keeper = asyncio.create_task(self._keep_lease(novel_id, unit_id, intent_id))
         try:
             outcome = await self.run_claim(novel, snapshot, claim, mode)
+        except ClaimLost:
+            settled = await self._settle(novel_id, unit_id, claim, "claim-lost")
+            if settled is None:
+                await publish_notice(ctx, novel_id, reason="claim-lost")
+                return
+            outcome = settled
+        except Exception:
+            # NATS, the database or an actor away mid-flow: give the claim back (unless the commit
+            # already went through, which is then accounted) and let the notice retry (REL-1, REL-6).
+            settled = None
+            with contextlib.suppress(Exception):
+                settled = await self._settle(novel_id, unit_id, claim, "flow-interrupted")
+            if settled is None:
+                raise
+            outcome = settled
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._settle(novel_id, unit_id, claim, "driver-stopped"), 5)
+            raise
         finally:
+            keeper.cancel()
             self.state.driving.discard(novel_id)
         await self.account(novel_id, unit_id, claim, outcome, snapshot, mode)
+
+    async def _keep_lease(self, novel_id: str, unit_id: str, intent_id: str) -> None:
+        while True:
+            await asyncio.sleep(LEASE_RENEW_S)
+            try:
+                if not await store.hold_lease(self.ctx.pool, novel_id, unit_id, intent_id, self.instance,
+                                              self.lease_s):
+                    log.warning("lease on %s/%s lost; the store will refuse a stale commit", novel_id, unit_id)
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the database away: try again (REL-6)
+                log.warning("lease renewal for %s failed (%s)", unit_id, type(e).__name__)
+
+    async def _settle(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, reason: str) -> UnitOutcome | None:
+        """An interrupted flow: committed under this claim → a success to account (the store is the
+        truth, VER-1); otherwise the claim goes back to prepared (STORE-4) and None is returned."""
+        commit = await store.get_commit_for_unit(self.ctx.pool, novel_id, unit_id)
+        if commit is not None and commit.claim_id == claim.claim_id:
+            return UnitOutcome(True, "committed", 0)
+        if await store.release_claim(self.ctx.pool, novel_id, unit_id, reason=reason, claim_id=claim.claim_id):
+            await self.ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))
+        return None
 
     async def run_claim(self, novel: store.NovelRow, snapshot: NovelSnapshot, claim: cm.UnitClaimed,
                         mode: str) -> UnitOutcome:
@@ -308,13 +399,18 @@ class Driver:
         dispatches = 0
         last_output = 0
         while True:
-            try:
-                grant = await request(ctx.nc, ctx.subjects.claims, cm.BeginDispatch(delegation_id=claim.delegation_id),
+            try:  # CLM-5: to the claim-manager instance holding the delegation
+                grant = await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
+                                      cm.BeginDispatch(delegation_id=claim.delegation_id),
                                       cm.DispatchGranted, timeout=ctx.settings.request_timeout_s, retries=2)
             except RemoteError as e:
-                if e.code in ("dispatch-limit", "delegation-not-found"):
+                if e.code == "dispatch-limit":
                     break
+                if e.code == "delegation-not-found":  # CLM-4: the instance restarted and recovered it
+                    raise ClaimLost(e.detail) from None
                 raise
+            except BusUnavailable:
+                raise ClaimLost(f"claim-manager instance {claim.instance} not reachable") from None
             dispatches = grant.dispatch
             try:
                 pack = await request(ctx.nc, ctx.subjects.packs,
@@ -332,7 +428,7 @@ class Driver:
                 rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=claim.delegation_id,
                              instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
                              context_sha256=pack.context_sha256),
-                rm.WriterFinished, timeout=ctx.settings.writer_timeout_s)
+                rm.WriterFinished, timeout=self.writer_timeout_s)
             runs.append(result)
             last_output = result.output_chars
             if not result.ok:
@@ -401,23 +497,42 @@ class Driver:
             except (RemoteError, BusUnavailable) as e:
                 log.warning("usage of %s turn %s not recorded (%s)", unit_id, turn, getattr(e, "code", e))
         if outcome.ok:
-            await store.record_turn(pool, novel_id, committed=True, writer_output_chars=outcome.output_chars,
-                                    failure_signature=None)
-            self.state.units_done += 1
-            after = await store.load_snapshot(pool, novel_id)
-            for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
-                await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
+            # REL-2: one accounted turn per claim, however often this is retried or redelivered.
+            _, first = await store.account_turn(pool, novel_id, claim.claim_id, outcome="committed",
+                                                writer_output_chars=outcome.output_chars)
+            if first:
+                self.state.units_done += 1
+                after = await store.load_snapshot(pool, novel_id)
+                for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
+                    await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
             await publish_notice(ctx, novel_id, reason="next-unit", dedupe=f"after-{unit_id}-{claim.claim_id}")
             return
         signature = f"{unit_id}:{outcome.reason}"
         await ctx.emit(ev.UnitFailed(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason, signature=signature,
                                      dispatches=outcome.dispatches, missing_blocks=outcome.missing_blocks))
-        with contextlib.suppress(RemoteError):
-            await request(ctx.nc, ctx.subjects.claims,
+        try:  # CLM-5: to the instance holding the delegation; the store directly if it is away
+            await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
                           cm.ReleaseClaim(delegation_id=claim.delegation_id, reason=outcome.reason[:120]),
                           cm.ClaimReleased, timeout=ctx.settings.request_timeout_s, retries=2)
-        counters = await store.record_turn(pool, novel_id, committed=False, writer_output_chars=0,
-                                           failure_signature=signature)
+        except (RemoteError, BusUnavailable):
+            if await store.release_claim(pool, novel_id, unit_id, reason=outcome.reason[:120],
+                                         claim_id=claim.claim_id):
+                await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason[:120]))
+        if outcome.reason in EXTERNAL_REASONS:
+            # DRV-4 externalRetry: the provider was away, not the unit at fault. Retried with a
+            # growing backoff up to maxAttempts consecutive times, then the novel pauses.
+            await store.account_turn(pool, novel_id, claim.claim_id, outcome="external")
+            lost = await store.external_failures(pool, novel_id)
+            retry = budgets.externalRetry
+            if lost >= retry.maxAttempts:
+                await self.pause(novel_id, "recovery-required",
+                                 f"externalRetry: {lost} consecutive turns lost to {outcome.reason}")
+            else:
+                await asyncio.sleep(retry.backoffMs / 1000 * 2 ** (lost - 1))
+                await publish_notice(ctx, novel_id, reason="external-retry")
+            return
+        counters, _ = await store.account_turn(pool, novel_id, claim.claim_id, outcome="failed",
+                                               failure_signature=signature)
         # DRV-6 after recording progress (the original checked before): same unit, same signature.
         if counters.stall_count >= budgets.stallThresholdTurns:
             await self.pause(novel_id, "stalled", signature)
@@ -427,6 +542,17 @@ class Driver:
         else:
             await asyncio.sleep(budgets.externalRetry.backoffMs / 1000 * min(counters.consecutive_failures, 3))
             await publish_notice(ctx, novel_id, reason="retry")
+
+
+def _removed_scene_units(snapshot: NovelSnapshot) -> list[str]:
+    """Prepared units whose (chapter, scene) the current outline no longer has."""
+    outline = snapshot.outline
+    if outline is None:
+        return []
+    chapters = {c.chapterId for c in outline.chapters}
+    scenes = {(s.chapterId, s.sceneId) for s in outline.scenes if s.chapterId in chapters}
+    return [u.unit_id for u in snapshot.units
+            if u.state == "prepared" and (u.chapter_id, u.scene_id) not in scenes]
 
 
 def _missing_blocks(detail: str) -> list[str]:

@@ -21,8 +21,11 @@ from messages import events as ev
 from messages import runs as m
 from novel.body import CommitBody
 from novel.snapshot import NovelSnapshot
+from writers.inline import compact_threshold, run_inline_unit
+from writers.inline import session_id as inline_session_id
 from writers.provider import ModelProvider, make_provider
 from writers.runner import RunOutcome, run_w1, run_w2
+from writers.timing import TimedProvider
 from writers.tools import W2_ALLOW_LIST, call_read_tool, check_read_tools_gate
 
 
@@ -36,9 +39,12 @@ class WriterRunnerState:
 class WriterRunner:
     name = "writer"
 
-    def __init__(self, ctx: ActorContext, provider: ModelProvider | None = None) -> None:
+    def __init__(self, ctx: ActorContext, provider: ModelProvider | None = None,
+                 inline_compact_tokens: int | None = None) -> None:
         self.ctx = ctx
         self.state = WriterRunnerState(provider=provider or make_provider(ctx.settings.model))
+        # AB-2: the inline session compacts past this many estimated tokens (env or 100k).
+        self.inline_compact_tokens = compact_threshold(inline_compact_tokens)
         self.services = [CommandService(ctx.nc, ctx.subjects.runs, {m.RunWriter: self.on_run}, queue="runs",
                                         max_concurrency=32)]
 
@@ -51,7 +57,7 @@ class WriterRunner:
             await svc.stop()
 
     async def on_run(self, req: m.RunWriter) -> m.WriterFinished:
-        provider = self.state.provider
+        provider = TimedProvider(self.state.provider)  # model time, for benchmarks to subtract
         novel = await store.get_novel(self.ctx.pool, req.novel_id)
         await store.start_writer_run(self.ctx.pool, run_id=req.run_id, novel_id=req.novel_id, unit_id=req.unit_id,
                                      claim_id=None, dispatch=req.dispatch, mode=req.shape, provider=provider.label)
@@ -64,12 +70,14 @@ class WriterRunner:
                 outcome = await run_w1(provider, req.pack_text, max_output_tokens=novel_output_tokens(novel))
             else:
                 check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
-                outcome = await self._run_w2(req, provider, novel_output_tokens(novel))
+                outcome = await self._run_w2(req, provider, novel_output_tokens(novel),
+                                             inline=req.shape == "inline")
         finally:
             self.state.active.discard(req.run_id)
         return await self._finish(req, provider, outcome)
 
-    async def _run_w2(self, req: m.RunWriter, provider: ModelProvider, max_tokens: int) -> RunOutcome:
+    async def _run_w2(self, req: m.RunWriter, provider: ModelProvider, max_tokens: int,
+                      inline: bool = False) -> RunOutcome:
         snapshot: NovelSnapshot | None = None
         lock = asyncio.Lock()
 
@@ -99,6 +107,16 @@ class WriterRunner:
                                             "effectiveCharacters": receipt.effective_characters,
                                             "totalCharacters": receipt.total_characters}}
 
+        if inline:  # DRV-2: the novel's one author session, same tools, same commit path
+            sid = inline_session_id(req.novel_id)
+            row = await store.load_session(self.ctx.pool, sid)
+            turn = await run_inline_unit(provider, row.history if row else [], req.pack_text,
+                                         allow_list=W2_ALLOW_LIST, read_tool=read_tool, commit=commit,
+                                         compact_tokens=self.inline_compact_tokens,
+                                         max_tool_rounds=self.ctx.settings.max_tool_rounds,
+                                         max_output_tokens=max_tokens)
+            await store.save_session(self.ctx.pool, sid, req.novel_id, None, turn.history)
+            return turn.outcome
         return await run_w2(provider, req.pack_text, allow_list=W2_ALLOW_LIST, read_tool=read_tool,
                             commit=commit, max_tool_rounds=self.ctx.settings.max_tool_rounds,
                             max_output_tokens=max_tokens)
@@ -125,7 +143,8 @@ class WriterRunner:
         return m.WriterFinished(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=reason,
                                 provider=provider.label, output_chars=outcome.output_chars,
                                 tool_calls=len(outcome.tool_calls), tool_bytes=tool_bytes, calls=calls,
-                                draft=outcome.draft if req.shape == "W1" else None)
+                                draft=outcome.draft if req.shape == "W1" else None,
+                                model_ms=getattr(provider, "elapsed_ms", 0.0))
 
 
 def novel_output_tokens(novel: Any) -> int:
@@ -138,7 +157,9 @@ def call_sample(c: Any) -> m.CallSample:
         input_chars=c.input_chars, output_chars=c.output_chars, history_chars=c.history_chars,
         tool_result_chars=c.tool_result_chars, pack_chars=c.pack_chars, prose_echo_chars=c.prose_echo_chars,
         input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
-        cached_tokens=usage.cached_tokens if usage else None, est_input_tokens=c.est_input_tokens)
+        cached_tokens=usage.cached_tokens if usage else None, est_input_tokens=c.est_input_tokens,
+        cache_write_tokens=usage.cache_write_tokens if usage else None,
+        compaction=bool(getattr(c, "compaction", False)))
 
 
 
