@@ -44,7 +44,7 @@ async def connect(url: str, *, name: str, user: str | None = None, password: str
 
 
 async def request(
-    nc: NATS, subject: str, msg: msgspec.Struct, reply: type[T] | Any, *,
+    nc: NATS, subject: str, msg: msgspec.Struct, reply: type[T], *,
     timeout: float = 30.0, retries: int = 0, retry_delay: float = 0.5,
 ) -> T:
     """Send a command and decode its reply; an ErrorReply raises RemoteError."""
@@ -62,4 +62,4 @@ async def request(
     answer = decode_reply(raw.data, reply)
     if isinstance(answer, ErrorReply):
         raise RemoteError(answer.code, answer.message)
-    return answer  # type: ignore[return-value]
+    return answer

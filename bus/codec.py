@@ -61,5 +61,5 @@ def decode(data: bytes, kind: type[T] | Any, headers: dict[str, str] | None = No
         raise MessageError(BAD_MESSAGE, f"malformed JSON: {e}") from None
 
 
-def decode_reply(data: bytes, kind: type[T] | Any) -> T | ErrorReply:
+def decode_reply(data: bytes, kind: type[T]) -> T | ErrorReply:
     return decode(data, kind | ErrorReply)  # type: ignore[no-any-return]

@@ -6,14 +6,14 @@ from messages.base import Message
 from novel.body import CommitBody
 
 
-class ClaimUnit(Message, tag="claims.claim"):
+class ClaimUnit(Message, tag="claims.claim", frozen=True):
     novel_id: str
     unit_id: str
     intent_id: str
     mode: Literal["inline", "subagent"]
 
 
-class UnitClaimed(Message, tag="claims.claimed"):
+class UnitClaimed(Message, tag="claims.claimed", frozen=True):
     claim_id: str
     unit_id: str
     attempt: int
@@ -21,17 +21,17 @@ class UnitClaimed(Message, tag="claims.claimed"):
     instance: str  # which claim-manager instance holds the delegation (CLM-5 routing)
 
 
-class BeginDispatch(Message, tag="claims.dispatch"):
+class BeginDispatch(Message, tag="claims.dispatch", frozen=True):
     delegation_id: str
 
 
-class DispatchGranted(Message, tag="claims.dispatch-granted"):
+class DispatchGranted(Message, tag="claims.dispatch-granted", frozen=True):
     delegation_id: str
     dispatch: int
     limit: int
 
 
-class CommitUnit(Message, tag="claims.commit"):
+class CommitUnit(Message, tag="claims.commit", frozen=True):
     delegation_id: str
     novel_id: str
     unit_id: str
@@ -40,7 +40,7 @@ class CommitUnit(Message, tag="claims.commit"):
     context_sha256: str | None = None
 
 
-class CommitReceipt(Message, tag="claims.committed"):
+class CommitReceipt(Message, tag="claims.committed", frozen=True):
     commit_id: str
     unit_id: str
     claim_id: str
@@ -52,17 +52,17 @@ class CommitReceipt(Message, tag="claims.committed"):
     context_sha256: str | None = None
 
 
-class ReleaseClaim(Message, tag="claims.release"):
+class ReleaseClaim(Message, tag="claims.release", frozen=True):
     delegation_id: str
     reason: str
 
 
-class ClaimReleased(Message, tag="claims.released"):
+class ClaimReleased(Message, tag="claims.released", frozen=True):
     unit_id: str
     released: bool
 
 
-class ReleaseUnit(Message, tag="claims.release-unit"):
+class ReleaseUnit(Message, tag="claims.release-unit", frozen=True):
     """The driver gives up a stale claim it no longer drives (e.g. after a driver restart)."""
 
     novel_id: str

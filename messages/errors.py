@@ -12,6 +12,6 @@ SCOPE_VIOLATION = "scope-violation"
 DISPATCH_LIMIT = "dispatch-limit"
 
 
-class ErrorReply(Message, tag="error"):
+class ErrorReply(Message, tag="error", frozen=True):
     code: str
     message: str

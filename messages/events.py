@@ -4,11 +4,11 @@ counts, hashes and states — never prose, prompts, model output or tokens."""
 from messages.base import Message
 
 
-class Event(Message):
+class Event(Message, frozen=True):
     novel_id: str
 
 
-class NovelCreated(Event, tag="novel.created"):
+class NovelCreated(Event, tag="novel.created", frozen=True):
     title: str
     writer_mode: str
     outline_revision: str
@@ -16,21 +16,21 @@ class NovelCreated(Event, tag="novel.created"):
     scenes: int
 
 
-class UnitPrepared(Event, tag="unit.prepared"):
+class UnitPrepared(Event, tag="unit.prepared", frozen=True):
     unit_id: str
     chapter_id: str
     scene_id: str
     fragment: int
 
 
-class UnitClaimed(Event, tag="unit.claimed"):
+class UnitClaimed(Event, tag="unit.claimed", frozen=True):
     unit_id: str
     claim_id: str
     attempt: int
     mode: str
 
 
-class PackRendered(Event, tag="pack.rendered"):
+class PackRendered(Event, tag="pack.rendered", frozen=True):
     unit_id: str
     shape: str
     chars: int
@@ -38,14 +38,14 @@ class PackRendered(Event, tag="pack.rendered"):
     prefix_sha256: str
 
 
-class WriterDispatched(Event, tag="writer.dispatched"):
+class WriterDispatched(Event, tag="writer.dispatched", frozen=True):
     unit_id: str
     run_id: str
     dispatch: int
     provider: str
 
 
-class ToolStarted(Event, tag="tool.started"):
+class ToolStarted(Event, tag="tool.started", frozen=True):
     run_id: str
     seq: int
     tool: str
@@ -53,7 +53,7 @@ class ToolStarted(Event, tag="tool.started"):
     refused: bool = False
 
 
-class WriterFinished(Event, tag="writer.finished"):
+class WriterFinished(Event, tag="writer.finished", frozen=True):
     unit_id: str
     run_id: str
     ok: bool
@@ -62,7 +62,7 @@ class WriterFinished(Event, tag="writer.finished"):
     tool_calls: int
 
 
-class UnitCommitted(Event, tag="unit.committed"):
+class UnitCommitted(Event, tag="unit.committed", frozen=True):
     unit_id: str
     commit_id: str
     effective_characters: int
@@ -72,13 +72,13 @@ class UnitCommitted(Event, tag="unit.committed"):
     duplicate: bool = False
 
 
-class VerificationFailed(Event, tag="verify.failed"):
+class VerificationFailed(Event, tag="verify.failed", frozen=True):
     unit_id: str
     run_id: str
     failure: str
 
 
-class UnitFailed(Event, tag="unit.failed"):
+class UnitFailed(Event, tag="unit.failed", frozen=True):
     unit_id: str
     reason: str
     signature: str
@@ -86,32 +86,41 @@ class UnitFailed(Event, tag="unit.failed"):
     missing_blocks: list[str] = []
 
 
-class ClaimReleased(Event, tag="claim.released"):
+class UnitSuperseded(Event, tag="unit.superseded", frozen=True):
+    """A prepared unit retired automatically: its scene was removed by an outline revision."""
+
+    unit_id: str
+    chapter_id: str
+    scene_id: str
+    reason: str
+
+
+class ClaimReleased(Event, tag="claim.released", frozen=True):
     unit_id: str
     reason: str
 
 
-class ClaimsRecovered(Event, tag="claims.recovered"):
+class ClaimsRecovered(Event, tag="claims.recovered", frozen=True):
     unit_ids: list[str]
     instance: str
 
 
-class ScopeViolation(Event, tag="scope.violation"):
+class ScopeViolation(Event, tag="scope.violation", frozen=True):
     requested_unit_id: str
     delegated_unit_id: str
 
 
-class DelegationRefused(Event, tag="delegation.refused"):
+class DelegationRefused(Event, tag="delegation.refused", frozen=True):
     requested_unit_id: str
     code: str
 
 
-class ToolRefused(Event, tag="tool.refused"):
+class ToolRefused(Event, tag="tool.refused", frozen=True):
     run_id: str
     tool: str
 
 
-class UsageSampled(Event, tag="usage.sampled"):
+class UsageSampled(Event, tag="usage.sampled", frozen=True):
     unit_id: str
     mode: str
     turn: int
@@ -122,24 +131,24 @@ class UsageSampled(Event, tag="usage.sampled"):
     calls: int
 
 
-class ChapterCompleted(Event, tag="chapter.completed"):
+class ChapterCompleted(Event, tag="chapter.completed", frozen=True):
     chapter_id: str
 
 
-class NovelPaused(Event, tag="novel.paused"):
+class NovelPaused(Event, tag="novel.paused", frozen=True):
     reason: str
     detail: str = ""
 
 
-class NovelResumed(Event, tag="novel.resumed"):
+class NovelResumed(Event, tag="novel.resumed", frozen=True):
     pass
 
 
-class ModeSwitched(Event, tag="novel.mode-switched"):
+class ModeSwitched(Event, tag="novel.mode-switched", frozen=True):
     writer_mode: str
 
 
-class NovelFinished(Event, tag="novel.finished"):
+class NovelFinished(Event, tag="novel.finished", frozen=True):
     units: int
     commits: int
     characters: int
@@ -147,7 +156,7 @@ class NovelFinished(Event, tag="novel.finished"):
 
 NovelEvent = (
     NovelCreated | UnitPrepared | UnitClaimed | PackRendered | WriterDispatched | ToolStarted
-    | WriterFinished | UnitCommitted | VerificationFailed | UnitFailed | ClaimReleased
+    | WriterFinished | UnitCommitted | VerificationFailed | UnitFailed | UnitSuperseded | ClaimReleased
     | ClaimsRecovered | ScopeViolation | DelegationRefused | ToolRefused | UsageSampled
     | ChapterCompleted | NovelPaused | NovelResumed | ModeSwitched | NovelFinished
 )

@@ -8,14 +8,14 @@ PackShape = Literal["full", "trimmed"]
 ContinuityProfile = Literal["bounded", "wide"]
 
 
-class RenderPack(Message, tag="packs.render"):
+class RenderPack(Message, tag="packs.render", frozen=True):
     novel_id: str
     unit_id: str
     shape: PackShape
     profile: ContinuityProfile = "bounded"
 
 
-class PackRendered(Message, tag="packs.rendered"):
+class PackRendered(Message, tag="packs.rendered", frozen=True):
     unit_id: str
     shape: PackShape
     text: str

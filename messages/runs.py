@@ -6,7 +6,7 @@ from messages.base import Message
 from novel.body import CommitBody
 
 
-class RunWriter(Message, tag="runs.run"):
+class RunWriter(Message, tag="runs.run", frozen=True):
     novel_id: str
     unit_id: str
     run_id: str
@@ -22,7 +22,7 @@ class RunWriter(Message, tag="runs.run"):
     rewrite: bool = False
 
 
-class CallSample(Message, tag="runs.call"):
+class CallSample(Message, tag="runs.call", frozen=True):
     """One model call's measured input (USE-1): the four-way split adds up to input_chars."""
 
     input_chars: int
@@ -39,7 +39,7 @@ class CallSample(Message, tag="runs.call"):
     compaction: bool = False  # inline: a host-style compaction call (its input is the whole history)
 
 
-class WriterFinished(Message, tag="runs.finished"):
+class WriterFinished(Message, tag="runs.finished", frozen=True):
     run_id: str
     unit_id: str
     ok: bool

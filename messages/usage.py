@@ -4,7 +4,7 @@ from messages.base import Message
 from messages.runs import CallSample
 
 
-class RecordTurn(Message, tag="usage.turn"):
+class RecordTurn(Message, tag="usage.turn", frozen=True):
     novel_id: str
     unit_id: str
     mode: str  # the mode the unit was claimed in (DRV-3)
@@ -19,7 +19,7 @@ class RecordTurn(Message, tag="usage.turn"):
     model_ms: float | None = None  # wall time inside provider calls, when the runner measured it
 
 
-class TurnRecorded(Message, tag="usage.recorded"):
+class TurnRecorded(Message, tag="usage.recorded", frozen=True):
     novel_id: str
     turn: int
     input_chars: int

@@ -5,20 +5,20 @@ from messages.claims import CommitReceipt
 from novel.body import CommitBody
 
 
-class VerifyCommit(Message, tag="verify.commit"):
+class VerifyCommit(Message, tag="verify.commit", frozen=True):
     novel_id: str
     unit_id: str
     claim_id: str
     run_id: str
 
 
-class ValidateDraft(Message, tag="verify.draft"):
+class ValidateDraft(Message, tag="verify.draft", frozen=True):
     novel_id: str
     unit_id: str
     body: CommitBody
 
 
-class Verified(Message, tag="verify.result"):
+class Verified(Message, tag="verify.result", frozen=True):
     ok: bool
     failure: str | None = None  # not-committed | wrong-claim | guard | schema
     detail: str | None = None

@@ -3,7 +3,7 @@
 from messages.base import Message
 
 
-class WorkNotice(Message, tag="work.notice"):
+class WorkNotice(Message, tag="work.notice", frozen=True):
     novel_id: str
     notice_id: str
     reason: str = "schedule"

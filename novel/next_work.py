@@ -131,7 +131,7 @@ def foreshadowing_status(snapshot: NovelSnapshot) -> dict[str, str]:
     outline = snapshot.outline
     if outline is None:
         return {}
-    status = {item.id: item.status for item in outline.foreshadowing}
+    status: dict[str, str] = {item.id: item.status for item in outline.foreshadowing}
     for commit in live_commits(snapshot):
         for change in commit.canon_changes:
             if change.kind == "foreshadowing" and change.foreshadowing_id in status:
