@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import store
 from actors.context import ActorContext
+from bus.client import BusUnavailable, request
 from bus.codec import encode
+from bus.routes import check_instance, claims_instance_subject, delegation_instance
 from bus.service import CommandService
 from messages import claims as m
 from messages import events as ev
@@ -36,6 +40,7 @@ class Delegation:
     granted_at: float
     dispatch_limit: int
     dispatches: int = 0
+    reply: m.UnitClaimed | None = None  # a retried ClaimUnit of the same intent gets the same answer
 
     def __repr__(self) -> str:  # never print the token, even by accident
         return f"Delegation(novel={self.novel_id}, unit={self.unit_id}, claim={self.claim_id})"
@@ -47,6 +52,14 @@ class ClaimManagerState:
 
     instance: str
     delegations: dict[str, Delegation] = field(default_factory=dict)
+    # Delegations whose claim ended in a commit, kept (bounded) so that a retried CommitUnit
+    # replays its receipt (duplicate=True) instead of failing (REL-2).
+    committed: OrderedDict[str, Delegation] = field(default_factory=OrderedDict)
+    forwarded: int = 0
+
+
+COMMITTED_KEPT = 4096
+FORWARD_TIMEOUT_S = 10.0
 
 
 class ClaimManager:
@@ -54,16 +67,23 @@ class ClaimManager:
 
     def __init__(self, ctx: ActorContext) -> None:
         self.ctx = ctx
-        self.state = ClaimManagerState(instance=ctx.settings.claims_instance)
+        self.state = ClaimManagerState(instance=check_instance(ctx.settings.claims_instance))
         s = ctx.subjects
         self.services = [
+            # Claims go to any instance (queue group); delegation-scoped commands that reach the
+            # wrong instance are forwarded to the one named in the delegation id (CLM-5).
             CommandService(ctx.nc, s.claims, {
                 m.ClaimUnit: self.on_claim,
-                m.BeginDispatch: self.on_begin_dispatch,
-                m.ReleaseClaim: self.on_release,
+                m.BeginDispatch: self._routed(self.on_begin_dispatch, m.DispatchGranted),
+                m.ReleaseClaim: self._routed(self.on_release, m.ClaimReleased),
                 m.ReleaseUnit: self.on_release_unit,
             }, queue="claims"),
-            # CLM-5: commits are routed to the instance holding the delegation.
+            # This instance's own delegations: dispatch grants and releases ...
+            CommandService(ctx.nc, claims_instance_subject(s, self.state.instance), {
+                m.BeginDispatch: self.on_begin_dispatch,
+                m.ReleaseClaim: self.on_release,
+            }, queue=f"claims-{self.state.instance}"),
+            # ... and commits (CLM-5: routed to the instance holding the delegation).
             CommandService(ctx.nc, s.commit(self.state.instance), {m.CommitUnit: self.on_commit},
                            queue=f"commit-{self.state.instance}"),
         ]
@@ -94,19 +114,31 @@ class ClaimManager:
     # --- handlers -------------------------------------------------------------------------
     async def on_claim(self, req: m.ClaimUnit) -> m.UnitClaimed:
         novel = await store.get_novel(self.ctx.pool, req.novel_id)
-        claim = await store.claim_unit(self.ctx.pool, req.novel_id, req.unit_id, req.intent_id,
-                                       mode=req.mode, claimed_by=self.state.instance)
+        try:
+            claim = await store.claim_unit(self.ctx.pool, req.novel_id, req.unit_id, req.intent_id,
+                                           mode=req.mode, claimed_by=self.state.instance)
+        except (store.UnitNotClaimable, store.UnitInFlight):
+            # REL-2: a retried ClaimUnit whose first reply was lost gets the same delegation.
+            for d in self.state.delegations.values():
+                if d.intent_id == req.intent_id and d.unit_id == req.unit_id and d.reply is not None:
+                    return d.reply
+            raise
+        # Units of one novel are strictly sequential: an older delegation of this novel held
+        # here belongs to a claim that ended elsewhere (released by a driver, a lease, a stop).
+        for stale in [k for k, d in self.state.delegations.items() if d.novel_id == req.novel_id]:
+            del self.state.delegations[stale]
         delegation_id = f"dlg-{self.state.instance}-{secrets.token_hex(12)}"
+        reply = m.UnitClaimed(claim_id=claim.claim_id, unit_id=claim.unit_id, attempt=claim.attempt,
+                              delegation_id=delegation_id, instance=self.state.instance)
         # CLM-3: registered before the reply leaves, so no writer can ever call first.
         self.state.delegations[delegation_id] = Delegation(
             novel_id=req.novel_id, unit_id=claim.unit_id, claim_id=claim.claim_id,
             intent_id=req.intent_id, execution_token=claim.token, granted_at=time.time(),
-            dispatch_limit=novel.config.budgets.writerDispatchLimit,
+            dispatch_limit=novel.config.budgets.writerDispatchLimit, reply=reply,
         )
         await self.ctx.emit(ev.UnitClaimed(novel_id=req.novel_id, unit_id=claim.unit_id,
                                            claim_id=claim.claim_id, attempt=claim.attempt, mode=req.mode))
-        return m.UnitClaimed(claim_id=claim.claim_id, unit_id=claim.unit_id, attempt=claim.attempt,
-                             delegation_id=delegation_id, instance=self.state.instance)
+        return reply
 
     async def on_begin_dispatch(self, req: m.BeginDispatch) -> m.DispatchGranted:
         d = self._delegation(req.delegation_id)
@@ -117,22 +149,37 @@ class ClaimManager:
 
     async def on_commit(self, req: m.CommitUnit) -> m.CommitReceipt:
         d = self.state.delegations.get(req.delegation_id)
+        replay = False
         if d is None:
-            # The delegation may have ended (recovered, released) or never existed.
+            d = self.state.committed.get(req.delegation_id)
+            replay = d is not None
+        if d is None:
+            # The delegation ended (recovered, released, lost with a restart) or never existed.
             if await store.novel_exists(self.ctx.pool, req.novel_id):
                 await self.ctx.emit(ev.DelegationRefused(novel_id=req.novel_id, requested_unit_id=req.unit_id,
                                                          code=DELEGATION_NOT_FOUND))
             raise ClaimRefused(DELEGATION_NOT_FOUND, "no such delegation (it may have ended)")
         if req.unit_id != d.unit_id or req.novel_id != d.novel_id:
-            # CLM-2: scope is structural; a writer cannot widen it whatever its text says.
+            # CLM-2, CLM-6: scope is structural; a writer cannot widen it whatever its text says.
             await self.ctx.emit(ev.ScopeViolation(novel_id=d.novel_id, requested_unit_id=req.unit_id,
                                                   delegated_unit_id=d.unit_id))
             raise ClaimRefused(SCOPE_VIOLATION, f"delegation covers unit {d.unit_id}, not {req.unit_id}")
-        receipt = await store.commit_body(self.ctx.pool, d.novel_id, d.unit_id, d.execution_token, req.body,
-                                          run_id=req.run_id, context_hash=req.context_sha256)
-        # CLM-3: the claim ended with its commit; the delegation goes with it.
-        self.state.delegations.pop(req.delegation_id, None)
-        if not receipt.duplicate:
+        try:
+            receipt = await store.commit_body(self.ctx.pool, d.novel_id, d.unit_id, d.execution_token, req.body,
+                                              run_id=req.run_id, context_hash=req.context_sha256)
+        except (store.UnitNotClaimed, store.TokenMismatch) as e:
+            # The claim ended without this delegation (released by its driver, a lapsed lease, a
+            # stop): the store refuses, the delegation goes, and the refusal is recorded.
+            self.state.delegations.pop(req.delegation_id, None)
+            await self.ctx.emit(ev.DelegationRefused(novel_id=d.novel_id, requested_unit_id=req.unit_id,
+                                                     code=e.code))
+            raise
+        # CLM-3: the claim ended with its commit; the delegation goes with it (kept for replays).
+        if self.state.delegations.pop(req.delegation_id, None) is not None:
+            self.state.committed[req.delegation_id] = d
+            while len(self.state.committed) > COMMITTED_KEPT:
+                self.state.committed.popitem(last=False)
+        if not receipt.duplicate and not replay:
             await self.ctx.emit(ev.UnitCommitted(
                 novel_id=d.novel_id, unit_id=d.unit_id, commit_id=receipt.commit_id,
                 effective_characters=receipt.effective_characters, total_characters=receipt.total_characters,
@@ -147,8 +194,11 @@ class ClaimManager:
         d = self.state.delegations.pop(req.delegation_id, None)
         if d is None:
             raise ClaimRefused(DELEGATION_NOT_FOUND, "no such delegation (it may have ended)")
-        released = await store.release_claim(self.ctx.pool, d.novel_id, d.unit_id, reason=req.reason)
-        await self.ctx.emit(ev.ClaimReleased(novel_id=d.novel_id, unit_id=d.unit_id, reason=req.reason))
+        # Only this delegation's own claim: a late release never frees a newer claim of the unit.
+        released = await store.release_claim(self.ctx.pool, d.novel_id, d.unit_id, reason=req.reason,
+                                             claim_id=d.claim_id)
+        if released:
+            await self.ctx.emit(ev.ClaimReleased(novel_id=d.novel_id, unit_id=d.unit_id, reason=req.reason))
         return m.ClaimReleased(unit_id=d.unit_id, released=released)
 
     async def on_release_unit(self, req: m.ReleaseUnit) -> m.ClaimReleased:
@@ -161,6 +211,21 @@ class ClaimManager:
         return m.ClaimReleased(unit_id=req.unit_id, released=released)
 
     # --- helpers --------------------------------------------------------------------------
+    def _routed(self, handler: Any, reply_type: type) -> Any:
+        """Serve a delegation-scoped command here, or forward it to the instance that holds it."""
+        async def serve(req: Any) -> Any:
+            owner = delegation_instance(req.delegation_id)
+            if req.delegation_id in self.state.delegations or owner in (None, self.state.instance):
+                return await handler(req)
+            self.state.forwarded += 1
+            try:
+                return await request(self.ctx.nc, claims_instance_subject(self.ctx.subjects, owner), req,
+                                     reply_type, timeout=FORWARD_TIMEOUT_S, retries=1)
+            except BusUnavailable:
+                raise ClaimRefused(DELEGATION_NOT_FOUND,
+                                   f"claim-manager instance {owner} holding this delegation is not reachable") from None
+        return serve
+
     def _delegation(self, delegation_id: str) -> Delegation:
         d = self.state.delegations.get(delegation_id)
         if d is None:

@@ -64,6 +64,15 @@ from store.novels import (
     set_writer_mode,
 )
 from store.pool import connect, migrate
+from store.recovery import (
+    TurnOutcome,
+    account_turn,
+    external_failures,
+    hold_lease,
+    release_held_claims,
+    release_lapsed_claims,
+    supersede_removed_units,
+)
 from store.runs import WriterRunRow, finish_writer_run, list_writer_runs, start_writer_run
 from store.snapshots import load_snapshot
 from store.units import (
@@ -99,6 +108,7 @@ __all__ = [
     "SessionRow",
     "StoreError",
     "SupersedeRefused",
+    "TurnOutcome",
     "TokenMismatch",
     "UnitInFlight",
     "UnitNotClaimable",
@@ -107,6 +117,7 @@ __all__ = [
     "UnitRow",
     "UnsafePayload",
     "WriterRunRow",
+    "account_turn",
     "add_note",
     "append_event",
     "bump_counters",
@@ -118,12 +129,14 @@ __all__ = [
     "count_commits_per_unit",
     "create_novel",
     "finish_novel",
+    "external_failures",
     "finish_writer_run",
     "get_commit_for_unit",
     "get_context_freeze",
     "get_novel",
     "get_outline",
     "get_unit",
+    "hold_lease",
     "list_commits",
     "list_events",
     "list_notes",
@@ -143,12 +156,15 @@ __all__ = [
     "recent_usage",
     "recover_claims",
     "release_claim",
+    "release_held_claims",
+    "release_lapsed_claims",
     "resume_novel",
     "revise_outline",
     "save_context_freeze",
     "save_session",
     "set_writer_mode",
     "start_writer_run",
+    "supersede_removed_units",
     "supersede_unit",
     "usage_totals",
 ]

@@ -1,0 +1,189 @@
+"""Claim leases, lapsed-claim recovery, once-only turn accounting, removed-scene supersede.
+
+REL-1: a claimed unit always has somebody responsible for it. The driver flow that claims a
+unit leases it first (keyed by the intent the claim will carry) and renews the lease while the
+flow runs; a claim whose lease lapsed — its driver, or the claim-manager instance holding its
+delegation, died and did not come back — goes back to prepared (STORE-4: attempt + 1, token hash
+cleared) by a conditional update any driver may run. The store's token check stays the last
+guard: a writer still running on a released claim can never commit (STORE-2).
+
+REL-2: `account_turn` counts a turn once per claim, however often the accounting is retried.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from store._db import Db, lock_novel, novel_must_exist, transaction
+from store.novels import NovelRow, fetch_outline, novel_row
+from store.units import _RELEASE
+
+TurnOutcome = Literal["committed", "failed", "external"]
+
+_CLEAR_LEASE = "lease_holder = NULL, lease_intent_id = NULL, lease_until = NULL"
+
+
+async def hold_lease(
+    pool: Db, novel_id: str, unit_id: str, intent_id: str, holder: str, seconds: float
+) -> bool:
+    """Take (before the claim) or renew (while claimed under `intent_id`) a unit's lease.
+
+    False when the unit is neither prepared nor claimed under this intent — the flow lost it.
+    """
+    if seconds <= 0:
+        raise ValueError(f"lease seconds must be > 0, got {seconds}")
+    if not intent_id or not holder:
+        raise ValueError("intent_id and holder must not be empty")
+    async with transaction(pool) as conn:
+        held = await conn.fetchval(
+            "UPDATE units SET lease_holder = $4, lease_intent_id = $3,"
+            " lease_until = now() + make_interval(secs => $5)"
+            " WHERE novel_id = $1 AND unit_id = $2"
+            " AND (state = 'prepared' OR (state = 'claimed' AND intent_id = $3))"
+            " RETURNING unit_id",
+            novel_id,
+            unit_id,
+            intent_id,
+            holder,
+            float(seconds),
+        )
+    return held is not None
+
+
+async def release_lapsed_claims(
+    pool: Db,
+    *,
+    grace_s: float,
+    exclude_novel_ids: list[str] | None = None,
+    reason: str = "lease-expired",
+) -> list[tuple[str, str]]:
+    """Claimed units nobody drives any more go back to prepared; returns (novel, unit), sorted.
+
+    Lapsed: the claim's lease ran out, or the claim carries no lease of its own (taken by a
+    client that does not lease) and is older than `grace_s`. Novels in `exclude_novel_ids`
+    (driven by the caller right now) are left alone.
+    """
+    async with transaction(pool) as conn:
+        rows = await conn.fetch(
+            f"UPDATE units SET {_RELEASE}, {_CLEAR_LEASE}, last_error = $3"
+            " WHERE state = 'claimed' AND NOT (novel_id = ANY($1::text[]))"
+            " AND ((lease_intent_id = intent_id AND lease_until < now())"
+            "  OR (lease_intent_id IS DISTINCT FROM intent_id"
+            "      AND updated_at < now() - make_interval(secs => $2)))"
+            " RETURNING novel_id, unit_id",
+            exclude_novel_ids or [],
+            float(grace_s),
+            reason,
+        )
+    return sorted((r["novel_id"], r["unit_id"]) for r in rows)
+
+
+async def release_held_claims(
+    pool: Db, holder: str, *, reason: str = "driver-restart"
+) -> list[tuple[str, str]]:
+    """A restarting driver instance gives back the claims its previous incarnation leased."""
+    async with transaction(pool) as conn:
+        rows = await conn.fetch(
+            f"UPDATE units SET {_RELEASE}, {_CLEAR_LEASE}, last_error = $2"
+            " WHERE state = 'claimed' AND lease_holder = $1 AND lease_intent_id = intent_id"
+            " RETURNING novel_id, unit_id",
+            holder,
+            reason,
+        )
+    return sorted((r["novel_id"], r["unit_id"]) for r in rows)
+
+
+async def account_turn(
+    pool: Db,
+    novel_id: str,
+    turn_key: str,
+    *,
+    outcome: TurnOutcome,
+    writer_output_chars: int = 0,
+    failure_signature: str | None = None,
+) -> tuple[NovelRow, bool]:
+    """Account one unit turn once per `turn_key` (the claim id); returns (counters, first).
+
+    `committed`: turns + 1, writer run + output characters; failure, stall and external
+    counters cleared. `failed`: turns + 1, consecutive failures + 1, stall count grown for the
+    same signature (restarted at 1 for a new one), external counter cleared. `external` (the
+    provider was unavailable, not the unit's fault): turns + 1, external failures + 1 only.
+    A repeated call with the same key changes nothing and returns `first=False`.
+    """
+    if outcome not in ("committed", "failed", "external"):
+        raise ValueError(f"outcome must be committed, failed or external, got {outcome!r}")
+    if writer_output_chars < 0:
+        raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
+    if not turn_key:
+        raise ValueError("turn_key must not be empty")
+    async with novel_must_exist(novel_id), transaction(pool) as conn:
+        current = await lock_novel(conn, novel_id)
+        inserted = await conn.fetchval(
+            "INSERT INTO turn_ledger (novel_id, turn_key, outcome, turn) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (novel_id, turn_key) DO NOTHING RETURNING turn",
+            novel_id,
+            turn_key,
+            outcome,
+            current["turns"] + 1,
+        )
+        if inserted is None:
+            return novel_row(current), False
+        if outcome == "committed":
+            sql = (
+                "UPDATE novels SET turns = turns + 1, writer_runs = writer_runs + 1,"
+                " writer_output_chars = writer_output_chars + $2, consecutive_failures = 0,"
+                " stall_signature = NULL, stall_count = 0, external_failures = 0"
+                " WHERE novel_id = $1 RETURNING *"
+            )
+            row = await conn.fetchrow(sql, novel_id, writer_output_chars)
+        elif outcome == "failed":
+            row = await conn.fetchrow(
+                "UPDATE novels SET turns = turns + 1,"
+                " consecutive_failures = consecutive_failures + 1,"
+                " stall_count = CASE WHEN $2::text IS NULL THEN 0"
+                "  WHEN stall_signature = $2 THEN stall_count + 1 ELSE 1 END,"
+                " stall_signature = $2, external_failures = 0 WHERE novel_id = $1 RETURNING *",
+                novel_id,
+                failure_signature,
+            )
+        else:
+            row = await conn.fetchrow(
+                "UPDATE novels SET turns = turns + 1, external_failures = external_failures + 1"
+                " WHERE novel_id = $1 RETURNING *",
+                novel_id,
+            )
+    assert row is not None
+    return novel_row(row), True
+
+
+async def external_failures(pool: Db, novel_id: str) -> int:
+    """Consecutive turns lost to an unavailable provider (DRV-4 externalRetry)."""
+    async with transaction(pool) as conn:
+        value = await conn.fetchval(
+            "SELECT external_failures FROM novels WHERE novel_id = $1", novel_id
+        )
+    return int(value or 0)
+
+
+async def supersede_removed_units(pool: Db, novel_id: str) -> list[str]:
+    """Prepared units whose scene the current outline no longer has are superseded (SPEC §16
+    finish guards: the original forgot this). Returns their ids in creation order."""
+    async with transaction(pool) as conn:
+        novel = await lock_novel(conn, novel_id)
+        outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
+        if outline is None:
+            return []
+        chapters = {c.chapterId for c in outline.chapters}
+        scenes = [(s.chapterId, s.sceneId) for s in outline.scenes if s.chapterId in chapters]
+        rows = await conn.fetch(
+            "UPDATE units SET state = 'superseded', last_error = 'scene removed by a revision',"
+            " updated_at = now()"
+            " WHERE novel_id = $1 AND state = 'prepared' AND NOT EXISTS ("
+            "  SELECT 1 FROM unnest($2::text[], $3::text[]) AS s(chapter_id, scene_id)"
+            "  WHERE s.chapter_id = units.chapter_id AND s.scene_id = units.scene_id)"
+            " RETURNING unit_id, created_seq",
+            novel_id,
+            [c for c, _ in scenes],
+            [sc for _, sc in scenes],
+        )
+    return [r["unit_id"] for r in sorted(rows, key=lambda r: r["created_seq"])]
