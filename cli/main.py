@@ -19,6 +19,9 @@ from actors.runtime import ACTOR_NAMES, connected, running
 from bus.codec import decode
 from cli.bench import bench_app
 from cli.common import console, err_console, fail, home_dir, print_json, run, servers
+from cli.probe_cmd import probe as probe_command
+from cli.probe_cmd import require_subagent_capable
+from cli.tools_cmd import read_tools_enabled, tools_app
 from messages import events as ev
 from messages.subjects import Subjects
 from novel.export import export_markdown
@@ -29,16 +32,19 @@ app = typer.Typer(name="novelbus", no_args_is_help=True, add_completion=False,
 novel_app = typer.Typer(no_args_is_help=True, help="Create and steer novels.")
 app.add_typer(novel_app, name="novel")
 app.add_typer(bench_app, name="bench")
+app.add_typer(tools_app, name="tools")
+app.command("probe")(probe_command)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]
 DbOpt = Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL (env NOVELBUS_DATABASE_URL)")]
 NsOpt = Annotated[str, typer.Option("--namespace", hidden=True, help="Subject namespace prefix (tests)")]
-ModelOpt = Annotated[str, typer.Option("--model", help="Writer provider: offline | openai:<model>")]
+ModelOpt = Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
+                                       help="Writer provider: offline | openai:<model>")]
 
 
 def _settings(model: str = "offline", instance: str = "claims-0") -> Settings:
-    return Settings(model=model, claims_instance=instance)
+    return Settings(model=model, claims_instance=instance, read_tools_enabled=read_tools_enabled())
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -187,14 +193,19 @@ def novel_create(
     file: Annotated[Path, typer.Argument(help="Novel file (JSON): title, config, outline")],
     home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, namespace: NsOpt = "",
     start: Annotated[bool, typer.Option(help="Publish a first work notice")] = True,
+    model: ModelOpt = "offline",
 ) -> None:
-    """Create a novel from an outline file; bad files get an error naming the field."""
+    """Create a novel from an outline file; bad files get an error naming the field.
+
+    A `subagent` novel needs the writer model (--model) to pass probes P1–P3 (SPEC §13)."""
     try:
         nf = parse_novel_file(file.read_bytes())
     except FileNotFoundError:
         fail(f"no such file: {file}", code=2)
     except OutlineError as e:
         fail(f"{file}: {e}", code=2)
+    if nf.config.writerMode == "subagent":
+        require_subagent_capable(model, home)  # fails closed, before anything is created
 
     async def go(ctx: Any) -> str:
         novel_id = await store.create_novel(ctx.pool, nf)

@@ -1,0 +1,144 @@
+"""`novelbus probe`: capability probes P1–P5 of a writer model (SPEC §13).
+
+    novelbus probe [--model offline|openai:<model>] [--json]
+
+The probe runs on a private embedded NATS + PostgreSQL it starts and removes itself, so it never
+touches a user's novels (see `writers.probe`). `--json` prints exactly one object keyed P1…P5,
+each `{status, evidence}`; progress goes to stderr. The exit code is 0 when P1–P3 pass (what a
+`subagent` novel requires), 1 when one of them does not, 2 on a configuration error.
+
+Results are cached per model (spec + server) in `<home>/probes.json`; `novel create` reuses a
+passing result younger than `CACHE_TTL_S` instead of probing again (`require_subagent_capable`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from cli.common import console, err_console, fail, home_dir, print_json, run
+from writers.probe import PROBE_IDS, REQUIRED_FOR_SUBAGENT, ProbeReport, run_probes
+from writers.provider import ENV_BASE_URL, HOSTED_OPENAI_BASE_URL, ProviderError, make_provider
+
+CACHE_FILE = "probes.json"
+CACHE_TTL_S = 24 * 3600.0
+
+_STYLE = {"pass": "green", "fail": "red", "not-applicable": "yellow"}
+_TITLES = {
+    "P1": "tool calls correlate with their run",
+    "P2": "a tool outside the allow-list is refused by the runner",
+    "P3": "research → commit → out-of-scope unit refused",
+    "P4": "usage is reported",
+    "P5": "prefix cache hits on consecutive units",
+}
+
+
+def cache_key(model: str, env: Mapping[str, str] | None = None) -> str:
+    """One model = one spec on one server: the same name behind another URL is another model."""
+    model = model.strip()
+    if model == "offline":
+        return model
+    env = os.environ if env is None else env
+    return f"{model}@{(env.get(ENV_BASE_URL) or '').strip() or HOSTED_OPENAI_BASE_URL}"
+
+
+def _cache_path(home: Path | None) -> Path:
+    return home_dir(home) / CACHE_FILE
+
+
+def _read_cache(home: Path | None) -> dict[str, Any]:
+    try:
+        data = json.loads(_cache_path(home).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_report(home: Path | None, report: ProbeReport) -> None:
+    path = _cache_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read_cache(home)
+    data[cache_key(report.model)] = {"model": report.model, "provider": report.provider, "at": time.time(),
+                                     "results": report.to_json()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
+    tmp.replace(path)
+
+
+def cached_report(home: Path | None, model: str, *, max_age_s: float = CACHE_TTL_S) -> ProbeReport | None:
+    entry = _read_cache(home).get(cache_key(model))
+    if not isinstance(entry, dict) or time.time() - float(entry.get("at", 0)) > max_age_s:
+        return None
+    try:
+        return ProbeReport.from_json(model, str(entry.get("provider", "")), entry["results"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def probe_model(model: str, *, timeout: float = 600.0) -> ProbeReport:
+    """Build the provider for `model` and probe it (configuration errors exit with code 2)."""
+    try:
+        provider = make_provider(model)
+    except ProviderError as e:
+        fail(str(e), hint="see `novelbus probe --help` and the README section 'Writer models'", code=2)
+    err_console.print(f"[dim]probing {provider.label} on a private embedded NATS + PostgreSQL …[/]")
+
+    async def go() -> ProbeReport:
+        try:
+            return await run_probes(provider, model=model, writer_timeout_s=timeout)
+        finally:
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                await close()
+
+    return run(go())
+
+
+def require_subagent_capable(model: str, home: Path | None) -> None:
+    """`novel create` of a subagent novel: P1–P3 must pass for the model (fail closed, clear error)."""
+    report = cached_report(home, model)
+    if report is None or not report.subagent_ok:
+        report = probe_model(model)
+        save_report(home, report)
+    if report.subagent_ok:
+        return
+    reasons = "; ".join(f"{p} {report.results[p].status}: {report.results[p].evidence}"
+                        for p in report.failing_required)
+    fail(f"writer model {model!r} did not pass the probes a subagent novel requires "
+         f"({', '.join(REQUIRED_FOR_SUBAGENT)}): {reasons}. Nothing was created.",
+         hint=f"run `novelbus probe --model {model}` for the full report; use another model, or create the "
+              "novel with config.writerMode \"inline\"", code=1)
+
+
+def probe(
+    model: Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
+                                       help="Writer provider: offline | openai:<model>")] = "offline",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object keyed P1…P5 on stdout")] = False,
+    home: Annotated[Path | None, typer.Option("--home", help="Data directory for the result cache "
+                                                              "(env NOVELBUS_HOME)")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds one writer run may take")] = 600.0,
+) -> None:
+    """Probe a writer model: P1–P5 with evidence (SPEC §13); exit 1 unless P1–P3 pass."""
+    started = time.monotonic()
+    report = probe_model(model, timeout=timeout)
+    save_report(home, report)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        console.print(f"[bold]novelbus probe[/] — {report.provider}")
+        for pid in PROBE_IDS:
+            r = report.results[pid]
+            need = " (required for subagent)" if pid in REQUIRED_FOR_SUBAGENT else ""
+            console.print(f"  [{_STYLE[r.status]}]{r.status:<14}[/] {pid} {_TITLES[pid]}{need}")
+            console.print(f"                 [dim]{escape(r.evidence)}[/]")
+        verdict = "can" if report.subagent_ok else "can NOT"
+        console.print(f"this model {verdict} write subagent novels ({time.monotonic() - started:.1f} s)")
+    if not report.subagent_ok:
+        raise typer.Exit(1)

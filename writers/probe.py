@@ -1,0 +1,507 @@
+"""Capability probes P1–P5 (SPEC §13, seed 0007 §9) for a configured writer model.
+
+The probe drives the configured provider through the REAL delegation path: claim manager, pack
+renderer, writer runner and commit verifier run in-process on real NATS and PostgreSQL. By
+default it starts a private embedded NATS + PostgreSQL in a temporary directory and removes them
+afterwards (about a second), so probing never touches a user's novels, streams or running claim
+managers; tests may hand it servers and a fresh database instead.
+
+It writes two consecutive W2 units of one chapter of a tiny probe novel:
+
+- run A (unit A): the model researches and commits. The probe host injects two calls into the
+  model's replies — a claim tool outside the allow-list into its first reply (P2), and a commit
+  naming unit B into the reply that carries its own commit, just before it (P3). Both must be
+  refused host-side and recorded. Injected calls are named in the evidence; the model's own
+  calls are never altered.
+- run B (unit B): a clean second unit of the same chapter (P5 prefix cache, P1 across runs).
+
+| probe | passes when |
+|---|---|
+| P1 | every tool call the runs issued is recorded (`tool.started`) under the run that issued it, in order, and the successful runs' dependency manifests match |
+| P2 | the out-of-allow-list call was refused by the runner (`tool.refused`) and never executed |
+| P3 | run A researched with read tools before committing, the out-of-scope commit was refused (`scope.violation`, unit B untouched), its own commit was accepted and verified, and a second commit with another body on the ended claim is refused |
+| P4 | the provider reported token usage (offline: not-applicable, its figures are estimates) |
+| P5 | run B's first call reports cached prompt tokens (not-applicable when the server reports no cache figures) |
+
+Creating a `subagent` novel requires P1–P3 to pass (`REQUIRED_FOR_SUBAGENT`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
+from writers.tools import COMMIT_TOOL, READ_TOOLS
+
+ProbeStatus = Literal["pass", "fail", "not-applicable"]
+PROBE_IDS = ("P1", "P2", "P3", "P4", "P5")
+REQUIRED_FOR_SUBAGENT = ("P1", "P2", "P3")
+FORBIDDEN_TOOL = "novel_claim_unit"  # a claim tool: never offered to a writer (RUN-3)
+INJECTED_PREFIX = "probe-injected-"
+
+PROBE_NOVEL: dict[str, Any] = {
+    "title": "Probe: The Ferry Bell",
+    "config": {
+        "writerMode": "subagent",
+        "writerShape": "W2",
+        "length": {"kind": "target", "targetCharacters": 1600, "toleranceRatio": 0.3},
+    },
+    "outline": {
+        "story": {
+            "premise": "A ferry pilot hears the old harbour bell ring on a night with no wind.",
+            "theme": "duty",
+            "mainConflict": "The pilot must choose between the timetable and the bell's warning.",
+            "endingDirection": "She trusts the bell and holds the ferry back.",
+        },
+        "chapters": [
+            {
+                "chapterId": "bell",
+                "order": 1,
+                "title": "The Bell",
+                "purpose": "The bell rings and the pilot decides.",
+                "entryCondition": "An ordinary crossing is due.",
+                "exitCondition": "The ferry stays at the quay.",
+            }
+        ],
+        "scenes": [
+            {
+                "sceneId": "ring",
+                "chapterId": "bell",
+                "order": 1,
+                "goal": "Mara hears the harbour bell ring with no wind to move it.",
+                "participants": ["mara"],
+                "timeLocation": "the quay at dusk",
+                "conflict": "The last ferry is due to leave.",
+                "expectedChange": "Mara starts to doubt the crossing.",
+            },
+            {
+                "sceneId": "hold",
+                "chapterId": "bell",
+                "order": 2,
+                "goal": "Mara holds the ferry at the quay despite the timetable.",
+                "participants": ["mara"],
+                "timeLocation": "the wheelhouse, night",
+                "conflict": "The passengers demand to leave.",
+                "expectedChange": "Mara chooses the warning over the timetable.",
+            },
+        ],
+        "characters": [
+            {
+                "characterId": "mara",
+                "name": "Mara",
+                "identitySummary": "the ferry pilot",
+                "initialState": "tired but steady",
+                "motivation": "keep her passengers safe",
+            }
+        ],
+        "lore": [
+            {
+                "entryId": "harbour-bell",
+                "keys": ["bell", "harbour"],
+                "content": "The harbour bell has rung by itself only before storms.",
+            }
+        ],
+    },
+}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    status: ProbeStatus
+    evidence: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"status": self.status, "evidence": self.evidence}
+
+
+@dataclass
+class ProbeReport:
+    model: str  # the spec probed, e.g. "offline" or "openai:qwen2.5"
+    provider: str  # the provider's label
+    results: dict[str, ProbeResult]
+
+    def to_json(self) -> dict[str, dict[str, str]]:
+        """The `novelbus probe --json` object: keyed P1…P5, each {status, evidence}."""
+        return {pid: self.results[pid].to_json() for pid in PROBE_IDS}
+
+    @property
+    def failing_required(self) -> list[str]:
+        return [p for p in REQUIRED_FOR_SUBAGENT if self.results[p].status != "pass"]
+
+    @property
+    def subagent_ok(self) -> bool:
+        return not self.failing_required
+
+    @classmethod
+    def from_json(cls, model: str, provider: str, data: dict[str, Any]) -> ProbeReport:
+        results = {}
+        for pid in PROBE_IDS:
+            item = data[pid]
+            if item["status"] not in ("pass", "fail", "not-applicable"):
+                raise ValueError(f"{pid}: bad status {item['status']!r}")
+            results[pid] = ProbeResult(item["status"], str(item["evidence"]))
+        return cls(model=model, provider=provider, results=results)
+
+
+# --- the probe host's view of the model ------------------------------------------------------------
+
+
+@dataclass
+class _RunLog:
+    model_calls: list[ToolCall] = field(default_factory=list)  # what the model itself asked for
+    issued: list[ToolCall] = field(default_factory=list)  # model + injected, in execution order
+    offered: set[str] = field(default_factory=set)
+    replies: int = 0
+
+
+class ProbeProvider:
+    """Wraps the provider under test: records every call per run and injects the probe's calls.
+
+    Only the *host's* handling is tested by injection; the model's own calls pass unchanged.
+    """
+
+    def __init__(self, inner: ModelProvider) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.label = inner.label
+        self.run: str | None = None
+        self.logs: dict[str, _RunLog] = {}
+        self.inject_forbidden: set[str] = set()  # runs whose next reply gets the forbidden call
+        self.inject_scope: dict[str, str] = {}  # run -> unit id for an out-of-scope commit
+
+    def log(self, run: str) -> _RunLog:
+        return self.logs.setdefault(run, _RunLog())
+
+    async def complete(
+        self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *, max_output_tokens: int
+    ) -> ModelReply:
+        reply = await self.inner.complete(messages, tools, max_output_tokens=max_output_tokens)
+        run = self.run
+        if run is None:
+            return reply
+        log = self.log(run)
+        log.replies += 1
+        log.offered |= {t.get("function", {}).get("name", "") for t in tools or ()}
+        log.model_calls.extend(reply.tool_calls)
+        calls = list(reply.tool_calls)
+        if run in self.inject_forbidden:
+            self.inject_forbidden.discard(run)
+            calls.insert(0, ToolCall(id=f"{INJECTED_PREFIX}forbidden", name=FORBIDDEN_TOOL, arguments="{}"))
+        target = self.inject_scope.get(run)
+        at = next((i for i, c in enumerate(calls) if c.name == COMMIT_TOOL), None)
+        if target is not None and at is not None:
+            del self.inject_scope[run]
+            own = calls[at]
+            try:
+                args = json.loads(own.arguments) if own.arguments.strip() else {}
+            except json.JSONDecodeError:
+                args = {}
+            args = args if isinstance(args, dict) else {}
+            args["unitId"] = target
+            calls.insert(at, ToolCall(id=f"{INJECTED_PREFIX}scope", name=COMMIT_TOOL,
+                                      arguments=json.dumps(args, ensure_ascii=False)))
+        log.issued.extend(calls)
+        if len(calls) == len(reply.tool_calls):
+            return reply
+        stop = "tool_calls" if reply.stop_reason == "completed" else reply.stop_reason
+        return ModelReply(text=reply.text, tool_calls=calls, usage=reply.usage, stop_reason=stop)
+
+    async def aclose(self) -> None:
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()
+
+
+# --- running --------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _private_servers() -> AsyncIterator[tuple[str, str]]:
+    """A private embedded NATS + PostgreSQL in a temporary directory, removed afterwards."""
+    from infra import Infrastructure
+
+    home = Path(tempfile.mkdtemp(prefix="novelbus-probe-"))
+    try:
+        async with Infrastructure(home=home, fast=True, environ={}) as infra:
+            yield infra.nats_url, infra.database_url
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+async def run_probes(
+    provider: ModelProvider,
+    *,
+    model: str,
+    nats_url: str | None = None,
+    database_url: str | None = None,
+    namespace: str | None = None,
+    writer_timeout_s: float = 600.0,
+) -> ProbeReport:
+    """Probe `provider` (P1–P5). Without servers given, on a private embedded stack."""
+    if nats_url is None or database_url is None:
+        async with _private_servers() as (nats, dsn):
+            return await run_probes(provider, model=model, nats_url=nats, database_url=dsn,
+                                    namespace=namespace or "", writer_timeout_s=writer_timeout_s)
+    from actors.context import Settings
+    from actors.runtime import running
+    from messages.subjects import Subjects
+
+    probe = ProbeProvider(provider)
+    settings = Settings(model=model, claims_instance=f"probe-{secrets.token_hex(4)}",
+                        writer_timeout_s=writer_timeout_s, read_tools_enabled=True)
+    subjects = Subjects(namespace if namespace is not None else f"probe{secrets.token_hex(4)}.")
+    async with running(nats_url, database_url, names=("claims", "packer", "writer", "verifier"),
+                       subjects=subjects, settings=settings,
+                       actor_kwargs={"writer": {"provider": probe}}) as rt:
+        return await _probe(rt.ctx, probe, model)
+
+
+@dataclass
+class _Unit:
+    unit_id: str
+    run_id: str
+    claim: Any = None
+    finished: Any = None  # runs.WriterFinished
+    verified: Any = None  # verify.Verified
+    error: str | None = None
+
+
+async def _write_unit(ctx: Any, probe: ProbeProvider, novel_id: str, unit: _Unit) -> None:
+    """Claim → dispatch → render → run → verify, as the driver does for a W2 unit."""
+    from bus.client import RemoteError, request
+    from messages import claims as cm
+    from messages import packs as pm
+    from messages import runs as rm
+    from messages import verify as vm
+
+    timeout = ctx.settings.request_timeout_s
+    try:
+        unit.claim = await request(ctx.nc, ctx.subjects.claims,
+                                   cm.ClaimUnit(novel_id=novel_id, unit_id=unit.unit_id,
+                                                intent_id=f"intent-probe-{secrets.token_hex(6)}",
+                                                mode="subagent"), cm.UnitClaimed, timeout=timeout)
+        await request(ctx.nc, ctx.subjects.claims, cm.BeginDispatch(delegation_id=unit.claim.delegation_id),
+                      cm.DispatchGranted, timeout=timeout)
+        pack = await request(ctx.nc, ctx.subjects.packs,
+                             pm.RenderPack(novel_id=novel_id, unit_id=unit.unit_id, shape="trimmed"),
+                             pm.PackRendered, timeout=timeout)
+        probe.run = unit.run_id
+        probe.log(unit.run_id)
+        unit.finished = await request(
+            ctx.nc, ctx.subjects.runs,
+            rm.RunWriter(novel_id=novel_id, unit_id=unit.unit_id, run_id=unit.run_id,
+                         delegation_id=unit.claim.delegation_id, instance=unit.claim.instance, shape="W2",
+                         pack_text=pack.text, dispatch=1, context_sha256=pack.context_sha256),
+            rm.WriterFinished, timeout=ctx.settings.writer_timeout_s)
+        unit.verified = await request(ctx.nc, ctx.subjects.verify,
+                                      vm.VerifyCommit(novel_id=novel_id, unit_id=unit.unit_id,
+                                                      claim_id=unit.claim.claim_id, run_id=unit.run_id),
+                                      vm.Verified, timeout=timeout)
+    except RemoteError as e:
+        unit.error = f"{e.code}"
+    finally:
+        probe.run = None
+    if unit.claim is not None and (unit.verified is None or not unit.verified.ok):
+        with contextlib.suppress(RemoteError, Exception):
+            await request(ctx.nc, ctx.subjects.claims,
+                          cm.ReleaseClaim(delegation_id=unit.claim.delegation_id, reason="probe"),
+                          cm.ClaimReleased, timeout=timeout)
+
+
+async def _probe(ctx: Any, probe: ProbeProvider, model: str) -> ProbeReport:
+    import store
+    from bus.client import RemoteError, request
+    from messages import claims as cm
+    from novel.body import CommitBody, SceneCompletion
+    from novel.outline import parse_novel_file
+
+    pool = ctx.pool
+    nf = parse_novel_file(json.dumps(PROBE_NOVEL))
+    novel_id = await store.create_novel(pool, nf.model_copy(update={"novelId": f"probe-{secrets.token_hex(4)}"}))
+    scene_a, scene_b = nf.outline.scenes
+    unit_a = _Unit(await store.prepare_unit(pool, novel_id, scene_a.chapterId, scene_a.sceneId, fragment=1,
+                                            continuation_anchor=None), f"run-probe-a-{secrets.token_hex(4)}")
+    unit_b = _Unit(await store.prepare_unit(pool, novel_id, scene_b.chapterId, scene_b.sceneId, fragment=1,
+                                            continuation_anchor=None), f"run-probe-b-{secrets.token_hex(4)}")
+
+    probe.inject_forbidden.add(unit_a.run_id)
+    probe.inject_scope[unit_a.run_id] = unit_b.unit_id
+    await _write_unit(ctx, probe, novel_id, unit_a)
+    b_after_a = await store.get_unit(pool, novel_id, unit_b.unit_id)
+    b_commit_after_a = await store.get_commit_for_unit(pool, novel_id, unit_b.unit_id)
+
+    ended_refusal: str | None = None
+    a_commits = 0
+    if unit_a.claim is not None and unit_a.verified is not None and unit_a.verified.ok:
+        body = CommitBody(paragraphs=["The bell rang again."],
+                          scene_completion=SceneCompletion(completed=True, basis="probe"))
+        try:
+            await request(ctx.nc, ctx.subjects.commit(unit_a.claim.instance),
+                          cm.CommitUnit(delegation_id=unit_a.claim.delegation_id, novel_id=novel_id,
+                                        unit_id=unit_a.unit_id, body=body, run_id=unit_a.run_id),
+                          cm.CommitReceipt, timeout=ctx.settings.request_timeout_s)
+            ended_refusal = "accepted"
+        except RemoteError as e:
+            ended_refusal = e.code
+        a_commits = (await store.count_commits_per_unit(pool, novel_id)).get(unit_a.unit_id, 0)
+
+    await _write_unit(ctx, probe, novel_id, unit_b)
+
+    events = await store.list_events(pool, novel_id, limit=10_000)
+    runs = {r.run_id: r for r in await store.list_writer_runs(pool, novel_id)}
+    results = {
+        "P1": _p1(probe, events, runs, [unit_a, unit_b]),
+        "P2": _p2(probe, events, unit_a),
+        "P3": _p3(probe, events, unit_a, unit_b, b_after_a.state, b_commit_after_a is not None, ended_refusal,
+                  a_commits),
+        "P4": _p4(probe, [unit_a, unit_b]),
+        "P5": _p5(probe, unit_a, unit_b),
+    }
+    return ProbeReport(model=model, provider=probe.label, results=results)
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+
+
+def _payloads(events: list[Any], kind: str, run_id: str | None = None) -> list[dict[str, Any]]:
+    return [e.payload for e in events if e.type == kind and (run_id is None or e.payload.get("runId") == run_id)]
+
+
+def _run_failure(unit: _Unit) -> str:
+    if unit.error is not None:
+        return f"the flow stopped with {unit.error}"
+    if unit.finished is not None and not unit.finished.ok:
+        return f"the run failed ({unit.finished.reason})"
+    if unit.verified is not None and not unit.verified.ok:
+        return f"verification failed ({unit.verified.failure})"
+    return "the run did not finish"
+
+
+def _names(calls: list[ToolCall]) -> list[str]:
+    return [c.name for c in calls]
+
+
+def _p1(probe: ProbeProvider, events: list[Any], runs: dict[str, Any], units: list[_Unit]) -> ProbeResult:
+    started = _payloads(events, "tool.started")
+    ours = {u.run_id for u in units}
+    strays = sorted({p.get("runId", "?") for p in started} - ours)
+    if strays:
+        return ProbeResult("fail", f"tool.started events under runs the probe never issued: {', '.join(strays)}")
+    parts = []
+    for label, unit in zip("AB", units, strict=True):
+        log = probe.logs.get(unit.run_id)
+        issued = _names(log.issued) if log else []
+        recorded = [p["tool"] for p in sorted(_payloads(events, "tool.started", unit.run_id), key=lambda p: p["seq"])]
+        if not recorded:
+            return ProbeResult("fail", f"run {label}: no tool call recorded ({_run_failure(unit)}; the model "
+                                       f"asked for {len(log.model_calls) if log else 0} tool calls)")
+        if recorded != issued[: len(recorded)]:
+            return ProbeResult("fail", f"run {label}: recorded calls {recorded} do not match the calls the run "
+                                       f"issued {issued[: len(recorded)]}")
+        ids = [c.id for c in (log.model_calls if log else [])]
+        if len(set(ids)) != len(ids):
+            return ProbeResult("fail", f"run {label}: the model reused tool-call ids, so results cannot be "
+                                       "correlated with calls")
+        row = runs.get(unit.run_id)
+        if row is not None and row.status == "ok":
+            manifest = [d["tool"] for d in row.manifest or []]
+            if manifest != recorded:
+                return ProbeResult("fail", f"run {label}: dependency manifest {manifest} differs from the "
+                                           f"recorded calls {recorded}")
+        parts.append(f"run {label} ({unit.run_id}): {len(recorded)} calls recorded under it "
+                     f"[{', '.join(recorded)}]")
+    return ProbeResult("pass", "; ".join(parts) + "; every call sits under the run that issued it, in order, "
+                               "and stored manifests match")
+
+
+def _p2(probe: ProbeProvider, events: list[Any], unit: _Unit) -> ProbeResult:
+    log = probe.logs.get(unit.run_id)
+    if log is None or FORBIDDEN_TOOL not in _names(log.issued):
+        return ProbeResult("fail", f"run A produced no reply to inject into ({_run_failure(unit)})")
+    started = [p for p in _payloads(events, "tool.started", unit.run_id) if p["tool"] == FORBIDDEN_TOOL]
+    refused = [p for p in _payloads(events, "tool.refused", unit.run_id) if p["tool"] == FORBIDDEN_TOOL]
+    if not started or not all(p.get("refused") for p in started) or not refused:
+        return ProbeResult("fail", f"the runner did not refuse and record {FORBIDDEN_TOOL}")
+    if FORBIDDEN_TOOL in log.offered:
+        return ProbeResult("fail", f"{FORBIDDEN_TOOL} was offered to the model")
+    own = sorted({c.name for c in log.model_calls} - log.offered)
+    note = (f"; the model itself also called tools it was not offered ({', '.join(own)}), refused the same way"
+            if own else "")
+    return ProbeResult("pass", f"{FORBIDDEN_TOOL} (outside the allow-list; injected by the probe into the "
+                               f"model's first reply of run A) was refused by the runner, recorded as "
+                               f"tool.refused and never executed{note}")
+
+
+def _p3(probe: ProbeProvider, events: list[Any], a: _Unit, b: _Unit, b_state: str, b_committed: bool,
+        ended: str | None, a_commits: int) -> ProbeResult:
+    log = probe.logs.get(a.run_id)
+    model_calls = _names(log.model_calls) if log else []
+    if COMMIT_TOOL not in model_calls:
+        return ProbeResult("fail", f"the model never called {COMMIT_TOOL} in run A ({_run_failure(a)}; it "
+                                   f"called: {', '.join(model_calls) or 'no tools'})")
+    research = [n for n in model_calls[: model_calls.index(COMMIT_TOOL)] if n in READ_TOOLS]
+    if not research:
+        return ProbeResult("fail", "the model committed without researching with a read tool first")
+    violations = [p for p in _payloads(events, "scope.violation")
+                  if p.get("requestedUnitId") == b.unit_id and p.get("delegatedUnitId") == a.unit_id]
+    if not violations:
+        return ProbeResult("fail", f"the commit naming unit {b.unit_id} under unit {a.unit_id}'s delegation was "
+                                   "not refused as scope-violation")
+    if b_committed or b_state != "prepared":
+        return ProbeResult("fail", f"unit {b.unit_id} was touched by the out-of-scope commit (state {b_state})")
+    if a.finished is None or not a.finished.ok or a.verified is None or not a.verified.ok:
+        return ProbeResult("fail", f"run A did not commit its own unit: {_run_failure(a)}")
+    if ended is None or ended == "accepted" or a_commits != 1:
+        return ProbeResult("fail", f"a second commit with another body on run A's ended claim was answered "
+                                   f"{ended!r}; unit {a.unit_id} has {a_commits} commits")
+    commit_id = a.verified.receipt.commit_id if a.verified.receipt else "?"
+    return ProbeResult("pass", f"run A researched ({', '.join(dict.fromkeys(research))}); a commit naming unit "
+                               f"{b.unit_id} (injected by the probe) was refused as scope-violation and recorded, "
+                               f"unit {b.unit_id} untouched; the model's commit {commit_id} for unit {a.unit_id} "
+                               f"was accepted and verified against the store; a second commit with another "
+                               f"body on the ended claim was refused ({ended}), one commit stands")
+
+
+def _calls(units: list[_Unit]) -> list[Any]:
+    return [c for u in units if u.finished is not None for c in u.finished.calls]
+
+
+def _p4(probe: ProbeProvider, units: list[_Unit]) -> ProbeResult:
+    if probe.name == "offline":
+        return ProbeResult("not-applicable", "offline provider: no language model; its token figures are "
+                                             "estimates, not provider usage")
+    calls = _calls(units)
+    if not calls:
+        return ProbeResult("fail", "no model call completed, so no usage could be observed")
+    reported = [c for c in calls if c.input_tokens is not None]
+    if not reported:
+        return ProbeResult("fail", f"none of {len(calls)} calls reported usage; input is measured in "
+                                   "characters and estimated tokens only (USE-2, fail-open)")
+    return ProbeResult("pass", f"{len(reported)} of {len(calls)} calls reported usage: "
+                               f"{sum(c.input_tokens or 0 for c in reported):,} input and "
+                               f"{sum(c.output_tokens or 0 for c in reported):,} output tokens")
+
+
+def _p5(probe: ProbeProvider, a: _Unit, b: _Unit) -> ProbeResult:
+    if probe.name == "offline":
+        return ProbeResult("not-applicable", "offline provider: no language model, no prompt cache")
+    if b.finished is None or not b.finished.calls:
+        return ProbeResult("fail", f"run B made no model call ({_run_failure(b)})")
+    first = b.finished.calls[0]
+    if first.cached_tokens is None:
+        return ProbeResult("not-applicable", "the server reports no cached-token figures "
+                                             "(usage.prompt_tokens_details.cached_tokens)")
+    of = f" of {first.input_tokens:,}" if first.input_tokens else ""
+    if first.cached_tokens > 0:
+        return ProbeResult("pass", f"run B's first call (the next unit of the same chapter) read "
+                                   f"{first.cached_tokens:,}{of} prompt tokens from the cache")
+    return ProbeResult("fail", f"run B's first call reported 0{of} prompt tokens cached; the server's prefix "
+                               "cache did not hit on the byte-identical pack prefix")
