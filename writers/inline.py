@@ -1,8 +1,8 @@
 """The inline author session (DRV-2, AB-2, RUN-5): the honest baseline bounded writers are measured against.
 
 One persistent session per novel writes every unit. Per unit it receives a compact **brief** (the
-unit's `[[chapter]]`, `[[scene]]` and `[[unit]]` blocks of the trimmed writer pack, plus the W2
-instruction), researches with the same read tools a W2 writer has, and commits through the same
+W2 instruction, then the unit's `[[chapter]]`, `[[scene]]` and `[[unit]]` blocks of the trimmed
+writer pack), researches with the same read tools a W2 writer has, and commits through the same
 claim-manager path. Everything it sees and says stays in its history — briefs, tool calls, tool
 results, assistant output and commit arguments — and the whole history is re-sent with every call.
 The session's system message is the pack's `[[protocol]]` and `[[story]]` blocks, sent once per
@@ -126,11 +126,12 @@ def session_preamble(pack_text: str) -> str:
 
 
 def unit_brief(pack_text: str) -> str:
-    """One unit's work notice: chapter, scene and unit blocks of the pack, then the W2 instruction."""
+    """One unit's work notice: the W2 instruction, then the pack's chapter, scene and unit blocks."""
     blocks = parse_pack(pack_text)
     if not blocks.get("unit"):
         raise ValueError("the writer pack has no [[unit]] block; an inline brief needs one")
-    return f"{BRIEF_HEADER}\n{_blocks_text(blocks, BRIEF_BLOCKS)}\n\n{W2_INSTRUCTION}\n"
+    # The instruction comes first so the blocks, unit last, read exactly as in the pack.
+    return f"{BRIEF_HEADER}\n{W2_INSTRUCTION}\n\n{_blocks_text(blocks, BRIEF_BLOCKS)}\n"
 
 
 # --- measuring ----------------------------------------------------------------------------------

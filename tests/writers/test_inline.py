@@ -1,0 +1,331 @@
+"""The inline author session (DRV-2, AB-2, USE-1, RUN-5) as a pure loop: no bus, no database.
+
+A tiny in-memory host stands in for the store and the claim manager: the read tools answer from
+the current snapshot, a commit appends to it. The offline provider writes every unit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from novel.body import CommitBody
+from novel.next_work import WriteUnit, next_work
+from novel.outline import NovelFile
+from novel.pack import parse_pack, render_pack
+from novel.snapshot import NovelSnapshot
+from tests.pure.sim import commit, prepare, set_state, snapshot_from_file
+from writers.inline import (
+    BRIEF_HEADER,
+    COMPACT_MARKER,
+    ENV_COMPACT_TOKENS,
+    SUMMARY_HEADER,
+    InlineRun,
+    compact_threshold,
+    estimate_input_tokens,
+    offline_summary,
+    run_inline_unit,
+    session_preamble,
+    unit_brief,
+)
+from writers.offline import OfflineProvider, ScriptedProvider
+from writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall
+from writers.runner import run_w2
+from writers.tools import COMMIT_TOOL, W2_ALLOW_LIST, call_read_tool
+
+MAX_TOKENS = 8_192
+
+
+class Book:
+    """The novel being written: snapshot, the next unit's pack, tools and commit."""
+
+    def __init__(self, nf: NovelFile) -> None:
+        self.snapshot = snapshot_from_file(nf)
+        self.unit_id = ""
+
+    def next_pack(self) -> str | None:
+        decision = next_work(self.snapshot)
+        if not isinstance(decision, WriteUnit):
+            return None
+        self.snapshot, self.unit_id = prepare(self.snapshot, decision)
+        self.snapshot = set_state(self.snapshot, self.unit_id, "claimed")
+        return render_pack(self.snapshot, self.unit_id, "trimmed").text
+
+    async def read_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return call_read_tool(self.snapshot, name, args)
+
+    async def commit(self, args: dict[str, Any]) -> dict[str, Any]:
+        args = dict(args)
+        unit_id = args.pop("unitId")
+        if unit_id != self.unit_id:  # CLM-2: only the delegated unit
+            return {"ok": False, "code": "scope-violation"}
+        body = msgspec.convert(args, CommitBody)
+        self.snapshot = commit(self.snapshot, unit_id, body)
+        return {"ok": True, "receipt": {"commitId": self.snapshot.commits[-1].commit_id}}
+
+
+async def write_inline(
+    nf: NovelFile, provider: Any, *, compact_tokens: int = 100_000
+) -> tuple[Book, list[InlineRun]]:
+    book = Book(nf)
+    history: list[ChatMessage] = []
+    runs: list[InlineRun] = []
+    while (pack := book.next_pack()) is not None:
+        run = await run_inline_unit(
+            provider,
+            history,
+            pack,
+            allow_list=W2_ALLOW_LIST,
+            read_tool=book.read_tool,
+            commit=book.commit,
+            compact_tokens=compact_tokens,
+            max_output_tokens=MAX_TOKENS,
+        )
+        assert run.outcome.ok, run.outcome
+        history = run.history
+        runs.append(run)
+        assert len(runs) < 100
+    return book, runs
+
+
+def test_drv2_brief_is_the_unit_tail_and_the_session_holds_protocol_and_story(
+    sample_snapshot_with_prose: NovelSnapshot,
+) -> None:
+    """The brief carries chapter, scene and unit blocks (not the prose tail, which the session
+    wrote itself); the system message carries protocol and story once per session."""
+    snap = sample_snapshot_with_prose
+    unit_id = next(u.unit_id for u in snap.units if u.state == "claimed")
+    pack = render_pack(snap, unit_id, "trimmed")
+    assert "prose-tail" in pack.blocks
+    brief = unit_brief(pack.text)
+    assert brief.startswith(BRIEF_HEADER)
+    blocks = parse_pack(brief)
+    assert set(blocks) == {"chapter", "scene", "unit"}
+    assert blocks["unit"] == parse_pack(pack.text)["unit"]  # the unit block reads exactly as packed
+    preamble = session_preamble(pack.text)
+    assert set(parse_pack(preamble)) == {"protocol", "story"}
+    assert "one long author session" in preamble
+    with pytest.raises(ValueError, match=r"\[\[unit\]\]"):
+        unit_brief("[[story]]\ntitle: x\n")
+
+
+async def test_drv2_inline_writes_the_sample_with_the_same_prose_as_subagent(
+    sample_file: NovelFile,
+) -> None:
+    """Same writer behaviour in both modes: the offline writer researches with the same tools
+    and commits the same bodies, following the LATEST brief of an ever longer history."""
+    provider = OfflineProvider()
+    book, runs = await write_inline(sample_file, provider)
+    assert len(book.snapshot.commits) == len(sample_file.outline.scenes)
+    for run in runs:
+        tools = [r.tool for r in run.outcome.tool_calls]
+        assert tools == ["novel_status_read", "novel_body_read", COMMIT_TOOL]
+
+    fresh = Book(sample_file)
+    while (pack := fresh.next_pack()) is not None:
+        outcome = await run_w2(
+            provider,
+            pack,
+            allow_list=W2_ALLOW_LIST,
+            read_tool=fresh.read_tool,
+            commit=fresh.commit,
+            max_output_tokens=MAX_TOKENS,
+        )
+        assert outcome.ok
+    assert [c.paragraphs for c in book.snapshot.commits] == [
+        c.paragraphs for c in fresh.snapshot.commits
+    ]
+
+
+async def test_ab2_use1_history_grows_and_the_split_adds_up_for_every_call(
+    sample_file: NovelFile,
+) -> None:
+    """Without compaction every unit re-sends all earlier units: the first call's input grows
+    strictly, earlier commits come back as prose echo, and for every call the four-way split
+    (history / new tool results / brief or pack / prose echo) adds up to its raw input."""
+    _, runs = await write_inline(sample_file, OfflineProvider())
+    firsts = [run.outcome.usage[0] for run in runs]
+    assert all(b.input_chars > a.input_chars for a, b in zip(firsts, firsts[1:], strict=False))
+    assert firsts[0].history_chars == 0 and firsts[0].prose_echo_chars == 0
+    assert all(c.history_chars > 0 and c.prose_echo_chars > 0 for c in firsts[1:])
+    for run in runs:
+        for c in run.outcome.usage:
+            split = c.pack_chars + c.tool_result_chars + c.history_chars + c.prose_echo_chars
+            assert split == c.input_chars
+            assert c.est_input_tokens > 0
+        # new tool results arrive in the 2nd and 3rd call of a unit, never in its first
+        assert run.outcome.usage[0].tool_result_chars == 0
+        assert all(c.tool_result_chars > 0 for c in run.outcome.usage[1:])
+    assert all(run.compactions == 0 for run in runs)
+
+
+async def test_ab2_compaction_fires_at_the_threshold_and_the_summary_replaces_history(
+    sample_file: NovelFile,
+) -> None:
+    """Past the threshold one compaction call (flagged, input = the whole earlier history)
+    replaces the history with a summary; the current unit continues verbatim; never earlier."""
+    threshold = 6_000
+    book, runs = await write_inline(sample_file, OfflineProvider(), compact_tokens=threshold)
+    assert len(book.snapshot.commits) == len(sample_file.outline.scenes)
+    compacted = [i for i, run in enumerate(runs) if run.compactions]
+    assert compacted, "the history never passed the threshold"
+    calls = [c for run in runs for c in run.outcome.usage]
+    flags = [bool(getattr(c, "compaction", False)) for c in calls]
+    first = flags.index(True)
+    # nothing before the first compaction was over the threshold
+    assert all(c.est_input_tokens <= threshold for c in calls[:first])
+    assert calls[first].est_input_tokens > threshold * 0.5
+    assert calls[first + 1].est_input_tokens < calls[first].est_input_tokens
+    # the summary replaced history: system, summary, then the current unit only
+    after = runs[compacted[0]].history
+    assert after[0]["role"] == "system"
+    assert after[1]["content"].startswith(SUMMARY_HEADER)
+    assert after[2]["content"].startswith(BRIEF_HEADER)
+    assert sum(1 for m in after if str(m.get("content") or "").startswith(BRIEF_HEADER)) == 1
+    # the writer's output counts prose, not summaries
+    for run in runs:
+        assert run.outcome.output_chars == sum(
+            c.output_chars for c in run.outcome.usage if not getattr(c, "compaction", False)
+        )
+    # without compaction the same book peaks higher
+    _, plain = await write_inline(sample_file, OfflineProvider())
+    plain_peak = max(c.est_input_tokens for run in plain for c in run.outcome.usage)
+    assert (
+        max(c.est_input_tokens for c in calls if not getattr(c, "compaction", False)) < plain_peak
+    )
+
+
+def _commit_call(call_id: str, unit_id: str, text: str) -> ChatMessage:
+    args = {"unitId": unit_id, "paragraphs": ["First.", text], "sceneCompletion": {}}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": COMMIT_TOOL, "arguments": json.dumps(args)},
+            }
+        ],
+    }
+
+
+def test_offline_summary_is_deterministic_and_carries_an_earlier_summary_forward() -> None:
+    history: list[ChatMessage] = [
+        {"role": "system", "content": "[[protocol]]\n- x"},
+        _commit_call("c1", "u1", "The ferry left."),
+        {"role": "tool", "tool_call_id": "c1", "content": '{"ok":true}'},
+        _commit_call("c2", "u2", "Refused prose."),
+        {"role": "tool", "tool_call_id": "c2", "content": '{"ok":false,"error":"guard"}'},
+        _commit_call("c3", "u2", "The lamp was lit."),
+        {"role": "tool", "tool_call_id": "c3", "content": '{"ok":true}'},
+    ]
+    summary = offline_summary(history)
+    assert summary == offline_summary(list(history))
+    assert "unitsCommitted: 2" in summary
+    assert "recentUnits: u1, u2" in summary
+    assert summary.endswith("The lamp was lit.")
+    later: list[ChatMessage] = [
+        history[0],
+        {"role": "user", "content": f"{SUMMARY_HEADER}\n{summary}"},
+        _commit_call("c4", "u3", "Morning came."),
+        {"role": "tool", "tool_call_id": "c4", "content": '{"ok":true}'},
+    ]
+    again = offline_summary(later)
+    assert "unitsCommitted: 3" in again and "recentUnits: u1, u2, u3" in again
+    assert "[[unit]]" not in again.split("\n")
+
+
+async def test_offline_provider_answers_a_compaction_request_with_its_summary() -> None:
+    history: list[ChatMessage] = [
+        {"role": "system", "content": "[[protocol]]\n- x"},
+        _commit_call("c1", "u1", "The ferry left."),
+        {"role": "tool", "tool_call_id": "c1", "content": '{"ok":true}'},
+        {"role": "user", "content": f"{COMPACT_MARKER}\nsummarise"},
+    ]
+    reply = await OfflineProvider().complete(history, None, max_output_tokens=100)
+    assert reply.text == offline_summary(history)
+    assert reply.usage is not None and reply.usage.input_tokens
+    assert reply.usage.input_tokens <= estimate_input_tokens(history)
+
+
+async def test_run4_a_failed_compaction_fails_the_dispatch_with_its_reason(
+    sample_file: NovelFile,
+) -> None:
+    book = Book(sample_file)
+    pack = book.next_pack()
+    assert pack is not None
+    big: list[ChatMessage] = [
+        {"role": "system", "content": session_preamble(pack)},
+        {"role": "user", "content": "x" * 4_000},
+    ]
+    provider = ScriptedProvider([ProviderError("provider-unavailable", "down")])
+    run = await run_inline_unit(
+        provider,
+        big,
+        pack,
+        allow_list=W2_ALLOW_LIST,
+        read_tool=book.read_tool,
+        commit=book.commit,
+        compact_tokens=500,
+        max_output_tokens=MAX_TOKENS,
+    )
+    assert not run.outcome.ok
+    assert run.outcome.reason == "compaction-failed:provider-unavailable"
+    assert getattr(run.outcome.usage[0], "compaction", False)
+    assert run.history[-1]["content"].startswith(BRIEF_HEADER)  # the attempt stays in history
+    assert len(run.history) == 3
+
+
+async def test_run3_calls_after_the_commit_in_one_reply_are_answered_not_executed(
+    sample_file: NovelFile,
+) -> None:
+    """The history stays valid for a chat server: every tool call id gets a tool message."""
+    book = Book(sample_file)
+    pack = book.next_pack()
+    assert pack is not None
+    body = json.loads(
+        (
+            await OfflineProvider().complete(
+                [{"role": "user", "content": pack}], None, max_output_tokens=1
+            )
+        ).text
+        or "{}"
+    )
+    reply = ModelReply(
+        text=None,
+        tool_calls=[
+            ToolCall(
+                id="a", name=COMMIT_TOOL, arguments=json.dumps({"unitId": book.unit_id, **body})
+            ),
+            ToolCall(id="b", name="novel_status_read", arguments="{}"),
+        ],
+        stop_reason="tool_calls",
+    )
+    run = await run_inline_unit(
+        ScriptedProvider([reply]),
+        [],
+        pack,
+        allow_list=W2_ALLOW_LIST,
+        read_tool=book.read_tool,
+        commit=book.commit,
+        max_output_tokens=MAX_TOKENS,
+    )
+    assert run.outcome.ok
+    answered = [m["tool_call_id"] for m in run.history if m["role"] == "tool"]
+    assert answered == ["a", "b"]
+    assert json.loads(run.history[-1]["content"]) == {"error": "not-executed"}
+    assert [r.tool for r in run.outcome.tool_calls] == [COMMIT_TOOL]
+
+
+def test_ab2_compaction_threshold_is_configurable_and_bad_values_are_named() -> None:
+    assert compact_threshold(None, env={}) == 100_000
+    assert compact_threshold(None, env={ENV_COMPACT_TOKENS: "2500"}) == 2_500
+    assert compact_threshold(7, env={ENV_COMPACT_TOKENS: "2500"}) == 7
+    with pytest.raises(ValueError, match=ENV_COMPACT_TOKENS):
+        compact_threshold(None, env={ENV_COMPACT_TOKENS: "lots"})
+    with pytest.raises(ValueError, match="> 0"):
+        compact_threshold(0)
