@@ -24,9 +24,15 @@ from novel.snapshot import NovelSnapshot
 from writers.inline import compact_threshold, run_inline_unit
 from writers.inline import session_id as inline_session_id
 from writers.provider import ModelProvider, make_provider
-from writers.runner import RunOutcome, run_w1, run_w2
+from writers.runner import ExecutionPolicy, RunOutcome, ToolStart, run_w1, run_w2
+from writers.sessions import PgSessionStore
 from writers.timing import TimedProvider
-from writers.tools import W2_ALLOW_LIST, call_read_tool, check_read_tools_gate
+from writers.tools import W2_ALLOW_LIST, ToolGateError, call_read_tool, check_read_tools_gate
+
+
+def manifest_location(run_id: str) -> str:
+    """Where a run's dependency manifest is stored (RUN-6): its `writer_runs` row."""
+    return f"postgres:writer_runs[run_id={run_id}].manifest"
 
 
 @dataclass
@@ -42,6 +48,7 @@ class WriterRunner:
     def __init__(self, ctx: ActorContext, provider: ModelProvider | None = None,
                  inline_compact_tokens: int | None = None) -> None:
         self.ctx = ctx
+        self._owns_provider = provider is None
         self.state = WriterRunnerState(provider=provider or make_provider(ctx.settings.model))
         # AB-2: the inline session compacts past this many estimated tokens (env or 100k).
         self.inline_compact_tokens = compact_threshold(inline_compact_tokens)
@@ -55,6 +62,9 @@ class WriterRunner:
     async def stop(self) -> None:
         for svc in self.services:
             await svc.stop()
+        close = getattr(self.state.provider, "aclose", None)
+        if self._owns_provider and close is not None:  # e.g. the openai client's connections
+            await close()
 
     async def on_run(self, req: m.RunWriter) -> m.WriterFinished:
         provider = TimedProvider(self.state.provider)  # model time, for benchmarks to subtract
@@ -65,19 +75,31 @@ class WriterRunner:
                                                 dispatch=req.dispatch, provider=provider.label))
         self.state.runs += 1
         self.state.active.add(req.run_id)
+        started: set[int] = set()  # tool calls whose tool.started event went out as they began
         try:
             if req.shape == "W1":
                 outcome = await run_w1(provider, req.pack_text, max_output_tokens=novel_output_tokens(novel))
             else:
-                check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
-                outcome = await self._run_w2(req, provider, novel_output_tokens(novel),
-                                             inline=req.shape == "inline")
+                try:  # TOOL-4: fail closed before any model call, recorded with its reason
+                    check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
+                except ToolGateError as e:
+                    outcome = RunOutcome(ok=False, reason=e.code, detail="read tools are not enabled")
+                else:
+                    outcome = await self._run_w2(req, provider, novel_output_tokens(novel),
+                                                 inline=req.shape == "inline", started=started)
         finally:
             self.state.active.discard(req.run_id)
-        return await self._finish(req, provider, outcome)
+        return await self._finish(req, provider, outcome, started)
+
+    async def _tool_started(self, req: m.RunWriter, seq: int, tool: str, args: str, refused: bool) -> None:
+        # RUN-6: recorded with truncated arguments, prose replaced by counts.
+        await self.ctx.emit(ev.ToolStarted(novel_id=req.novel_id, run_id=req.run_id, seq=seq, tool=tool,
+                                           args=args, refused=refused))
+        if refused:  # RUN-3 / REL-5: outside the allow-list; the runner does not run it
+            await self.ctx.emit(ev.ToolRefused(novel_id=req.novel_id, run_id=req.run_id, tool=tool))
 
     async def _run_w2(self, req: m.RunWriter, provider: ModelProvider, max_tokens: int,
-                      inline: bool = False) -> RunOutcome:
+                      inline: bool = False, started: set[int] | None = None) -> RunOutcome:
         snapshot: NovelSnapshot | None = None
         lock = asyncio.Lock()
 
@@ -117,25 +139,35 @@ class WriterRunner:
                                          max_output_tokens=max_tokens)
             await store.save_session(self.ctx.pool, sid, req.novel_id, None, turn.history)
             return turn.outcome
+        async def tool_started(start: ToolStart) -> None:  # RUN-6: as each call begins
+            await self._tool_started(req, start.seq, start.tool, start.args_truncated, start.refused)
+            if started is not None:
+                started.add(start.seq)
+
+        policy, chapter_id = None, None
+        if req.session_id is not None:  # RUN-5: continue this session when revising the same chapter
+            policy = ExecutionPolicy(session_id=req.session_id,
+                                     session_store=PgSessionStore(self.ctx.pool, req.novel_id))
+            chapter_id = (await store.get_unit(self.ctx.pool, req.novel_id, req.unit_id)).chapter_id
         return await run_w2(provider, req.pack_text, allow_list=W2_ALLOW_LIST, read_tool=read_tool,
                             commit=commit, max_tool_rounds=self.ctx.settings.max_tool_rounds,
-                            max_output_tokens=max_tokens)
+                            max_output_tokens=max_tokens, on_tool_started=tool_started, policy=policy,
+                            chapter_id=chapter_id, rewrite=req.rewrite)
 
-    async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome) -> m.WriterFinished:
+    async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome,
+                      started: set[int] | None = None) -> m.WriterFinished:
         reason = outcome.reason or "completed"
         tool_bytes: dict[str, int] = {}
-        manifest = []
         for rec in outcome.tool_calls:
             tool_bytes[rec.tool] = tool_bytes.get(rec.tool, 0) + rec.result_bytes
-            manifest.append({"seq": rec.seq, "tool": rec.tool, "args": rec.args_truncated, "isError": rec.is_error})
-            # RUN-6: every tool call recorded with truncated args (prose replaced by counts).
-            await self.ctx.emit(ev.ToolStarted(novel_id=req.novel_id, run_id=req.run_id, seq=rec.seq, tool=rec.tool,
-                                               args=rec.args_truncated, refused=rec.refused))
-            if rec.refused:
-                await self.ctx.emit(ev.ToolRefused(novel_id=req.novel_id, run_id=req.run_id, tool=rec.tool))
+            if started is None or rec.seq not in started:  # loops without the live hook (inline)
+                await self._tool_started(req, rec.seq, rec.tool, rec.args_truncated, rec.refused)
+        # RUN-6: a successful run stores its dependency manifest [{seq, tool, args, isError}]; a failed
+        # run, or one without tool calls, stores none.
+        manifest = outcome.dependencies if outcome.ok and outcome.tool_calls else None
         await store.finish_writer_run(
             self.ctx.pool, req.run_id, status="ok" if outcome.ok else "failed", reason=reason,
-            output_chars=outcome.output_chars, manifest=(manifest if outcome.ok and manifest else None))
+            output_chars=outcome.output_chars, manifest=manifest)
         await self.ctx.emit(ev.WriterFinished(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
                                               ok=outcome.ok, reason=reason,
                                               output_chars=outcome.output_chars, tool_calls=len(outcome.tool_calls)))
@@ -144,7 +176,10 @@ class WriterRunner:
                                 provider=provider.label, output_chars=outcome.output_chars,
                                 tool_calls=len(outcome.tool_calls), tool_bytes=tool_bytes, calls=calls,
                                 draft=outcome.draft if req.shape == "W1" else None,
-                                model_ms=getattr(provider, "elapsed_ms", 0.0))
+                                model_ms=getattr(provider, "elapsed_ms", 0.0),
+                                dependencies=len(manifest or ()),
+                                dependencies_at=manifest_location(req.run_id) if manifest else None,
+                                session_continued=outcome.session_continued)
 
 
 def novel_output_tokens(novel: Any) -> int:
