@@ -1,4 +1,8 @@
-"""Pack renderer commands (PACK-1..5)."""
+"""Pack renderer commands (PACK-1..5, CTX-1..9).
+
+The reply's hashes are for the orchestrator and the commit receipt (CTX-9); the writer only
+ever gets `text`.
+"""
 
 from typing import Literal
 
@@ -13,6 +17,9 @@ class RenderPack(Message, tag="packs.render", frozen=True):
     unit_id: str
     shape: PackShape
     profile: ContinuityProfile = "bounded"
+    # The last commit seq the context may see; None = the latest commit (or, for a committed
+    # unit, the one before its own commit). A later value than the latest commit is refused.
+    as_of_seq: int | None = None
 
 
 class PackRendered(Message, tag="packs.rendered", frozen=True):
@@ -25,6 +32,9 @@ class PackRendered(Message, tag="packs.rendered", frozen=True):
     est_tokens: int
     blocks: list[str]
     context_sha256: str | None = None
+    manifest_sha256: str | None = None  # the persisted freeze (CTX-6)
+    profile: ContinuityProfile = "bounded"
+    as_of_seq: int | None = None
 
 
 PacksRequest = RenderPack

@@ -1,4 +1,8 @@
-"""Writer pack rendering (SPEC §7, PACK-1..5): a pure function of a store snapshot.
+"""Writer pack (SPEC §7, PACK-1..5): the writer's projection (CTX-8) of a frozen context.
+
+``render_writer_pack(frozen, shape)`` renders the pack from a ``novel.context.FrozenContext``;
+``render_pack(snapshot, unit_id, shape)`` is the pure shortcut that assembles the context from
+an in-memory snapshot first (same snapshot, same bytes, same hashes — PACK-1).
 
 Text format (other code parses it, see ``parse_pack``)::
 
@@ -12,34 +16,64 @@ Text format (other code parses it, see ``parse_pack``)::
 
 Each block starts with a header line ``[[name]]`` and holds ``key: value`` lines, or ``- ``
 bullet lines for lists (a character bullet carries indented ``  key: value`` lines); blocks are
-separated by one blank line and the text ends with a newline. The ``prose-tail`` block is the
-exception: its body is raw prose, paragraphs separated by blank lines, so split blocks on the
-header lines, not on blank lines. Values are single-line (whitespace collapsed); truncated
-values end with ``…``; empty fields and empty blocks are omitted.
+separated by one blank line and the text ends with a newline. The prose blocks
+(``earlier-chapters``, ``prose-tail``) are the exception: their body is raw prose, paragraphs
+separated by blank lines, so split blocks on the header lines, not on blank lines. Values are
+single-line (whitespace collapsed); truncated values end with ``…``; empty fields and empty
+blocks are omitted.
 
 Block order: ``protocol, story, characters, chapter`` (the stable prefix, PACK-2/3) then
 ``scene, lore, canon, prose-tail, foreshadowing, unit``. The prefix is everything before
-``[[scene]]``, including the blank separator line, so ``text == prefix + rest``.
+``[[scene]]``, including the blank separator line, so ``text == prefix + rest``. The ``wide``
+continuity profile adds ``earlier-chapters`` (the four preceding chapters in full; it changes
+only at a chapter boundary, so it closes the stable prefix) and ``recalled-prose`` (paragraphs
+recalled through canon pointers, in the tail before ``prose-tail``).
 
 The writer sees creative fields only (CTX-8): never run, claim or delegation ids, tokens,
-hashes, outline revisions, last errors, pause reasons or verdicts.
+hashes, manifests, outline revisions, attempts, last errors, pause reasons or verdicts.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
 
-from novel.body import CanonChange
-from novel.length import narrative_stage, remaining_book_characters, unit_target_range
-from novel.next_work import foreshadowing_status, live_commits, remaining_scenes, scene_commits
-from novel.outline import Chapter, Character, Outline, Scene
-from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from novel.text import estimate_tokens, keywords, one_line, tail, truncate
+from novel.context import (
+    HEADER_RE,
+    MAX_CANON_FACTS,
+    MAX_CHARACTERS,
+    MAX_FORESHADOWING,
+    MAX_LORE_ENTRIES,
+    PROSE_TAIL_LIMIT,
+    CanonCard,
+    ContextInputError,
+    FrozenContext,
+    WriterPackError,
+    freeze_from_snapshot,
+)
+from novel.outline import Chapter, Character, Scene, Story
+from novel.snapshot import NovelSnapshot
+from novel.text import estimate_tokens, one_line, truncate
+
+__all__ = [
+    "BLOCK_ORDER",
+    "MAX_CANON_FACTS",
+    "MAX_CHARACTERS",
+    "MAX_FORESHADOWING",
+    "MAX_LORE_ENTRIES",
+    "PREFIX_BLOCKS",
+    "PROSE_TAIL_LIMIT",
+    "TRIMMED_BLOCKS",
+    "WriterPack",
+    "WriterPackError",
+    "block_fields",
+    "parse_pack",
+    "render_pack",
+    "render_writer_pack",
+]
 
 PackShape = Literal["full", "trimmed"]
 
@@ -48,29 +82,37 @@ BLOCK_ORDER: tuple[str, ...] = (
     "story",
     "characters",
     "chapter",
+    "earlier-chapters",
     "scene",
     "lore",
     "canon",
+    "recalled-prose",
     "prose-tail",
     "foreshadowing",
     "unit",
 )
-PREFIX_BLOCKS: tuple[str, ...] = ("protocol", "story", "characters", "chapter")
-TRIMMED_BLOCKS: tuple[str, ...] = ("protocol", "story", "chapter", "scene", "prose-tail", "unit")
+PREFIX_BLOCKS: tuple[str, ...] = ("protocol", "story", "characters", "chapter", "earlier-chapters")
+TRIMMED_BLOCKS: tuple[str, ...] = (
+    "protocol",
+    "story",
+    "chapter",
+    "earlier-chapters",
+    "scene",
+    "recalled-prose",
+    "prose-tail",
+    "unit",
+)
+PROSE_BLOCKS: tuple[str, ...] = ("earlier-chapters", "prose-tail")
 
-# §7 limits, in code points.
+# §7 limits, in code points (the counts live in novel.context, which selects the cards).
 STORY_FIELD_LIMIT = 400
 CHAPTER_FIELD_LIMIT = 300
 SCENE_FIELD_LIMIT = 300
 CHARACTER_LIMIT = 2_000
-MAX_CHARACTERS = 6
 LORE_ENTRY_LIMIT = 1_200
-MAX_LORE_ENTRIES = 5
-MAX_CANON_FACTS = 12
 CANON_FACT_LIMIT = 400
-PROSE_TAIL_LIMIT = 1_600
-MAX_FORESHADOWING = 12
 FORESHADOWING_LIMIT = 400
+CHAPTER_SEPARATOR = "* * *"  # between chapters inside [[earlier-chapters]]
 
 # Per-field limits inside one character entry; with the header they stay under CHARACTER_LIMIT.
 _CHARACTER_NAME_LIMIT = 80
@@ -82,13 +124,7 @@ _CHARACTER_FIELDS: tuple[tuple[str, str, int], ...] = (
     ("arc", "arc", 250),
 )
 _RELATIONS_LIMIT = 250
-
-_CANON_KINDS = frozenset({"character-state", "relation"})
-_HEADER_RE = re.compile(r"^\[\[([a-z-]+)\]\]$")
 _SENTENCE_END = frozenset(".!?…。！？")
-# A lore entry matched only by content needs this many shared keywords (one shared word such as
-# "night" is noise; a key hit alone is enough).
-_LORE_CONTENT_MIN_HITS = 2
 
 FORESHADOWING_RULE = (
     "When the scene pays off an item named in foreshadowingDue, show it in the prose and add a "
@@ -138,26 +174,6 @@ PROTOCOL_W2: tuple[str, ...] = (
 )
 
 
-class WriterPackError(Exception):
-    """PACK-4: the pack cannot be rendered completely; no writer may start on it."""
-
-    code = "pack-error"
-
-    def __init__(
-        self, novel_id: str, unit_id: str, missing_blocks: list[str], reason: str = ""
-    ) -> None:
-        self.novel_id = novel_id
-        self.unit_id = unit_id
-        self.missing_blocks = missing_blocks
-        self.reason = reason
-        # The message ends with "missing: a, b" so a bus error reply can carry the block names.
-        why = f" ({reason})" if reason else ""
-        super().__init__(
-            f"writer pack for unit {unit_id} of novel {novel_id} is broken{why}; "
-            f"missing: {', '.join(missing_blocks)}"
-        )
-
-
 class WriterPack(msgspec.Struct, frozen=True):
     text: str
     prefix: str  # the stable prefix: text.startswith(prefix) (PACK-2/3)
@@ -167,6 +183,11 @@ class WriterPack(msgspec.Struct, frozen=True):
     chars: int  # code points of text
     est_tokens: int  # novel.text.estimate_tokens(text)
     blocks: list[str]  # names of the blocks present, in order
+    # The frozen context this pack projects (for the receipt, never shown to the writer).
+    context_sha256: str = ""
+    manifest_sha256: str = ""
+    profile: str = "bounded"
+    as_of: int = 0
 
 
 # --- small renderers ---------------------------------------------------------------------
@@ -204,19 +225,23 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _person(outline: Outline, character_id: str) -> str:
-    try:
-        name = outline.character(character_id).name
-    except KeyError:
-        return character_id
-    return f"{truncate(one_line(name), _CHARACTER_NAME_LIMIT)} ({character_id})"
+class _Names:
+    """characterId → "Name (id)" from the context's identity index."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+
+    def __call__(self, character_id: str) -> str:
+        name = self.names.get(character_id)
+        if name is None:
+            return character_id
+        return f"{truncate(one_line(name), _CHARACTER_NAME_LIMIT)} ({character_id})"
 
 
 # --- blocks ------------------------------------------------------------------------------
 
 
-def _story_lines(title: str, outline: Outline) -> list[str]:
-    s = outline.story
+def _story_lines(title: str, s: Story) -> list[str]:
     return _fields(
         [
             ("title", title, STORY_FIELD_LIMIT),
@@ -230,34 +255,16 @@ def _story_lines(title: str, outline: Outline) -> list[str]:
     )
 
 
-def pack_characters(outline: Outline) -> list[Character]:
-    """PACK-3: the union of participants over ALL scenes, in declaration order, capped at 6.
-
-    Depends on the outline only, so the characters block is stable for the whole revision.
-    """
-    participants = {p for scene in outline.scenes for p in scene.participants}
-    return [c for c in outline.characters if c.characterId in participants][:MAX_CHARACTERS]
-
-
-def _character_entry(outline: Outline, character: Character) -> list[str]:
-    lines = [f"- {_person(outline, character.characterId)}"]
+def _character_entry(person: _Names, character: Character) -> list[str]:
+    lines = [f"- {person(character.characterId)}"]
     for key, attr, limit in _CHARACTER_FIELDS:
         line = _field(key, getattr(character, attr), limit)
         if line is not None:
             lines.append("  " + line)
-    relations = _joined(
-        f"{_person(outline, r.characterId)}: {r.description}" for r in character.relations
-    )
+    relations = _joined(f"{person(r.characterId)}: {r.description}" for r in character.relations)
     line = _field("relations", relations, _RELATIONS_LIMIT)
     if line is not None:
         lines.append("  " + line)
-    return lines
-
-
-def _characters_lines(outline: Outline) -> list[str]:
-    lines: list[str] = []
-    for character in pack_characters(outline):
-        lines.extend(_character_entry(outline, character))
     return lines
 
 
@@ -275,39 +282,10 @@ def _chapter_lines(chapter: Chapter) -> list[str]:
     )
 
 
-def continuation_context(
-    snapshot: NovelSnapshot, unit: UnitView, scene: Scene
-) -> tuple[str | None, list[str]]:
-    """(continuationAnchor, outstandingGoals) for a unit.
-
-    A continuation (fragment > 1) takes the unit's anchor, else the previous commit's
-    nextAnchor; a scene's first unit takes the scene's own anchor.
-    """
-    if unit.fragment <= 1:
-        return scene.continuationAnchor, []
-    commits = scene_commits(snapshot, unit.chapter_id, unit.scene_id)
-    previous = commits[-1].scene_completion if commits else None
-    anchor = unit.continuation_anchor
-    if anchor is None and previous is not None:
-        anchor = previous.next_anchor
-    goals = list(previous.outstanding_goals) if previous is not None else []
-    return anchor, goals
-
-
-def _due_foreshadowing(outline: Outline, scene: Scene, status: dict[str, str]) -> str:
-    """Unresolved items whose payoff falls in this scene's chapter: part of the scene's task."""
-    due = [
-        f"{item.id}: {one_line(item.description)}"
-        for item in outline.foreshadowing
-        if item.payoffAt == scene.chapterId and status.get(item.id) != "resolved"
-    ]
-    return "; ".join(due)
-
-
 def _scene_lines(
-    outline: Outline, scene: Scene, anchor: str | None, goals: list[str], due: str = ""
+    person: _Names, scene: Scene, anchor: str | None, goals: list[str], due: str
 ) -> list[str]:
-    participants = ", ".join(_person(outline, p) for p in scene.participants)
+    participants = ", ".join(person(p) for p in scene.participants)
     return _fields(
         [
             ("sceneId", scene.sceneId, SCENE_FIELD_LIMIT),
@@ -325,174 +303,87 @@ def _scene_lines(
     )
 
 
-def scene_keywords(outline: Outline, scene: Scene) -> tuple[str, set[str]]:
-    """The scene's match text (lowercased) and keywords: participants' names, goal, timeLocation."""
-    names = []
-    for p in scene.participants:
-        try:
-            names.append(outline.character(p).name)
-        except KeyError:
-            continue
-    text = " ".join([*names, scene.goal, scene.timeLocation]).lower()
-    return text, set(keywords(text))
-
-
-def select_lore(outline: Outline, scene: Scene) -> list[int]:
-    """Indexes of the lore entries for a scene (§7: ≤ 5, matched by keys or content).
-
-    Key hits rank first, then content keyword overlap, then declaration order; disabled
-    entries are skipped. The result is in declaration order (stable).
-    """
-    text, scene_kw = scene_keywords(outline, scene)
-    ranked: list[tuple[int, int, int]] = []
-    for index, entry in enumerate(outline.lore):
-        if entry.disabled:
-            continue
-        key_hits = 0
-        for key in entry.keys:
-            flat = one_line(key).lower()
-            if flat and (flat in text or scene_kw.intersection(keywords(flat))):
-                key_hits += 1
-        content_hits = len(scene_kw.intersection(keywords(entry.content)))
-        if key_hits or content_hits >= _LORE_CONTENT_MIN_HITS:
-            ranked.append((-key_hits, -content_hits, index))
-    return sorted(index for _, _, index in sorted(ranked)[:MAX_LORE_ENTRIES])
-
-
-def _lore_lines(outline: Outline, scene: Scene) -> list[str]:
-    lines: list[str] = []
-    for index in select_lore(outline, scene):
-        entry = outline.lore[index]
-        body = one_line(f"{entry.entryId}: {entry.content}")
-        lines.append("- " + truncate(body, LORE_ENTRY_LIMIT))
-    return lines
-
-
-def select_canon(
-    snapshot: NovelSnapshot, participants: Iterable[str]
-) -> list[tuple[CommitView, CanonChange]]:
-    """§7 canon: the last 12 character-state/relation facts about participants, oldest first."""
-    wanted = set(participants)
-    facts = [
-        (commit, change)
-        for commit in live_commits(snapshot)
-        for change in commit.canon_changes
-        if change.kind in _CANON_KINDS and wanted.intersection(change.character_ids)
-    ]
-    return facts[-MAX_CANON_FACTS:]
-
-
-def _canon_line(outline: Outline, commit: CommitView, change: CanonChange) -> str:
-    who = ", ".join(_person(outline, c) for c in change.character_ids)
+def _canon_line(person: _Names, card: CanonCard) -> str:
+    change = card.change
+    who = ", ".join(person(c) for c in change.character_ids)
     text = one_line(change.summary)
     detail = one_line(change.detail or "")
     if detail:
         text = f"{text} — {detail}" if text else detail
-    return "- " + truncate(f"{commit.commit_id} {change.kind} [{who}]: {text}", CANON_FACT_LIMIT)
-
-
-def chapter_prose_tail(snapshot: NovelSnapshot, chapter_id: str) -> tuple[int, str]:
-    """(number of the chapter's commits, raw tail of its committed prose ≤ 1,600)."""
-    commits = [c for c in live_commits(snapshot) if c.chapter_id == chapter_id]
-    text = "\n\n".join(p for c in commits for p in c.paragraphs)
-    # A prose line that looks like a block header is indented so it cannot end the block.
-    text = "\n".join(
-        (" " + line) if _HEADER_RE.match(line.strip()) else line for line in text.split("\n")
+    hint = "" if card.verified else " (unverified hint)"
+    return "- " + truncate(
+        f"{card.commit_id} {change.kind} [{who}]{hint}: {text}", CANON_FACT_LIMIT
     )
-    cut = tail(text, PROSE_TAIL_LIMIT)
-    if cut != text:  # truncated: drop a dangling paragraph break after the marker
-        cut = cut[0] + cut[1:].lstrip()
-    return len(commits), cut
 
 
-def _foreshadowing_lines(outline: Outline, chapter: Chapter, status: dict[str, str]) -> list[str]:
-    orders = {c.chapterId: c.order for c in outline.chapters}
-    lines: list[str] = []
-    for item in outline.foreshadowing:
-        if status.get(item.id, item.status) == "resolved":
-            continue
-        planted_by_now = item.plantAt is not None and orders[item.plantAt] <= chapter.order
-        if not (item.required or planted_by_now):
-            continue
-        tags: list[str] = [status.get(item.id, item.status)]
-        if item.required:
-            tags.append("required")
-        if item.plantAt is not None:
-            tags.append(f"plantAt {item.plantAt}")
-        if item.payoffAt is not None:
-            tags.append(f"payoffAt {item.payoffAt}")
-        body = f"{item.id} ({', '.join(tags)}): {one_line(item.description)}"
-        lines.append("- " + truncate(body, FORESHADOWING_LIMIT))
-        if len(lines) == MAX_FORESHADOWING:
-            break
-    return lines
+def _foreshadowing_line(
+    item_id: str,
+    status: str,
+    required: bool,
+    plant: str | None,
+    payoff: str | None,
+    description: str,
+) -> str:
+    tags: list[str] = [status]
+    if required:
+        tags.append("required")
+    if plant is not None:
+        tags.append(f"plantAt {plant}")
+    if payoff is not None:
+        tags.append(f"payoffAt {payoff}")
+    body = f"{item_id} ({', '.join(tags)}): {one_line(description)}"
+    return "- " + truncate(body, FORESHADOWING_LIMIT)
 
 
-def _unit_lines(snapshot: NovelSnapshot, unit: UnitView) -> list[str]:
-    budget = snapshot.config.length
-    commits = live_commits(snapshot)
-    committed = sum(c.effective_characters for c in commits)
-    target = unit_target_range(budget, committed, remaining_scenes(snapshot))
-    stage = narrative_stage(budget, committed, has_commits=bool(commits))
-    remaining = remaining_book_characters(budget, committed)
+def _unit_lines(frozen: FrozenContext) -> list[str]:
+    l0 = frozen.context.l0
+    length = l0.length
     lines = [
-        f"unitId: {unit.unit_id}",
-        f"fragment: {unit.fragment}",
-        f"targetMin: {target.min}",
-        f"targetMax: {target.max}",
-        f"stage: {stage}",
+        f"unitId: {l0.unit_id}",
+        f"fragment: {l0.fragment}",
+        f"targetMin: {length.target_min}",
+        f"targetMax: {length.target_max}",
+        f"stage: {length.stage}",
     ]
-    if remaining is not None:
-        lines.append(f"remainingCharacters: {remaining}")
+    if length.remaining is not None:
+        lines.append(f"remainingCharacters: {length.remaining}")
     return lines
 
 
-# --- the renderer ------------------------------------------------------------------------
+# --- the projection ------------------------------------------------------------------------
 
 
-def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> WriterPack:
-    """Render the writer pack for one unit (PACK-1..5); raise WriterPackError on a broken pack.
+def render_writer_pack(frozen: FrozenContext, shape: PackShape) -> WriterPack:
+    """The writer's projection of a frozen context (CTX-8, PACK-1..5).
 
-    Fail loud (PACK-4): no outline revision; unknown/superseded unit or a unit whose chapter or
-    scene is not in the outline; the current chapter has commits but the prose tail is empty;
-    (full shape only) a scene participant covered by neither the characters nor the canon
-    block. The trimmed shape has no characters or canon block by design (PACK-5): the W2 writer
-    reads characters and facts with its tools, so the coverage check does not apply to it.
+    Fail loud (PACK-4, together with the assembler's no-outline / unknown-unit cases): the
+    current chapter has commits but the prose tail is empty; (full shape only) a scene
+    participant covered by neither the characters nor the canon block. The trimmed shape has no
+    characters or canon block by design (PACK-5): the W2 writer reads characters and facts with
+    its tools, so the coverage check does not apply to it.
     """
-
-    def fail(missing: list[str], reason: str) -> WriterPackError:
-        return WriterPackError(snapshot.novel_id, unit_id, missing, reason)
-
-    outline = snapshot.outline
-    if outline is None or snapshot.outline_revision is None:
-        raise fail(["outline"], "the novel has no outline revision")
-    unit = next((u for u in snapshot.units if u.unit_id == unit_id), None)
-    if unit is None or unit.state == "superseded":
-        raise fail(["unit"], "unit not found or superseded")
-    try:
-        chapter = outline.chapter(unit.chapter_id)
-    except KeyError:
-        raise fail(["chapter"], f"chapter {unit.chapter_id} is not in the outline") from None
-    scene = next(
-        (s for s in outline.scenes_of(chapter.chapterId) if s.sceneId == unit.scene_id), None
-    )
-    if scene is None:
-        raise fail(["scene"], f"scene {unit.scene_id} is not in chapter {chapter.chapterId}")
-
+    ctx = frozen.context
+    request = ctx.request
+    if request.scenario != "generation":
+        raise ContextInputError(
+            f"the writer projection serves scenario 'generation', not {request.scenario!r}"
+        )
+    if shape not in ("full", "trimmed"):
+        raise ContextInputError(f"unknown pack shape {shape!r} (one of: full, trimmed)")
+    l0, l1, l2 = ctx.l0, ctx.l1, ctx.l2
     full = shape == "full"
-    anchor, goals = continuation_context(snapshot, unit, scene)
-    chapter_commits, prose = chapter_prose_tail(snapshot, chapter.chapterId)
-    canon = select_canon(snapshot, scene.participants) if full else []
+    person = _Names(l2.names)
 
     missing: list[str] = []
     reasons: list[str] = []
-    if chapter_commits and not prose.strip("… \n"):
+    current = l1.current
+    if current.commits and not current.text.strip("… \n"):
         missing.append("prose-tail")
-        reasons.append(f"chapter {chapter.chapterId} has {chapter_commits} commits but no prose")
+        reasons.append(f"chapter {current.chapter_id} has {current.commits} commits but no prose")
     if full:
-        covered = {c.characterId for c in pack_characters(outline)}
-        covered.update(cid for _, change in canon for cid in change.character_ids)
-        uncovered = [p for p in scene.participants if p not in covered]
+        covered = {c.characterId for c in l2.characters}
+        covered.update(cid for card in l2.canon for cid in card.change.character_ids)
+        uncovered = [p for p in l0.scene.participants if p not in covered]
         if uncovered:
             missing.extend(["characters", "canon"])
             reasons.append(
@@ -500,22 +391,41 @@ def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> Writ
                 + ", ".join(uncovered)
             )
     if missing:
-        raise fail(missing, "; ".join(reasons))
+        raise WriterPackError(request.novel_id, request.unit_id, missing, "; ".join(reasons))
 
-    fstatus = foreshadowing_status(snapshot)
+    due = "; ".join(f"{item.id}: {one_line(item.description)}" for item in l0.foreshadowing_due)
+    earlier = f"\n\n{CHAPTER_SEPARATOR}\n\n".join(e.text for e in l1.earlier if e.text)
     content: dict[str, list[str]] = {
         "protocol": list("- " + line for line in (PROTOCOL_W1 if full else PROTOCOL_W2)),
-        "story": _story_lines(snapshot.title, outline),
-        "chapter": _chapter_lines(chapter),
-        "scene": _scene_lines(outline, scene, anchor, goals, _due_foreshadowing(outline, scene, fstatus)),
-        "prose-tail": prose.split("\n") if prose else [],
-        "unit": _unit_lines(snapshot, unit),
+        "story": _story_lines(l0.title, l0.story),
+        "chapter": _chapter_lines(l0.chapter),
+        "earlier-chapters": earlier.split("\n") if earlier else [],
+        "scene": _scene_lines(person, l0.scene, l0.continuation_anchor, l0.outstanding_goals, due),
+        "recalled-prose": ["- " + e.text for e in l1.recall],
+        "prose-tail": current.text.split("\n") if current.text else [],
+        "unit": _unit_lines(frozen),
     }
     if full:
-        content["characters"] = _characters_lines(outline)
-        content["lore"] = _lore_lines(outline, scene)
-        content["canon"] = [_canon_line(outline, commit, change) for commit, change in canon]
-        content["foreshadowing"] = _foreshadowing_lines(outline, chapter, fstatus)
+        characters: list[str] = []
+        for character in l2.characters:
+            characters.extend(_character_entry(person, character))
+        content["characters"] = characters
+        content["lore"] = [
+            "- " + truncate(one_line(f"{e.entryId}: {e.content}"), LORE_ENTRY_LIMIT)
+            for e in l2.lore
+        ]
+        content["canon"] = [_canon_line(person, card) for card in l2.canon]
+        content["foreshadowing"] = [
+            _foreshadowing_line(
+                card.item.id,
+                card.status,
+                card.item.required,
+                card.item.plantAt,
+                card.item.payoffAt,
+                card.item.description,
+            )
+            for card in l2.foreshadowing
+        ]
 
     names = [name for name in BLOCK_ORDER if content.get(name)]
     rendered = {name: _render_block(name, content[name]) for name in names}
@@ -532,7 +442,35 @@ def render_pack(snapshot: NovelSnapshot, unit_id: str, shape: PackShape) -> Writ
         chars=len(text),
         est_tokens=estimate_tokens(text),
         blocks=names,
+        context_sha256=frozen.context_sha256,
+        manifest_sha256=frozen.manifest_sha256,
+        profile=request.profile,
+        as_of=request.as_of,
     )
+
+
+def render_pack(
+    snapshot: NovelSnapshot,
+    unit_id: str,
+    shape: PackShape,
+    *,
+    profile: str = "bounded",
+    as_of: int | None = None,
+) -> WriterPack:
+    """Assemble the unit's context from an in-memory snapshot and project it (pure, PACK-1).
+
+    Scenario ``generation``, purpose ``production``; ``as_of`` defaults to the last commit
+    before the unit's own (novel.context.default_as_of). Raises WriterPackError (PACK-4).
+    """
+    frozen = freeze_from_snapshot(
+        snapshot,
+        unit_id,
+        scenario="generation",
+        purpose="production",
+        profile=profile,
+        as_of=as_of,
+    )
+    return render_writer_pack(frozen, shape)
 
 
 # --- parsing (for the offline writer, tests and tooling) -----------------------------------
@@ -547,7 +485,7 @@ def parse_pack(text: str) -> dict[str, list[str]]:
     blocks: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in text.split("\n"):
-        m = _HEADER_RE.match(line)
+        m = HEADER_RE.match(line)
         if m is not None and m.group(1) in BLOCK_ORDER:
             current = blocks.setdefault(m.group(1), [])
             continue

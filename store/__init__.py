@@ -13,6 +13,8 @@ from store.commits import (
     get_commit_for_unit,
     list_commits,
 )
+from store.context import load_context as load_context
+from store.context import read_context_sources as read_context_sources
 from store.errors import (
     CommitConflict,
     NovelExists,

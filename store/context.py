@@ -1,0 +1,227 @@
+"""Trusted context read-back (CTX-2, CTX-4): every source by pointer, in ONE transaction.
+
+``read_context_sources`` opens one ``REPEATABLE READ READ ONLY`` transaction and, inside it:
+reads the novel, its outline revision and units; resolves ``asOf``; fixes the retrieval plan
+from the outline (pure ``novel.context.plan_retrieval``) before any source is read; reads the
+commit index and canon facts at or before ``asOf``; reads prose only for the commits the plan
+points at (``novel.context.resolve_pointers``); and proves every source is at or before
+``asOf`` — fail closed (``ContextLeakError``). The isolation level and read-only flag are read
+back from the server and recorded, so the proof does not rest on trust in the driver code.
+
+``load_context`` = read + the pure ``novel.context.assemble_context``. Persisting the freeze is
+the caller's job (CTX-6: ``store.save_context_freeze``); nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from novel.body import CanonChange, SceneCompletion
+from novel.context import (
+    ContextSources,
+    FrozenContext,
+    ProfileBudget,
+    Readback,
+    assemble_context,
+    check_as_of,
+    find_unit,
+    plan_retrieval,
+    prove_sources,
+    resolve_pointers,
+    validate_request,
+)
+from novel.outline import NovelConfig
+from novel.snapshot import CommitView, NovelSnapshot, UnitView
+from store._db import Db, transaction
+from store.errors import NovelNotFound
+from store.novels import fetch_outline
+
+# A test seam: awaited inside the transaction after the plan is fixed and before the sources
+# are read, so a test can change the database concurrently and show the read does not see it.
+Hook = Callable[[], Awaitable[None]]
+
+
+async def read_context_sources(
+    pool: Db,
+    *,
+    novel_id: str,
+    unit_id: str,
+    scenario: str,
+    purpose: str,
+    profile: str,
+    as_of: int | None = None,
+    budget: ProfileBudget | None = None,
+    _before_sources: Hook | None = None,
+) -> ContextSources:
+    """Read a unit's context sources by pointer in one REPEATABLE READ READ ONLY transaction.
+
+    ``as_of`` None: the seq just before the unit's own commit when it has one (the context its
+    writer saw), else the latest commit. Raises ContextInputError (bad input, CTX-1),
+    NovelNotFound, WriterPackError (no outline, unknown unit/chapter/scene — PACK-4) and
+    ContextLeakError (CTX-4).
+    """
+    # Reject unknown scenario/purpose/profile before touching the database (CTX-1).
+    validate_request(
+        novel_id=novel_id,
+        unit_id=unit_id,
+        as_of=0 if as_of is None else as_of,
+        scenario=scenario,
+        purpose=purpose,
+        profile=profile,
+    )
+    async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
+        setting = await conn.fetchrow(
+            "SELECT current_setting('transaction_isolation') AS isolation,"
+            " current_setting('transaction_read_only') AS read_only"
+        )
+        readback = Readback(isolation=setting["isolation"], read_only=setting["read_only"] == "on")
+        novel = await conn.fetchrow(
+            "SELECT title, status, pause_reason, config, outline_revision FROM novels"
+            " WHERE novel_id = $1",
+            novel_id,
+        )
+        if novel is None:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
+        units = [
+            UnitView(**dict(u))
+            for u in await conn.fetch(
+                "SELECT unit_id, chapter_id, scene_id, fragment, state, attempt,"
+                " continuation_anchor, last_error FROM units WHERE novel_id = $1"
+                " ORDER BY created_seq",
+                novel_id,
+            )
+        ]
+        latest = int(
+            await conn.fetchval(
+                "SELECT COALESCE(MAX(seq), 0) FROM commits WHERE novel_id = $1", novel_id
+            )
+        )
+        own = await conn.fetchval(
+            "SELECT seq FROM commits WHERE novel_id = $1 AND unit_id = $2", novel_id, unit_id
+        )
+        if as_of is None:
+            as_of = own - 1 if own is not None else latest
+        request = validate_request(
+            novel_id=novel_id,
+            unit_id=unit_id,
+            as_of=as_of,
+            scenario=scenario,
+            purpose=purpose,
+            profile=profile,
+        )
+        check_as_of(request, latest, own)
+        # CTX-2: the plan is fixed from the outline before any source is read.
+        plan = plan_retrieval(
+            request,
+            outline,
+            novel["outline_revision"],
+            find_unit(units, unit_id),
+            budget=budget,
+        )
+        if _before_sources is not None:
+            await _before_sources()
+
+        rows = await conn.fetch(
+            "SELECT seq, commit_id, unit_id, chapter_id, scene_id,"
+            " body -> 'sceneCompletion' AS scene_completion,"
+            " jsonb_array_length(body -> 'paragraphs') AS paragraphs,"
+            " effective_chars, body_hash"
+            " FROM commits WHERE novel_id = $1 AND seq <= $2 ORDER BY seq",
+            novel_id,
+            request.as_of,
+        )
+        facts = await conn.fetch(
+            "SELECT f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids,"
+            " f.foreshadowing_id, f.foreshadowing_status"
+            " FROM canon_facts f JOIN commits c"
+            "  ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
+            " WHERE f.novel_id = $1 AND c.seq <= $2 ORDER BY c.seq, f.idx",
+            novel_id,
+            request.as_of,
+        )
+        canon: dict[str, list[CanonChange]] = {}
+        for f in facts:
+            canon.setdefault(f["commit_id"], []).append(
+                CanonChange(
+                    kind=f["kind"],
+                    summary=f["summary"],
+                    sources=list(f["sources"]),
+                    detail=f["detail"],
+                    character_ids=list(f["character_ids"]),
+                    foreshadowing_id=f["foreshadowing_id"],
+                    foreshadowing_status=f["foreshadowing_status"] or "resolved",
+                )
+            )
+        commits = [
+            CommitView(
+                commit_id=r["commit_id"],
+                seq=r["seq"],
+                unit_id=r["unit_id"],
+                chapter_id=r["chapter_id"],
+                scene_id=r["scene_id"],
+                paragraphs=[],  # prose is read by pointer below, never in bulk
+                scene_completion=msgspec.convert(r["scene_completion"], SceneCompletion),
+                canon_changes=canon.get(r["commit_id"], []),
+                effective_characters=r["effective_chars"],
+                body_hash=r["body_hash"],
+            )
+            for r in rows
+        ]
+        index = NovelSnapshot(
+            novel_id=novel_id,
+            title=novel["title"],
+            status=novel["status"],
+            pause_reason=novel["pause_reason"],
+            config=NovelConfig.model_validate(novel["config"]),
+            outline=outline,
+            outline_revision=novel["outline_revision"],
+            units=units,
+            commits=commits,
+            as_of_seq=request.as_of,
+        )
+        pointers = resolve_pointers(plan, index)
+        bodies = await conn.fetch(
+            "SELECT commit_id, body -> 'paragraphs' AS paragraphs FROM commits"
+            " WHERE novel_id = $1 AND commit_id = ANY($2::text[]) AND seq <= $3",
+            novel_id,
+            pointers,
+            request.as_of,
+        )
+    sources = ContextSources(
+        plan=plan,
+        index=index,
+        prose={b["commit_id"]: list(b["paragraphs"]) for b in bodies},
+        paragraph_counts={r["commit_id"]: int(r["paragraphs"]) for r in rows},
+        readback=readback,
+    )
+    prove_sources(sources)  # CTX-4: fail closed before anyone assembles from these sources
+    return sources
+
+
+async def load_context(
+    pool: Db,
+    *,
+    novel_id: str,
+    unit_id: str,
+    scenario: str,
+    purpose: str,
+    profile: str,
+    as_of: int | None = None,
+    budget: ProfileBudget | None = None,
+) -> FrozenContext:
+    """Read the sources (one REPEATABLE READ READ ONLY transaction) and assemble the frozen
+    context (pure). The caller persists the freeze (CTX-6)."""
+    sources = await read_context_sources(
+        pool,
+        novel_id=novel_id,
+        unit_id=unit_id,
+        scenario=scenario,
+        purpose=purpose,
+        profile=profile,
+        as_of=as_of,
+        budget=budget,
+    )
+    return assemble_context(sources)
