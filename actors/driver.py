@@ -46,7 +46,7 @@ from novel.snapshot import NovelSnapshot
 
 log = logging.getLogger("novelbus.driver")
 
-HEARTBEAT_S = 10.0
+HEARTBEAT_S = 5.0  # in-progress acks; well inside the consumer's ack wait
 LEASE_S = 12.0  # a flow's lease on its unit; renewed every LEASE_RENEW_S while the flow runs (REL-1)
 LEASE_RENEW_S = 3.0
 SWEEP_S = 2.0  # how often a driver looks for claims nobody drives any more

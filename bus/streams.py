@@ -16,7 +16,8 @@ from nats.js.errors import BadRequestError
 from messages.subjects import Subjects
 
 WORK_MAX_DELIVER = 5  # bounded redelivery; then the notice goes to the dead-letter subject
-WORK_ACK_WAIT_S = 60.0  # the driver sends in-progress acks while a unit runs
+WORK_ACK_WAIT_S = 20.0  # the driver sends in-progress acks (every 5 s) while a unit runs; a dead
+# driver's notice is redelivered after this
 DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id de-duplication window
 DAY = 86_400.0
 

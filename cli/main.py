@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import msgspec
 import typer
 
+import cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
 import store
 from actors.context import Settings
 from actors.driver import publish_notice
@@ -139,13 +140,16 @@ async def _summary(pool: Any, novel_id: str, wall: float, out_dir: Path, finishe
 def up(
     home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, model: ModelOpt = "offline",
     processes: Annotated[bool, typer.Option("--processes", help="Run each actor in its own OS process")] = False,
+    claims_instances: Annotated[int, typer.Option(
+        "--claims-instances", min=1, max=16, help="With --processes: claim-manager instances (CLM-5)")] = 1,
     namespace: NsOpt = "",
 ) -> None:
     """Run all six actors and keep serving until Ctrl-C or SIGTERM."""
     if processes:
         from cli.supervise import supervise
 
-        run(supervise(home, nats_url, database_url, model=model, namespace=namespace))
+        run(supervise(home, nats_url, database_url, model=model, namespace=namespace,
+                      claims_instances=claims_instances))
         return
 
     async def main() -> None:
@@ -162,18 +166,34 @@ def up(
 def actor(
     name: Annotated[str, typer.Argument(help=f"One of: {', '.join(ACTOR_NAMES)}")],
     home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, model: ModelOpt = "offline",
-    instance: Annotated[str, typer.Option(help="Claim-manager instance id (stable across restarts)")] = "claims-0",
+    instance: Annotated[str | None, typer.Option(
+        help="Instance id of a claims or driver process, stable across restarts (default claims-0 / driver-0)")] = None,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", min=0.1,
+                                                   help="Seconds to wait for a command reply")] = 30.0,
+    writer_timeout: Annotated[float, typer.Option("--writer-timeout", min=0.1,
+                                                  help="Seconds the driver waits for one writer run")] = 900.0,
     namespace: NsOpt = "",
 ) -> None:
     """Run one actor in this process against given (or running) servers."""
     if name not in ACTOR_NAMES:
         fail(f"unknown actor {name!r}", hint=f"choose one of: {', '.join(ACTOR_NAMES)}", code=2)
+    from dataclasses import replace
+
+    from bus.routes import check_instance
+
+    try:
+        instance = check_instance(instance or ("driver-0" if name == "driver" else "claims-0"))
+    except ValueError as e:
+        fail(str(e), code=2)
+    settings = replace(_settings(model, instance if name == "claims" else "claims-0"),
+                       request_timeout_s=request_timeout, writer_timeout_s=writer_timeout)
+    kwargs = {"driver": {"instance": instance}} if name == "driver" else None
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
 
     async def main() -> None:
         async with servers(home, nats_url, database_url, start_embedded=False) as ep:
             async with running(ep.nats_url, ep.database_url, names=(name,), subjects=Subjects(namespace),
-                               settings=_settings(model, instance)):
+                               settings=settings, actor_kwargs=kwargs):
                 print(f"actor {name} ready", flush=True)
                 await asyncio.Event().wait()
 

@@ -1,4 +1,11 @@
-"""`novelbus up --processes`: each actor in its own OS process, restarted when it dies."""
+"""`novelbus up --processes`: each actor in its own OS process, restarted whenever it dies.
+
+Every child is `python -m cli.main actor NAME --nats-url … --database-url …` (ARCH-1, REL-1).
+Claim-manager instances (CLM-5) and the driver get stable `--instance` ids, so a restarted
+process recovers exactly what its previous incarnation held. The supervisor knows when a child
+is ready (it prints `actor NAME ready`), restarts a dead child with a short backoff, and stops
+all children with SIGTERM (SIGKILL after a grace period). The chaos benchmark drives it too.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +14,67 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from actors.runtime import ACTOR_NAMES
 from cli.common import console, servers
+from infra._process import deathsig_preexec
+
+STOP_GRACE_S = 10.0
 
 
 @dataclass
 class ActorProcess:
-    name: str
+    key: str  # "packer", "driver", "claims-0", "claims-1", …
+    name: str  # the actor: claims, packer, writer, verifier, usage, driver
     argv: list[str]
     env: dict[str, str]
-    proc: asyncio.subprocess.Process | None = None
-    restarts: int = 0
     log_path: Path | None = None
+    proc: asyncio.subprocess.Process | None = None
+    starts: int = 0
+    restarts: int = 0
+    ready_at: float | None = None  # monotonic time the current incarnation said it was ready
+    pids: list[int] = field(default_factory=list)
+    _reader: asyncio.Task[None] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and self.ready_at is not None
 
     async def spawn(self) -> None:
-        log = open(self.log_path, "ab") if self.log_path else asyncio.subprocess.DEVNULL  # noqa: SIM115
-        self.proc = await asyncio.create_subprocess_exec(*self.argv, env=self.env, stdout=log, stderr=log,
-                                                         stdin=asyncio.subprocess.DEVNULL)
+        if self._log is None and self.log_path is not None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open across restarts
+        err: IO[bytes] | int = self._log if self._log is not None else asyncio.subprocess.DEVNULL
+        self.ready_at = None
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=err, start_new_session=True,  # own session: a Ctrl-C at the terminal reaches only us
+            preexec_fn=deathsig_preexec(signal.SIGTERM))  # and they never outlive the supervisor
+        self.starts += 1
+        self.pids.append(self.proc.pid)
+        self._reader = asyncio.create_task(self._read(self.proc))
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            if b" ready" in line and proc is self.proc:
+                self.ready_at = time.monotonic()
+            if self._log is not None:
+                self._log.write(line)
+                self._log.flush()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 @dataclass
@@ -38,7 +86,11 @@ class Supervisor:
     log_dir: Path | None = None
     names: tuple[str, ...] = ACTOR_NAMES
     claims_instances: tuple[str, ...] = ("claims-0",)
+    request_timeout_s: float | None = None
+    writer_timeout_s: float | None = None
     children: dict[str, ActorProcess] = field(default_factory=dict)
+    retired: set[str] = field(default_factory=set)  # killed on purpose and not restarted
+    kills: int = 0
     stopping: bool = False
 
     def argv(self, name: str, instance: str | None = None) -> list[str]:
@@ -48,64 +100,101 @@ class Supervisor:
             args += ["--namespace", self.namespace]
         if instance:
             args += ["--instance", instance]
+        if self.request_timeout_s is not None:
+            args += ["--request-timeout", str(self.request_timeout_s)]
+        if self.writer_timeout_s is not None:
+            args += ["--writer-timeout", str(self.writer_timeout_s)]
         return args
 
     async def start(self) -> None:
-        env = dict(os.environ)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         for name in self.names:
-            instances = self.claims_instances if name == "claims" else (None,)
+            instances: tuple[str | None, ...] = (
+                self.claims_instances if name == "claims" else ("driver-0",) if name == "driver" else (None,))
             for inst in instances:
-                key = inst or name
-                child = ActorProcess(key, self.argv(name, inst), env,
-                                     log_path=(self.log_dir / f"{key}.log") if self.log_dir else None)
+                key = inst if name == "claims" and inst else name
+                log_path = (self.log_dir / f"{key}.log") if self.log_dir else None
+                child = ActorProcess(key, name, self.argv(name, inst), env, log_path=log_path)
                 await child.spawn()
                 self.children[key] = child
 
+    async def wait_ready(self, timeout: float = 60.0, keys: list[str] | None = None) -> None:
+        """Until every (or every named) child that should run says it is ready."""
+        deadline = time.monotonic() + timeout
+        wanted = [k for k in (keys or list(self.children)) if k not in self.retired]
+        while not all(self.children[k].ready for k in wanted):
+            if time.monotonic() > deadline:
+                late = [k for k in wanted if not self.children[k].ready]
+                raise TimeoutError(f"actor processes not ready within {timeout:.0f} s: {', '.join(late)}")
+            await asyncio.sleep(0.05)
+
     async def watch(self) -> None:
-        """Restart any actor that exits, until stopped."""
+        """Restart any child that exits, until stopped (a child that keeps dying backs off)."""
         while not self.stopping:
             for child in self.children.values():
-                if child.proc is not None and child.proc.returncode is not None and not self.stopping:
+                if self.stopping or child.key in self.retired or child.proc is None:
+                    continue
+                if child.proc.returncode is not None:
+                    quick = child.ready_at is None  # died before it was ever ready
                     child.restarts += 1
+                    if quick and child.restarts > 3:
+                        await asyncio.sleep(min(5.0, 0.2 * child.restarts))
                     await child.spawn()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)
 
-    def kill(self, key: str) -> int | None:
+    def kill(self, key: str, *, retire: bool = False) -> int | None:
+        """SIGKILL a child (REL-1); `retire` keeps it down (e.g. a claim-manager instance that
+        does not come back). Returns the pid killed, or None when it was not running."""
         child = self.children[key]
-        if child.proc is None or child.proc.returncode is not None:
+        if retire:
+            self.retired.add(key)
+        if not child.alive:
             return None
-        child.proc.send_signal(signal.SIGKILL)
+        assert child.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.send_signal(signal.SIGKILL)
+        self.kills += 1
         return child.proc.pid
+
+    @property
+    def restarts(self) -> int:
+        return sum(c.restarts for c in self.children.values())
 
     async def stop(self) -> None:
         self.stopping = True
         for child in self.children.values():
-            if child.proc is not None and child.proc.returncode is None:
+            if child.alive:
+                assert child.proc is not None
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.send_signal(signal.SIGTERM)
         for child in self.children.values():
             if child.proc is None:
                 continue
             try:
-                await asyncio.wait_for(child.proc.wait(), 10)
+                await asyncio.wait_for(child.proc.wait(), STOP_GRACE_S)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.kill()
                 await child.proc.wait()
+            if child._reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(child._reader, 2)
+            child.close()
 
 
 async def supervise(home: Path | None, nats_url: str | None, database_url: str | None, *, model: str,
-                    namespace: str) -> None:
+                    namespace: str, claims_instances: int = 1) -> None:
     async with servers(home, nats_url, database_url) as ep:
         from cli.common import home_dir
 
         log_dir = home_dir(home) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        sup = Supervisor(ep.nats_url, ep.database_url, model=model, namespace=namespace, log_dir=log_dir)
-        await sup.start()
-        console.print(f"novelbus up --processes: {len(sup.children)} actor processes (logs in {log_dir}); "
-                      "Ctrl-C to stop")
+        sup = Supervisor(ep.nats_url, ep.database_url, model=model, namespace=namespace, log_dir=log_dir,
+                         claims_instances=tuple(f"claims-{i}" for i in range(claims_instances)))
         try:
+            await sup.start()
+            console.print(f"novelbus up --processes: {len(sup.children)} actor processes "
+                          f"({', '.join(sup.children)}; logs in {log_dir}); Ctrl-C to stop")
             await sup.watch()
         finally:
             await sup.stop()
