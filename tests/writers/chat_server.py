@@ -7,13 +7,16 @@ Each request takes the next scripted response; every request body is recorded.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 Response = tuple[int, dict[str, str], bytes]
 Step = Response | Callable[[dict[str, Any]], Response]
+# Answers every request past the script (e.g. a fake model), possibly asynchronously.
+Responder = Callable[[dict[str, Any]], Response | Awaitable[Response]]
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -53,6 +56,7 @@ def completion(
 @dataclass
 class ChatServer:
     script: list[Step]
+    responder: Responder | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -100,6 +104,11 @@ class ChatServer:
                 if index < len(self.script):
                     step = self.script[index]
                     status, resp_headers, payload = step(request) if callable(step) else step
+                elif self.responder is not None:
+                    answer = self.responder(request)
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                    status, resp_headers, payload = answer
                 else:
                     status, resp_headers, payload = json_response(
                         {"error": "script exhausted"}, 500
