@@ -1075,7 +1075,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
 
     # L1 — the continuity baseline, then pointer-recalled prose.
     superseded = {c.commit_id for c in index.commits} - {c.commit_id for c in live}
-    for old in index.commits:
+    for old in sorted(index.commits, key=lambda c: c.seq):
         if old.commit_id in superseded and old.chapter_id in plan.baseline_chapters:
             ledger.omit(
                 _Candidate("prose", "L1", 0, old.seq, old.commit_id, 0, 0), "superseded-unit"
