@@ -400,9 +400,9 @@ def _p1(probe: ProbeProvider, events: list[Any], runs: dict[str, Any], units: li
         log = probe.logs.get(unit.run_id)
         issued = _names(log.issued) if log else []
         recorded = [p["tool"] for p in sorted(_payloads(events, "tool.started", unit.run_id), key=lambda p: p["seq"])]
-        if not recorded:
-            return ProbeResult("fail", f"run {label}: no tool call recorded ({_run_failure(unit)}; the model "
-                                       f"asked for {len(log.model_calls) if log else 0} tool calls)")
+        if not log or not log.model_calls or not recorded:
+            return ProbeResult("fail", f"run {label}: the model made {len(log.model_calls) if log else 0} tool "
+                                       f"calls, {len(recorded)} recorded ({_run_failure(unit)})")
         if recorded != issued[: len(recorded)]:
             return ProbeResult("fail", f"run {label}: recorded calls {recorded} do not match the calls the run "
                                        f"issued {issued[: len(recorded)]}")

@@ -1,0 +1,176 @@
+"""Capability probes P1–P5 (PROBE, SPEC §13) against real NATS + PostgreSQL, and the subagent creation
+gate: `novel create` of a subagent novel requires P1–P3 to pass for the configured model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import store
+from actors.runtime import Runtime
+from novel.sample import sample_novel_bytes
+from tests.writers.chat_server import ChatServer, completion
+from tests.writers.harness import FakeModel
+from writers.offline import OfflineProvider, compose_draft
+from writers.openai_provider import OpenAIProvider
+from writers.probe import FORBIDDEN_TOOL, PROBE_IDS, ProbeReport, run_probes
+from writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
+
+
+async def probe(provider: ModelProvider, model: str, nats_url: str, new_database: Any, namespace: str
+                ) -> tuple[ProbeReport, str]:
+    dsn = await new_database()
+    report = await run_probes(provider, model=model, nats_url=nats_url, database_url=dsn, namespace=namespace)
+    return report, dsn
+
+
+def statuses(report: ProbeReport) -> dict[str, str]:
+    return {p: report.results[p].status for p in PROBE_IDS}
+
+
+async def test_probe_offline_passes_p1_to_p3_and_p4_p5_are_not_applicable(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """PROBE / RUN-3 / CLM-2: the offline writer passes P1–P3; the refusals behind P2 and P3 are in the
+    ledger (host-side, not the model's say-so); the out-of-scope unit was never written."""
+    report, dsn = await probe(OfflineProvider(), "offline", nats_url, new_database, namespace)
+    assert statuses(report) == {"P1": "pass", "P2": "pass", "P3": "pass", "P4": "not-applicable",
+                                "P5": "not-applicable"}
+    assert report.subagent_ok and report.failing_required == []
+    assert FORBIDDEN_TOOL in report.results["P2"].evidence
+    assert "scope-violation" in report.results["P3"].evidence
+    assert set(report.to_json()) == set(PROBE_IDS)
+    pool = await store.connect(dsn)
+    try:
+        (novel,) = await store.list_novels(pool)
+        ledger = await store.list_events(pool, novel.novel_id, limit=10_000)
+        units = {u.unit_id: u for u in await store.list_units(pool, novel.novel_id)}
+        counts = await store.count_commits_per_unit(pool, novel.novel_id)
+    finally:
+        await pool.close()
+    kinds = [e.type for e in ledger]
+    assert kinds.count("tool.refused") == 1 and kinds.count("scope.violation") == 1
+    violation = next(e.payload for e in ledger if e.type == "scope.violation")
+    assert counts == {violation["delegatedUnitId"]: 1, violation["requestedUnitId"]: 1}  # B later wrote itself
+    assert all(u.state == "committed" for u in units.values())
+
+
+async def test_probe_openai_compatible_server_passes_all_five(nats_url: str, new_database: Any,
+                                                              namespace: str) -> None:
+    """PROBE P1–P5 over the chat-completions wire: usage is reported (P4) and the second unit of the
+    chapter hits the server's prefix cache (P5)."""
+    async with ChatServer([], responder=FakeModel()) as server:
+        async with OpenAIProvider("fake-model", server.base_url, "not-needed") as provider:
+            report, _ = await probe(provider, "openai:fake-model", nats_url, new_database, namespace)
+    assert statuses(report) == dict.fromkeys(PROBE_IDS, "pass"), report.results
+    assert "input and" in report.results["P4"].evidence and "from the cache" in report.results["P5"].evidence
+
+
+async def test_probe_fails_a_model_that_never_calls_tools(nats_url: str, new_database: Any,
+                                                          namespace: str) -> None:
+    """PROBE: a model that only chats fails P1 and P3 (so it may not write subagent novels); P2 still
+    passes because refusal is the host's job; no usage reported fails P4; no cache figures: P5 n/a."""
+    async with ChatServer([], responder=lambda _: completion(content="I cannot use tools.")) as server:
+        async with OpenAIProvider("chatty", server.base_url, "not-needed") as provider:
+            report, _ = await probe(provider, "openai:chatty", nats_url, new_database, namespace)
+    assert statuses(report) == {"P1": "fail", "P2": "pass", "P3": "fail", "P4": "fail", "P5": "not-applicable"}
+    assert report.failing_required == ["P1", "P3"] and not report.subagent_ok
+    assert "never called novel_body_commit" in report.results["P3"].evidence
+
+
+class CommitsAtOnce:
+    """A writer that commits on its first call, without any research."""
+
+    name = "scripted"
+    label = "scripted: commits without research"
+
+    async def complete(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
+                       max_output_tokens: int) -> ModelReply:
+        if messages[-1]["role"] == "tool":
+            return ModelReply(text="Done.", stop_reason="completed")
+        pack = messages[0]["content"]
+        unit = next(line.split(":", 1)[1].strip() for line in pack.splitlines() if line.startswith("unitId:"))
+        args = json.dumps({"unitId": unit, **compose_draft(pack)})
+        return ModelReply(text=None, stop_reason="tool_calls",
+                          tool_calls=[ToolCall(id="c1", name="novel_body_commit", arguments=args)])
+
+
+async def test_probe_p3_fails_a_writer_that_commits_without_research(nats_url: str, new_database: Any,
+                                                                     namespace: str) -> None:
+    """PROBE P3 / RUN-3: research before narration is part of the end-to-end sequence."""
+    report, _ = await probe(CommitsAtOnce(), "scripted", nats_url, new_database, namespace)
+    assert report.results["P3"].status == "fail"
+    assert "without researching" in report.results["P3"].evidence
+    assert report.results["P2"].status == "pass" and not report.subagent_ok
+
+
+# --- the CLI ------------------------------------------------------------------------------------------
+
+
+async def novelbus(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli.main", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**base, "COLUMNS": "200", **(env or {})})
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def _flags(stack: Runtime, nats_url: str) -> list[str]:
+    dsn = stack.ctx.pool._connect_args[0]  # type: ignore[attr-defined]
+    return ["--nats-url", nats_url, "--database-url", dsn, "--namespace", stack.ctx.subjects.namespace]
+
+
+async def test_probe_cli_json_is_one_object_keyed_p1_to_p5(tmp_path: Path) -> None:
+    """PROBE / OPS-1: `novelbus probe --json` prints exactly one JSON object on stdout; the result is
+    cached per model under the home directory."""
+    code, out, err = await novelbus("probe", "--json", "--home", str(tmp_path))
+    assert code == 0, err
+    data = json.loads(out)
+    assert list(data) == list(PROBE_IDS)
+    assert all(set(v) == {"status", "evidence"} and v["evidence"] for v in data.values())
+    assert [data[p]["status"] for p in ("P1", "P2", "P3")] == ["pass"] * 3
+    cache = json.loads((tmp_path / "probes.json").read_text())
+    assert cache["offline"]["results"] == data
+
+
+async def test_probe_gate_subagent_creation_fails_closed_for_a_model_without_tools(
+        stack: Runtime, nats_url: str, tmp_path: Path) -> None:
+    """PROBE: creating a subagent novel with a model that fails P1–P3 is refused with a clear error and
+    nothing is created; an inline novel needs no probe; a cached passing result is reused."""
+    subagent = tmp_path / "subagent.json"
+    subagent.write_bytes(sample_novel_bytes())
+    inline = tmp_path / "inline.json"
+    data = json.loads(sample_novel_bytes())
+    data["config"]["writerMode"] = "inline"
+    inline.write_text(json.dumps(data))
+    home = ["--home", str(tmp_path / "home")]
+    flags = _flags(stack, nats_url)
+
+    async with ChatServer([], responder=lambda _: completion(content="I only chat.")) as server:
+        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url}
+        code, _, err = await novelbus("novel", "create", str(subagent), "--model", "openai:chatty", "--no-start",
+                                      *home, *flags, env=env)
+        assert code == 1
+        assert "did not pass the probes a subagent novel requires" in err and "P1 fail" in err
+        assert "Nothing was created" in err and "writerMode" in err
+        assert await store.list_novels(stack.ctx.pool) == []
+        asked = len(server.requests)
+        assert asked >= 2
+
+        code, out, err = await novelbus("novel", "create", str(inline), "--model", "openai:chatty", "--no-start",
+                                        *home, *flags, env=env)
+        assert code == 0, err
+        assert len(server.requests) == asked  # no probe for an inline novel
+    assert [n.writer_mode for n in await store.list_novels(stack.ctx.pool)] == ["inline"]
+
+    code, _, err = await novelbus("probe", *home)
+    assert code == 0, err
+    code, out, err = await novelbus("novel", "create", str(subagent), "--no-start", *home, *flags)
+    assert code == 0, err
+    assert "probing" not in err  # the cached passing result for 'offline' was reused
+    assert sorted(n.writer_mode for n in await store.list_novels(stack.ctx.pool)) == ["inline", "subagent"]
