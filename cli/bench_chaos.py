@@ -3,7 +3,7 @@
 A novel of `--units` scenes is written by the six actors, each in its own OS process (two
 claim-manager instances, CLM-5), supervised and restarted by `cli.supervise.Supervisor`, while
 the benchmark SIGKILLs a random ready actor at random moments — at least `--kills` times, spread
-over the run — and publishes an extra work notice after every kill. Then it checks, from
+over the run, half of them just after a unit was claimed, so they land inside its flow — and publishes an extra work notice after every kill. Then it checks, from
 PostgreSQL and JetStream:
 
 - the novel finished;
@@ -122,12 +122,15 @@ async def run_chaos(
         commits = 0
         done: asyncio.Future[ev.Event] = asyncio.get_running_loop().create_future()
         max_deliveries = 0
+        claimed = asyncio.Event()  # set at every unit.claimed: half the kills land inside a unit's flow
 
         async def on_event(msg: Any) -> None:
             nonlocal commits
             with contextlib.suppress(Exception):
                 e = decode(msg.data, ev.NovelEvent)
-                if isinstance(e, ev.UnitCommitted):
+                if isinstance(e, ev.UnitClaimed):
+                    claimed.set()
+                elif isinstance(e, ev.UnitCommitted):
                     commits += 1
                     say(f"  commit {commits}/{units}: {e.unit_id} ({e.commit_id})")
                 elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
@@ -155,7 +158,13 @@ async def run_chaos(
                 if sup.kills >= kills or commits < sup.kills * 0.6 * units / max(kills, 1):
                     await asyncio.sleep(0.02)
                     continue
-                await asyncio.sleep(rng.uniform(min_gap_s, max_gap_s))
+                if rng.random() < 0.5:
+                    claimed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(claimed.wait(), 5)
+                    await asyncio.sleep(rng.uniform(0, 0.15))
+                else:
+                    await asyncio.sleep(rng.uniform(min_gap_s, max_gap_s))
                 ready = sorted(k for k, c in sup.children.items() if c.ready)
                 if not ready or done.done():
                     continue
