@@ -12,7 +12,9 @@ from typing import Annotated, Any
 import msgspec
 import typer
 
+import cli.bench_ab  # noqa: F401  (registers `novelbus bench ab`)
 import cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
+import cli.bench_throughput  # noqa: F401  (registers `novelbus bench throughput`)
 import store
 from actors.context import Settings
 from actors.driver import publish_notice
@@ -407,13 +409,30 @@ def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
     if as_json:
         print_json(data)
         return
-    console.print("turn  unit            calls  input chars  est tokens  tool bytes  output")
+    def num(value: Any) -> str:  # provider figures are n/a when not reported (USE-2)
+        return "n/a" if value is None else f"{value:,}"
+
+    console.print(f"{'turn':>4} {'unit':<14} {'mode':<8} {'calls':>5} {'input chars':>11} {'est tok':>8} "
+                  f"{'prov tok':>8} {'cached':>7} {'window':>7} {'history':>9} {'tools':>7} {'pack':>7} "
+                  f"{'echo':>8} {'output':>7} {'cmp':>3}", soft_wrap=True)
     for s in data["recent"]:
-        console.print(f"{s.get('turn', ''):<5} {s.get('unitId', ''):<15} {s.get('calls', 0):<6} "
-                      f"{s.get('inputChars', 0):<12,} {s.get('estInputTokens', 0):<11,} "
-                      f"{sum((s.get('toolBytes') or {}).values()):<11,} {s.get('outputChars', 0):,}")
-    for mode, totals in data["totals"].items():
-        console.print(f"[bold]{mode}[/] totals: {json.dumps(totals)}")
+        console.print(f"{s.get('turn', 0):>4} {s.get('unitId', ''):<14} {s.get('mode', ''):<8} "
+                      f"{s.get('calls', 0):>5} {s.get('inputChars', 0):>11,} {s.get('estInputTokens', 0):>8,} "
+                      f"{num(s.get('inputTokens')):>8} {num(s.get('cachedTokens')):>7} "
+                      f"{s.get('windowPeakTokens', 0):>7,} {s.get('historyChars', 0):>9,} "
+                      f"{s.get('toolResultChars', 0):>7,} {s.get('packChars', 0):>7,} "
+                      f"{s.get('proseEchoChars', 0):>8,} {s.get('outputChars', 0):>7,} "
+                      f"{s.get('compactions', 0):>3}", soft_wrap=True)
+    for mode, t in data["totals"].items():
+        tools = ", ".join(f"{k} {v:,}" for k, v in sorted((t.get("toolBytes") or {}).items()))
+        console.print(f"[bold]{mode}[/]: {t.get('samples', 0)} turns, {t.get('calls', 0):,} calls, raw input "
+                      f"{t.get('inputChars', 0):,} chars / {t.get('estInputTokens', 0):,} est. tokens "
+                      f"(provider {num(t.get('inputTokens'))}, cached {num(t.get('cachedTokens'))}, cache writes "
+                      f"{num(t.get('cacheWriteTokens'))}), window peak {t.get('windowPeakTokens', 0):,}, "
+                      f"compactions {t.get('compactions', 0)}, writer runs {t.get('writerRuns', 0)}; "
+                      f"split: history {t.get('historyChars', 0):,}, tool results {t.get('toolResultChars', 0):,}, "
+                      f"brief/pack {t.get('packChars', 0):,}, prose echo {t.get('proseEchoChars', 0):,}; "
+                      f"tool bytes: {tools or 'none'}", soft_wrap=True)
 
 
 @app.command()

@@ -1,0 +1,424 @@
+"""`novelbus bench ab` (AB-1..3): the same novel written in `inline` and in `subagent` (W2) mode.
+
+It runs the product, not a simulation: all six actors over NATS and PostgreSQL (embedded, or the
+servers given), a generated novel created twice with the same seed, one per mode, written end to
+end by the same writer (offline by default, `--model openai:<model>` for a real one). What it
+reports comes from the usage sampler's records: the `usage.sampled` events in the ledger (one per
+turn) and the per-mode totals.
+
+Token figures are the service's own estimate (`novel.text.estimate_tokens` over exactly what
+was sent), the same measure in both modes; provider-reported tokens are printed beside them when
+the provider reports any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import json
+import secrets
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+import store
+from actors.context import ActorContext, Settings
+from actors.driver import publish_notice
+from actors.runtime import running
+from bus.codec import decode
+from cli.bench import bench_app
+from cli.common import err_console, fail, home_dir, print_json, run, servers
+from messages import events as ev
+from messages.subjects import Subjects
+from novel.generate import generate_novel_file
+from novel.outline import OutlineError, parse_novel_file
+from writers.inline import DEFAULT_COMPACT_TOKENS
+from writers.provider import ProviderError
+
+# AB-3 and the issue's targets, printed beside each figure.
+TARGET_RATIO = 0.40
+AIM_RATIO = 0.20
+TARGET_W2_PEAK_TOKENS = 8_000
+TARGET_FLAT = 0.10
+FLAT_FACTOR = 4  # --check-flat writes a novel with 4× the chapters (60 → 240 units by default)
+
+console = Console(highlight=False, soft_wrap=True)  # tables never wrap, whatever the terminal
+
+
+# --- running one novel through the actors ---------------------------------------------------------
+
+
+def novel_dict(chapters: int, scenes: int, *, seed: int, unit_chars: int, cjk: bool, mode: str,
+               label: str) -> dict[str, Any]:
+    """The generated novel for one mode; budgets wide enough for the whole book."""
+    data = generate_novel_file(chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk)
+    units = chapters * scenes
+    data["title"] = f"{data['title']} [{label}]"
+    data["config"]["writerMode"] = mode
+    data["config"]["budgets"] = {"maxTurns": max(200, 3 * units + 10), "maxDurationMs": 7 * 24 * 3_600_000}
+    return data
+
+
+async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float, label: str,
+                      quiet: bool = False) -> tuple[str, float]:
+    """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds)."""
+    try:
+        nf = parse_novel_file(json.dumps(data, ensure_ascii=False))
+    except OutlineError as e:
+        raise ValueError(f"generated novel is invalid: {e}") from None
+    novel_id = await store.create_novel(ctx.pool, nf)
+    total = len(nf.outline.scenes)
+    done: asyncio.Future[ev.NovelEvent] = asyncio.get_running_loop().create_future()
+    committed = 0
+
+    async def on_event(msg: Any) -> None:
+        nonlocal committed
+        try:
+            e = decode(msg.data, ev.NovelEvent)
+        except Exception:  # noqa: BLE001 - a monitor ignores what it cannot read
+            return
+        if isinstance(e, ev.UnitCommitted):
+            committed += 1
+            if not quiet and (committed % 10 == 0 or committed == total):
+                err_console.print(f"[dim]  {label}: {committed}/{total} units[/]")
+        elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
+            done.set_result(e)
+
+    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
+    started = time.monotonic()
+    try:
+        await publish_notice(ctx, novel_id, reason="bench")
+        final = await asyncio.wait_for(done, timeout)
+    except TimeoutError:
+        with contextlib.suppress(Exception):
+            await store.pause_novel(ctx.pool, novel_id, "stopped")
+        raise RuntimeError(f"{label}: novel {novel_id} did not finish within {timeout:.0f} s "
+                           f"({committed}/{total} units)") from None
+    finally:
+        await sub.unsubscribe()
+    if isinstance(final, ev.NovelPaused):
+        raise RuntimeError(f"{label}: novel {novel_id} paused ({final.reason}: {final.detail})")
+    return novel_id, time.monotonic() - started
+
+
+async def ledger(ctx: ActorContext, novel_id: str, types: set[str] | None = None) -> list[store.EventRow]:
+    """The novel's events from the ledger, in order (optionally only some types)."""
+    rows: list[store.EventRow] = []
+    after = 0
+    while True:
+        page = await store.list_events(ctx.pool, novel_id, after_seq=after, limit=1000)
+        if not page:
+            return rows
+        rows.extend(r for r in page if types is None or r.type in types)
+        after = page[-1].seq
+
+
+async def drop_namespace_streams(ctx: ActorContext) -> None:
+    """A benchmark leaves no JetStream streams behind on a NATS server it did not start."""
+    s = ctx.subjects
+    for name in (s.work_stream, s.events_stream, s.dlq_stream):
+        with contextlib.suppress(Exception):
+            await ctx.js.delete_stream(name)
+
+
+# --- what one mode measured ---------------------------------------------------------------------------
+
+
+@dataclass
+class ModeResult:
+    label: str
+    mode: str
+    novel_id: str
+    seconds: float
+    units: list[str] = field(default_factory=list)  # unit ids in commit order
+    unit_chars: list[int] = field(default_factory=list)  # raw input chars per unit (all calls)
+    unit_tokens: list[int] = field(default_factory=list)  # estimated input tokens per unit
+    unit_window: list[int] = field(default_factory=list)  # largest single call per unit
+    totals: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_chars(self) -> int:
+        return int(self.totals.get("inputChars", sum(self.unit_chars)))
+
+    @property
+    def input_tokens(self) -> int:
+        return int(self.totals.get("estInputTokens", sum(self.unit_tokens)))
+
+    @property
+    def peak_tokens(self) -> int:
+        return int(self.totals.get("estWindowPeakTokens", max(self.unit_window, default=0)))
+
+    @property
+    def provider_input_tokens(self) -> int | None:
+        value = self.totals.get("inputTokens")
+        return int(value) if isinstance(value, int | float) else None
+
+    @property
+    def cached_share(self) -> float | None:
+        cached, reported = self.totals.get("cachedTokens"), self.provider_input_tokens
+        if not isinstance(cached, int | float) or not reported:
+            return None
+        return cached / reported
+
+    @property
+    def compactions(self) -> int:
+        return int(self.totals.get("compactions", 0))
+
+    def tool_bytes_per_unit(self) -> dict[str, float]:
+        raw = self.totals.get("toolBytes") or {}
+        n = max(1, len(self.units))
+        return {k: float(v) / n for k, v in raw.items() if isinstance(v, int | float)}
+
+    def growth(self) -> float:
+        """Mean input of the last tenth of the units against the first tenth (0.0 = flat)."""
+        k = max(1, len(self.unit_tokens) // 10)
+        first, last = self.unit_tokens[:k], self.unit_tokens[-k:]
+        if not first:
+            return 0.0
+        return statistics.mean(last) / max(1.0, statistics.mean(first)) - 1.0
+
+    def p50(self) -> float:
+        return float(statistics.median(self.unit_tokens)) if self.unit_tokens else 0.0
+
+    def max(self) -> int:
+        return max(self.unit_tokens, default=0)
+
+
+async def measure(ctx: ActorContext, label: str, mode: str, novel_id: str, seconds: float) -> ModeResult:
+    result = ModeResult(label=label, mode=mode, novel_id=novel_id, seconds=seconds)
+    by_unit: dict[str, list[int]] = {}
+    for row in await ledger(ctx, novel_id, {"usage.sampled"}):
+        p = row.payload
+        unit = str(p.get("unitId"))
+        if unit not in by_unit:
+            by_unit[unit] = [0, 0, 0]
+            result.units.append(unit)
+        acc = by_unit[unit]  # a unit retried in a later turn adds that turn's input too
+        acc[0] += int(p.get("inputChars", 0))
+        acc[1] += int(p.get("estInputTokens", 0))
+        acc[2] = max(acc[2], int(p.get("windowPeakTokens", 0)))
+    result.unit_chars = [by_unit[u][0] for u in result.units]
+    result.unit_tokens = [by_unit[u][1] for u in result.units]
+    result.unit_window = [by_unit[u][2] for u in result.units]
+    result.totals = (await store.usage_totals(ctx.pool, novel_id)).get(mode, {})
+    return result
+
+
+# --- output -----------------------------------------------------------------------------------------
+
+
+def _mark(ok: bool) -> str:
+    return "[green]✔[/]" if ok else "[red]✘[/]"
+
+
+def write_curve(path_base: Path, results: list[ModeResult]) -> tuple[Path, Path]:
+    """The per-unit input curve: a CSV (one row per unit index) and a PNG plot (Agg backend)."""
+    path_base.parent.mkdir(parents=True, exist_ok=True)
+    csv_path, png_path = path_base.with_suffix(".csv"), path_base.with_suffix(".png")
+    rows = max(len(r.units) for r in results)
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        header = ["unit_index"]
+        for r in results:
+            header += [f"{r.label}_unit_id", f"{r.label}_input_chars", f"{r.label}_input_est_tokens",
+                       f"{r.label}_window_tokens"]
+        w.writerow(header)
+        for i in range(rows):
+            line: list[Any] = [i + 1]
+            for r in results:
+                if i < len(r.units):
+                    line += [r.units[i], r.unit_chars[i], r.unit_tokens[i], r.unit_window[i]]
+                else:
+                    line += ["", "", "", ""]
+            w.writerow(line)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
+    for r in results:
+        xs = list(range(1, len(r.units) + 1))
+        top.plot(xs, r.unit_tokens, label=f"{r.label} ({r.mode})", linewidth=1.4)
+        bottom.plot(xs, r.unit_window, label=f"{r.label} ({r.mode})", linewidth=1.4)
+    top.set_ylabel("raw input per unit (est. tokens)")
+    top.set_title("novelbus bench ab: input per unit, inline vs subagent")
+    bottom.set_ylabel("window: largest call (est. tokens)")
+    bottom.set_xlabel("unit (in commit order)")
+    for ax in (top, bottom):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return csv_path, png_path
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def print_table(inline: ModeResult, sub: ModeResult, flat: ModeResult | None, ratio: float,
+                ratio_chars: float, provider: str, compact_tokens: int) -> None:
+    console.print(f"[bold]novelbus bench ab[/] — writer: [cyan]{provider}[/], {len(inline.units)} units, "
+                  f"inline compaction at {compact_tokens:,} est. tokens")
+    rows: list[tuple[str, str, str, str]] = [
+        ("total raw input (chars)", f"{inline.input_chars:,}", f"{sub.input_chars:,}", ""),
+        ("total raw input (est. tokens)", f"{inline.input_tokens:,}", f"{sub.input_tokens:,}", ""),
+        ("provider input tokens", _opt(inline.provider_input_tokens), _opt(sub.provider_input_tokens), ""),
+        ("window peak (est. tokens)", f"{inline.peak_tokens:,}", f"{sub.peak_tokens:,}",
+         f"W2 ≤ {TARGET_W2_PEAK_TOKENS:,} {_mark(sub.peak_tokens <= TARGET_W2_PEAK_TOKENS)}"),
+        ("per-unit input p50 (est. tokens)", f"{inline.p50():,.0f}", f"{sub.p50():,.0f}", ""),
+        ("per-unit input max (est. tokens)", f"{inline.max():,}", f"{sub.max():,}", ""),
+        ("compactions", f"{inline.compactions}", f"{sub.compactions}", ""),
+        ("cached share", _share(inline.cached_share), _share(sub.cached_share), ""),
+        ("model calls", f"{int(inline.totals.get('calls', 0)):,}", f"{int(sub.totals.get('calls', 0)):,}", ""),
+        ("wall time (s)", f"{inline.seconds:.1f}", f"{sub.seconds:.1f}", ""),
+    ]
+    console.print(f"{'':34} {'inline':>16} {'subagent':>16}   target")
+    for name, a, b, target in rows:
+        console.print(f"{name:34} {a:>16} {b:>16}   {target}")
+    console.print(f"{'subagent / inline (est. tokens)':34} {ratio:>33.3f}   ≤ {TARGET_RATIO:.2f} "
+                  f"{_mark(ratio <= TARGET_RATIO)} (aim ≤ {AIM_RATIO:.2f} {_mark(ratio <= AIM_RATIO)})")
+    console.print(f"{'subagent / inline (chars)':34} {ratio_chars:>33.3f}")
+    tools = sorted(set(inline.tool_bytes_per_unit()) | set(sub.tool_bytes_per_unit()))
+    for tool in tools:
+        cells = [f"{r.tool_bytes_per_unit().get(tool, 0):,.0f}" for r in (inline, sub)]
+        extra = f"{flat.tool_bytes_per_unit().get(tool, 0):,.0f} at {len(flat.units)} units" if flat else ""
+        console.print(f"{'tool result bytes/unit ' + tool:34} {cells[0]:>16} {cells[1]:>16}   {extra}")
+    if flat is not None:
+        delta = abs(flat.peak_tokens - sub.peak_tokens) / max(1, sub.peak_tokens)
+        console.print(f"{'subagent peak, ' + str(len(flat.units)) + ' units (est.)':34} "
+                      f"{flat.peak_tokens:>33,}   vs {len(sub.units)} units within {TARGET_FLAT:.0%}: "
+                      f"{delta:.1%} {_mark(delta <= TARGET_FLAT)}")
+        console.print(f"{'per-unit p50 / max, ' + str(len(flat.units)) + ' units':34} "
+                      f"{flat.p50():>22,.0f} / {flat.max():,}")
+        growth = flat.growth()
+        console.print(f"{'growth in unit index, ' + str(len(flat.units)) + ' units':34} {growth:>33.1%}   "
+                      f"(last vs first tenth of the units, mean input; within {TARGET_FLAT:.0%} "
+                      f"{_mark(abs(growth) <= TARGET_FLAT)})")
+
+
+def _opt(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
+# --- the command --------------------------------------------------------------------------------------
+
+
+async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: bool, model: str,
+                compact_tokens: int, check_flat: bool, out: Path, timeout: float, as_json: bool,
+                home: Path | None, nats_url: str | None, database_url: str | None) -> dict[str, Any]:
+    started = time.monotonic()
+    async with servers(home, nats_url, database_url) as ep:
+        subjects = Subjects(f"bench{secrets.token_hex(4)}.")
+        kwargs = {"writer": {"inline_compact_tokens": compact_tokens}}
+        async with running(ep.nats_url, ep.database_url, subjects=subjects, settings=Settings(model=model),
+                           actor_kwargs=kwargs) as rt:
+            ctx = rt.ctx
+            provider = rt.actor("writer").state.provider.label  # type: ignore[attr-defined]
+            try:
+                results: dict[str, ModeResult] = {}
+                plan = [("inline", "inline", chapters), ("subagent", "subagent", chapters)]
+                if check_flat:
+                    plan.append((f"subagent{chapters * FLAT_FACTOR * scenes}", "subagent", chapters * FLAT_FACTOR))
+                for label, mode, n_chapters in plan:
+                    data = novel_dict(n_chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk, mode=mode,
+                                      label=f"bench ab {label}")
+                    err_console.print(f"[dim]{label}: {n_chapters} chapters × {scenes} scenes in {mode} mode[/]")
+                    novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label)
+                    results[label] = await measure(ctx, label, mode, novel_id, seconds)
+            finally:
+                await drop_namespace_streams(ctx)
+    inline, sub = results["inline"], results["subagent"]
+    flat = next((r for k, r in results.items() if k not in ("inline", "subagent")), None)
+    ratio = sub.input_tokens / max(1, inline.input_tokens)
+    ratio_chars = sub.input_chars / max(1, inline.input_chars)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    csv_path, png_path = write_curve(out / f"ab-{stamp}", list(results.values()))
+    if not as_json:
+        print_table(inline, sub, flat, ratio, ratio_chars, provider, compact_tokens)
+        console.print(f"curve: {csv_path}")
+        console.print(f"plot:  {png_path}")
+    report: dict[str, Any] = {
+        "units": len(inline.units),
+        "inline_input_tokens": inline.input_tokens,
+        "subagent_input_tokens": sub.input_tokens,
+        "ratio": round(ratio, 4),
+        "inline_peak_tokens": inline.peak_tokens,
+        "subagent_peak_tokens": sub.peak_tokens,
+        "inline_compactions": inline.compactions,
+        "inline_cached_share": inline.cached_share,
+        "subagent_cached_share": sub.cached_share,
+        "token_source": "estimate",
+        "inline_input_chars": inline.input_chars,
+        "subagent_input_chars": sub.input_chars,
+        "ratio_chars": round(ratio_chars, 4),
+        "inline_provider_input_tokens": inline.provider_input_tokens,
+        "subagent_provider_input_tokens": sub.provider_input_tokens,
+        "inline_unit_p50_tokens": inline.p50(),
+        "inline_unit_max_tokens": inline.max(),
+        "subagent_unit_p50_tokens": sub.p50(),
+        "subagent_unit_max_tokens": sub.max(),
+        "compact_tokens": compact_tokens,
+        "provider": provider,
+        "targets": {"ratio": TARGET_RATIO, "ratio_aim": AIM_RATIO, "w2_peak_tokens": TARGET_W2_PEAK_TOKENS,
+                    "flat": TARGET_FLAT},
+        "csv": str(csv_path),
+        "png": str(png_path),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    if flat is not None:
+        report["flat_units"] = len(flat.units)
+        report["flat_peak_tokens"] = flat.peak_tokens
+        report["flat_delta"] = round(abs(flat.peak_tokens - sub.peak_tokens) / max(1, sub.peak_tokens), 4)
+        report["flat_growth_in_unit_index"] = round(flat.growth(), 4)
+        report["inline_growth_in_unit_index"] = round(inline.growth(), 4)
+    return report
+
+
+@bench_app.command("ab")
+def bench_ab(
+    chapters: Annotated[int, typer.Option(help="Chapters of the generated novel")] = 12,
+    scenes: Annotated[int, typer.Option(help="Scenes per chapter")] = 5,
+    unit_chars: Annotated[int, typer.Option("--unit-chars", help="Target characters per unit")] = 1_500,
+    seed: Annotated[int, typer.Option(help="Seed of the generated novel (the same for both modes)")] = 7,
+    cjk: Annotated[bool, typer.Option("--cjk", help="Generate the novel in Chinese")] = False,
+    model: Annotated[str, typer.Option("--model", help="Writer provider: offline | openai:<model>")] = "offline",
+    compact_tokens: Annotated[int, typer.Option(
+        "--compact-tokens", help="Inline compaction threshold in estimated tokens")] = DEFAULT_COMPACT_TOKENS,
+    check_flat: Annotated[bool, typer.Option(
+        "--check-flat", help=f"Also write a {FLAT_FACTOR}× longer novel in subagent mode and compare peaks")] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for the CSV and PNG (default <home>/bench)")]
+    = None,
+    timeout: Annotated[float, typer.Option(help="Give up on a novel after this many seconds")] = 3_600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")] = False,
+    home: Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME)")] = None,
+    nats_url: Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server")] = None,
+    database_url: Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL")] = None,
+) -> None:
+    """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio."""
+    for name, value in (("--chapters", chapters), ("--scenes", scenes), ("--unit-chars", unit_chars),
+                        ("--compact-tokens", compact_tokens)):
+        if value < 1:
+            fail(f"{name} must be at least 1, got {value}", code=2)
+    if timeout <= 0:
+        fail(f"--timeout must be positive, got {timeout}", code=2)
+    try:
+        report = run(bench(chapters=chapters, scenes=scenes, unit_chars=unit_chars, seed=seed, cjk=cjk,
+                           model=model, compact_tokens=compact_tokens, check_flat=check_flat,
+                           out=(out or home_dir(home) / "bench"), timeout=timeout, as_json=as_json,
+                           home=home, nats_url=nats_url, database_url=database_url))
+    except ProviderError as e:
+        fail(f"writer provider: {e}", code=2)
+    except (RuntimeError, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        print_json(report)

@@ -1,0 +1,347 @@
+"""`novelbus bench throughput`: many novels at once with the offline writer, end to end.
+
+Two phases over the real actors, NATS and PostgreSQL (all actors in this process, or each in its
+own process with `--processes`):
+
+1. **latency** — one novel alone: the orchestration overhead per unit, i.e. the time from one
+   unit's usage sample to the next one's minus the time spent inside the model provider
+   (measured by the writer runner around every provider call). Its hop-by-hop split comes from
+   the event ledger's timestamps (the database clock, so processes agree): notice → prepared →
+   claimed → pack → dispatched → committed → writer finished → usage sampled.
+2. **load** — `--novels` novels written at once: units per second from the first notice to the
+   last novel finished, and the same per-unit split under load (which then includes queueing).
+
+The first unit of each novel has no previous unit to measure from and is left out of the
+per-unit figures (it is in the units-per-second figure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import secrets
+import statistics
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+import store
+from actors.context import ActorContext, Settings
+from actors.driver import publish_notice
+from actors.runtime import connected, running
+from bus.client import BusUnavailable
+from cli.bench import bench_app
+from cli.bench_ab import drop_namespace_streams, ledger, novel_dict
+from cli.common import err_console, fail, home_dir, print_json, run, servers
+from messages.subjects import Subjects
+from novel.outline import parse_novel_file
+
+TARGET_P50_MS = 10.0
+TARGET_P99_MS = 25.0
+TARGET_UNITS_PER_S = 150.0
+MAX_UNITS_PER_NOVEL = 50  # the usage ring (which carries each turn's model time) keeps 50 per novel
+
+console = Console(highlight=False, soft_wrap=True)
+
+# Hops in flow order: (name, event that ends it). "model" is cut out of the writer hop.
+HOP_EVENTS = (
+    ("notice", "unit.prepared"),  # account → next notice → JetStream → driver → next_work → prepare
+    ("claim", "unit.claimed"),
+    ("pack", "pack.rendered"),  # dispatch grant + pack render
+    ("dispatch", "writer.dispatched"),
+    ("writer", "unit.committed"),  # tool reads + commit through the claim manager, model excluded
+    ("finish", "writer.finished"),
+    ("verify+usage", "usage.sampled"),
+)
+HOP_NAMES = tuple(name for name, _ in HOP_EVENTS) + ("model",)
+UNIT_EVENTS = {ev for _, ev in HOP_EVENTS}
+
+
+@dataclass
+class UnitTiming:
+    cycle_ms: float
+    model_ms: float
+    hops: dict[str, float]
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.cycle_ms - self.model_ms
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    novels: int
+    units: int
+    seconds: float
+    timings: list[UnitTiming] = field(default_factory=list)
+
+    @property
+    def units_per_s(self) -> float:
+        return self.units / self.seconds if self.seconds > 0 else 0.0
+
+    def overhead(self, q: float) -> float:
+        return percentile([t.overhead_ms for t in self.timings], q)
+
+    def hop_p50(self) -> dict[str, float]:
+        return {h: round(percentile([t.hops.get(h, 0.0) for t in self.timings], 50), 3) for h in HOP_NAMES}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _ms(a: datetime, b: datetime) -> float:
+    return (b - a).total_seconds() * 1000.0
+
+
+async def unit_timings(ctx: ActorContext, novel_id: str) -> list[UnitTiming]:
+    """Per-unit cycle, model time and hop split of one novel, from its ledger and usage ring."""
+    model_ms: dict[str, float] = {}
+    for sample in await store.recent_usage(ctx.pool, novel_id):
+        value = sample.get("modelMs")
+        model_ms[str(sample.get("unitId"))] = float(value) if isinstance(value, int | float) else 0.0
+    per_unit: dict[str, dict[str, datetime]] = {}
+    order: list[str] = []
+    for row in await ledger(ctx, novel_id, UNIT_EVENTS):
+        unit = str(row.payload.get("unitId"))
+        if unit not in per_unit:
+            per_unit[unit] = {}
+            order.append(unit)
+        per_unit[unit].setdefault(row.type, row.created_at)  # the first dispatch's events
+    out: list[UnitTiming] = []
+    for prev, unit in zip(order, order[1:], strict=False):
+        stamps = per_unit[unit]
+        start = per_unit[prev].get("usage.sampled")
+        if start is None or any(ev not in stamps for ev in UNIT_EVENTS):
+            continue  # a retried or unfinished unit: not a clean cycle
+        model = model_ms.get(unit, 0.0)
+        hops: dict[str, float] = {}
+        at = start
+        for name, event in HOP_EVENTS:
+            hops[name] = _ms(at, stamps[event])
+            at = stamps[event]
+        hops["writer"] -= model
+        hops["model"] = model
+        out.append(UnitTiming(cycle_ms=_ms(start, stamps["usage.sampled"]), model_ms=model, hops=hops))
+    return out
+
+
+async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout: float,
+                     label: str) -> tuple[list[str], float]:
+    """Create novels, publish their first notices together, wait until all finished."""
+    ids = [await store.create_novel(ctx.pool, parse_novel_file(json.dumps(data))) for data in datas]
+    pending = set(ids)
+    done = asyncio.Event()
+    failed: list[str] = []
+
+    async def on_event(msg: Any) -> None:
+        novel_id = msg.subject[len(ctx.subjects.namespace):].split(".")[2]
+        if novel_id in pending:
+            pending.discard(novel_id)
+            if msg.subject.endswith(".novel.paused"):
+                failed.append(novel_id)
+            if not pending:
+                done.set()
+
+    subs = [await ctx.nc.subscribe(ctx.subjects.event("*", t), cb=on_event)
+            for t in ("novel.finished", "novel.paused")]
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(publish_notice(ctx, i, reason="bench") for i in ids))
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        except TimeoutError:
+            for novel_id in pending:
+                with contextlib.suppress(Exception):
+                    await store.pause_novel(ctx.pool, novel_id, "stopped")
+            raise RuntimeError(f"{label}: {len(pending)} of {len(ids)} novels did not finish within "
+                               f"{timeout:.0f} s") from None
+        seconds = time.monotonic() - started
+    finally:
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+    if failed:
+        raise RuntimeError(f"{label}: {len(failed)} novels paused instead of finishing (e.g. {failed[0]})")
+    return ids, seconds
+
+
+async def phase(ctx: ActorContext, name: str, novels: int, chapters: int, scenes: int, unit_chars: int,
+                seed: int, timeout: float) -> PhaseResult:
+    datas = [novel_dict(chapters, scenes, seed=seed + i, unit_chars=unit_chars, cjk=False, mode="subagent",
+                        label=f"bench throughput {name} {i + 1}") for i in range(novels)]
+    err_console.print(f"[dim]{name}: {novels} novel(s) × {chapters * scenes} units[/]")
+    ids, seconds = await write_many(ctx, datas, timeout=timeout, label=name)
+    result = PhaseResult(name=name, novels=novels, units=novels * chapters * scenes, seconds=seconds)
+    for novel_id in ids:
+        result.timings.extend(await unit_timings(ctx, novel_id))
+    return result
+
+
+@contextlib.asynccontextmanager
+async def deployment(processes: bool, nats_url: str, database_url: str, subjects: Subjects,
+                     log_dir: Path) -> AsyncIterator[ActorContext]:
+    """All six actors here (yield their context), or each in its own supervised process."""
+    if not processes:
+        async with running(nats_url, database_url, subjects=subjects, settings=Settings(model="offline")) as rt:
+            yield rt.ctx
+        return
+    from cli.supervise import Supervisor
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sup = Supervisor(nats_url, database_url, model="offline", namespace=subjects.namespace, log_dir=log_dir)
+    try:
+        await sup.start()
+        async with connected(nats_url, database_url, subjects=subjects, name="novelbus-bench") as ctx:
+            await wait_for_actors(ctx, sup)
+            yield ctx
+    finally:
+        await sup.stop()
+
+
+async def wait_for_actors(ctx: ActorContext, sup: Any, timeout: float = 60.0) -> None:
+    """Until every command service answers and the driver's work consumer exists."""
+    from bus.client import request
+    from bus.streams import driver_consumer_config
+    from messages.work import WorkNotice
+
+    wait_ready = getattr(sup, "wait_ready", None)
+    if wait_ready is not None:
+        await wait_ready(timeout)
+    deadline = time.monotonic() + timeout
+    probe = WorkNotice(novel_id="n-probe", notice_id="probe", reason="probe")
+    s = ctx.subjects
+    for subject in (s.claims, s.packs, s.runs, s.verify, s.usage):
+        while True:
+            try:  # any reply (an error reply to this probe, too) means somebody serves it
+                await request(ctx.nc, subject, probe, WorkNotice, timeout=1.0)
+                break
+            except BusUnavailable:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no actor answers on {subject} after {timeout:.0f} s") from None
+                await asyncio.sleep(0.1)
+            except Exception:  # noqa: BLE001 - an error reply: it is up
+                break
+    durable = driver_consumer_config(s).durable_name
+    while True:
+        try:
+            await ctx.js.consumer_info(s.work_stream, durable)
+            return
+        except Exception:  # noqa: BLE001 - not there yet
+            if time.monotonic() > deadline:
+                raise RuntimeError("the driver did not start its work consumer") from None
+            await asyncio.sleep(0.1)
+
+
+def _mark(ok: bool) -> str:
+    return "[green]✔[/]" if ok else "[red]✘[/]"
+
+
+def print_report(deploy: str, latency: PhaseResult, load: PhaseResult) -> None:
+    console.print(f"[bold]novelbus bench throughput[/] — writer: offline (no language model), deployment: "
+                  f"[cyan]{deploy}[/]")
+    console.print(f"{'':38} {'figure':>12}   target")
+    console.print(f"{'units per second (' + str(load.novels) + ' novels at once)':38} "
+                  f"{load.units_per_s:>12.1f}   ≥ {TARGET_UNITS_PER_S:.0f} {_mark(load.units_per_s >= TARGET_UNITS_PER_S)}")
+    p50, p99 = latency.overhead(50), latency.overhead(99)
+    console.print(f"{'overhead per unit p50 (one novel), ms':38} {p50:>12.1f}   ≤ {TARGET_P50_MS:.0f} "
+                  f"{_mark(p50 <= TARGET_P50_MS)}")
+    console.print(f"{'overhead per unit p99 (one novel), ms':38} {p99:>12.1f}   ≤ {TARGET_P99_MS:.0f} "
+                  f"{_mark(p99 <= TARGET_P99_MS)}")
+    console.print(f"{'overhead per unit p50 / p99 under load, ms':38} {load.overhead(50):>12.1f} / "
+                  f"{load.overhead(99):.1f}   (includes queueing behind {load.novels} novels)")
+    console.print(f"units: {load.units} in {load.seconds:.1f} s under load; latency phase {latency.units} units "
+                  f"({len(latency.timings)} measured cycles)")
+    console.print()
+    console.print(f"{'hop (p50 ms)':16} {'one novel':>10} {'under load':>11}")
+    lat, lod = latency.hop_p50(), load.hop_p50()
+    for hop in HOP_NAMES:
+        console.print(f"{hop:16} {lat[hop]:>10.2f} {lod[hop]:>11.2f}")
+    console.print(f"{'cycle (p50)':16} {percentile([t.cycle_ms for t in latency.timings], 50):>10.2f} "
+                  f"{percentile([t.cycle_ms for t in load.timings], 50):>11.2f}")
+
+
+async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, latency_units: int,
+                processes: bool, seed: int, timeout: float, home: Path | None, nats_url: str | None,
+                database_url: str | None) -> tuple[str, PhaseResult, PhaseResult]:
+    deploy = "processes" if processes else "one-process"
+    async with servers(home, nats_url, database_url) as ep:
+        subjects = Subjects(f"bench{secrets.token_hex(4)}.")
+        log_dir = home_dir(home) / "logs" / f"bench-{subjects.namespace.rstrip('.')}"
+        async with deployment(processes, ep.nats_url, ep.database_url, subjects, log_dir) as ctx:
+            try:
+                lat_chapters = max(1, math.ceil(latency_units / scenes))
+                latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout)
+                load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout)
+            finally:
+                await drop_namespace_streams(ctx)
+    return deploy, latency, load
+
+
+@bench_app.command("throughput")
+def bench_throughput(
+    novels: Annotated[int, typer.Option(help="Novels written at once in the load phase")] = 40,
+    chapters: Annotated[int, typer.Option(help="Chapters per load novel")] = 2,
+    scenes: Annotated[int, typer.Option(help="Scenes per chapter")] = 5,
+    unit_chars: Annotated[int, typer.Option("--unit-chars", help="Target characters per unit")] = 600,
+    latency_units: Annotated[int, typer.Option("--latency-units", help="Units of the latency-phase novel")] = 40,
+    processes: Annotated[bool, typer.Option("--processes", help="Each actor in its own OS process")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the generated novels")] = 3,
+    timeout: Annotated[float, typer.Option(help="Give up on a phase after this many seconds")] = 900.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")] = False,
+    home: Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME)")] = None,
+    nats_url: Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server")] = None,
+    database_url: Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL")] = None,
+) -> None:
+    """Units per second with many novels at once; orchestration overhead per unit, hop by hop."""
+    for name, value in (("--novels", novels), ("--chapters", chapters), ("--scenes", scenes),
+                        ("--unit-chars", unit_chars), ("--latency-units", latency_units)):
+        if value < 1:
+            fail(f"{name} must be at least 1, got {value}", code=2)
+    if chapters * scenes > MAX_UNITS_PER_NOVEL or latency_units > MAX_UNITS_PER_NOVEL:
+        fail(f"at most {MAX_UNITS_PER_NOVEL} units per novel (--chapters × --scenes, --latency-units): the usage "
+             "ring that carries each unit's model time keeps the last 50 samples", code=2)
+    if timeout <= 0:
+        fail(f"--timeout must be positive, got {timeout}", code=2)
+    try:
+        deploy, latency, load = run(bench(novels=novels, chapters=chapters, scenes=scenes, unit_chars=unit_chars,
+                                          latency_units=latency_units, processes=processes, seed=seed,
+                                          timeout=timeout, home=home, nats_url=nats_url,
+                                          database_url=database_url))
+    except (RuntimeError, ValueError, TimeoutError) as e:
+        fail(str(e))
+    if not as_json:
+        print_report(deploy, latency, load)
+        return
+    print_json({
+        "novels": load.novels,
+        "units": load.units,
+        "units_per_s": round(load.units_per_s, 2),
+        "overhead_p50_ms": round(latency.overhead(50), 3),
+        "overhead_p99_ms": round(latency.overhead(99), 3),
+        "deployment": deploy,
+        "hops": latency.hop_p50(),
+        "load_overhead_p50_ms": round(load.overhead(50), 3),
+        "load_overhead_p99_ms": round(load.overhead(99), 3),
+        "load_hops": load.hop_p50(),
+        "load_seconds": round(load.seconds, 3),
+        "latency_units_measured": len(latency.timings),
+        "model_ms_p50": round(statistics.median([t.model_ms for t in latency.timings]), 3)
+        if latency.timings else None,
+        "targets": {"overhead_p50_ms": TARGET_P50_MS, "overhead_p99_ms": TARGET_P99_MS,
+                    "units_per_s": TARGET_UNITS_PER_S},
+    })
