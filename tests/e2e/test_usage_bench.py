@@ -1,0 +1,128 @@
+"""`novelbus bench ab` and `novelbus bench throughput` as a user runs them (AB-1, OPS), on the
+test session's servers: `--json` prints exactly one JSON object on stdout with the agreed keys."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def novelbus(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+async def test_ab1_bench_ab_json_compares_the_same_novel_in_both_modes(
+    nats_url: str, new_database: Any, tmp_path: Path
+) -> None:
+    dsn = await new_database()
+    out = novelbus(
+        "bench",
+        "ab",
+        "--chapters",
+        "3",
+        "--scenes",
+        "3",
+        "--unit-chars",
+        "500",
+        "--json",
+        "--nats-url",
+        nats_url,
+        "--database-url",
+        dsn,
+        "--out",
+        str(tmp_path),
+        "--compact-tokens",
+        "5000",
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)  # exactly one JSON object, progress went to stderr
+    for key in (
+        "units",
+        "inline_input_tokens",
+        "subagent_input_tokens",
+        "ratio",
+        "inline_peak_tokens",
+        "subagent_peak_tokens",
+        "inline_compactions",
+        "inline_cached_share",
+        "subagent_cached_share",
+    ):
+        assert key in report, key
+    assert report["units"] == 9
+    assert 0 < report["subagent_input_tokens"] < report["inline_input_tokens"]
+    assert report["ratio"] == round(
+        report["subagent_input_tokens"] / report["inline_input_tokens"], 4
+    )
+    assert report["inline_compactions"] >= 1  # the small threshold was passed
+    assert (
+        report["inline_cached_share"] is None and report["subagent_cached_share"] is None
+    )  # offline: unknown
+    rows = list(csv.DictReader(Path(report["csv"]).open(encoding="utf-8")))
+    assert len(rows) == 9
+    assert sum(int(r["inline_input_est_tokens"]) for r in rows) == report["inline_input_tokens"]
+    assert sum(int(r["subagent_input_est_tokens"]) for r in rows) == report["subagent_input_tokens"]
+    assert Path(report["png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    bad = novelbus("bench", "ab", "--chapters", "0", "--json")
+    assert bad.returncode == 2 and "--chapters" in bad.stderr and not bad.stdout
+
+
+async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
+    nats_url: str, new_database: Any
+) -> None:
+    dsn = await new_database()
+    out = novelbus(
+        "bench",
+        "throughput",
+        "--novels",
+        "3",
+        "--chapters",
+        "1",
+        "--scenes",
+        "3",
+        "--latency-units",
+        "6",
+        "--unit-chars",
+        "300",
+        "--json",
+        "--nats-url",
+        nats_url,
+        "--database-url",
+        dsn,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["novels"] == 3 and report["units"] == 9
+    assert report["deployment"] == "one-process"
+    assert report["units_per_s"] > 0
+    assert 0 < report["overhead_p50_ms"] <= report["overhead_p99_ms"]
+    assert set(report["hops"]) == {
+        "notice",
+        "claim",
+        "pack",
+        "dispatch",
+        "writer",
+        "finish",
+        "verify+usage",
+        "model",
+    }
+    assert all(v >= 0 for v in report["hops"].values())
+    assert (
+        report["latency_units_measured"] == 5
+    )  # 2 chapters × 3 scenes; the first has no predecessor
