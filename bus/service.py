@@ -52,6 +52,7 @@ class CommandService:
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_message)
+        await self.nc.flush()  # the server knows the subscription before anyone is told we are ready
 
     async def stop(self) -> None:
         if self._sub is not None:
