@@ -329,3 +329,57 @@ def test_ab2_compaction_threshold_is_configurable_and_bad_values_are_named() -> 
         compact_threshold(None, env={ENV_COMPACT_TOKENS: "lots"})
     with pytest.raises(ValueError, match="> 0"):
         compact_threshold(0)
+
+
+async def test_ab2_a_real_model_writes_the_summary_through_a_model_call(
+    sample_file: NovelFile,
+) -> None:
+    """A non-offline provider gets the compaction request as a model call without tools; its
+    reply text becomes the summary that replaces the history."""
+    book = Book(sample_file)
+    pack = book.next_pack()
+    assert pack is not None
+    old: list[ChatMessage] = [
+        {"role": "system", "content": session_preamble(pack)},
+        {"role": "user", "content": "an old brief " * 400},
+        {"role": "assistant", "content": "an old answer"},
+    ]
+    draft = json.loads(
+        (
+            await OfflineProvider().complete(
+                [{"role": "user", "content": pack}], None, max_output_tokens=1
+            )
+        ).text
+        or "{}"
+    )
+    seen: list[tuple[list[ChatMessage], Any]] = []
+
+    def summarise(messages: list[ChatMessage], tools: Any) -> ModelReply:
+        seen.append((messages, tools))
+        return ModelReply(text="Units so far: one. The lamp is out.", stop_reason="completed")
+
+    commit_reply = ModelReply(
+        text=None,
+        tool_calls=[
+            ToolCall(
+                id="k", name=COMMIT_TOOL, arguments=json.dumps({"unitId": book.unit_id, **draft})
+            )
+        ],
+        stop_reason="tool_calls",
+    )
+    run = await run_inline_unit(
+        ScriptedProvider([summarise, commit_reply]),
+        old,
+        pack,
+        allow_list=W2_ALLOW_LIST,
+        read_tool=book.read_tool,
+        commit=book.commit,
+        compact_tokens=800,
+        max_output_tokens=MAX_TOKENS,
+    )
+    assert run.outcome.ok and run.compactions == 1
+    messages, tools = seen[0]
+    assert tools is None and messages[-1]["content"].startswith(COMPACT_MARKER)
+    assert messages[1]["content"].startswith("an old brief")  # it read the whole old history
+    assert run.history[1]["content"] == f"{SUMMARY_HEADER}\nUnits so far: one. The lamp is out."
+    assert all("an old" not in str(m.get("content")) for m in run.history)
