@@ -1,0 +1,61 @@
+"""DRV-3 with the inline path: a mode switch takes effect from the next unit; a claimed unit
+finishes in the mode it was claimed in, and its usage is accounted in that mode."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import store
+from actors.driver import publish_notice
+from actors.runtime import Runtime
+from bus.codec import decode
+from messages import events as ev
+from novel.outline import parse_novel_file
+from novel.sample import sample_novel_bytes
+from writers.inline import BRIEF_HEADER, session_id
+
+
+async def test_drv3_switching_inline_to_subagent_applies_from_the_next_unit(stack: Runtime) -> None:
+    ctx = stack.ctx
+    nf = parse_novel_file(sample_novel_bytes())
+    config = nf.config.model_copy(update={"writerMode": "inline"})
+    novel_id = await store.create_novel(
+        ctx.pool, nf.model_copy(update={"novelId": None, "config": config})
+    )
+    done = asyncio.get_running_loop().create_future()
+    commits = 0
+
+    async def on_event(msg: Any) -> None:
+        nonlocal commits
+        e = decode(msg.data, ev.NovelEvent)
+        if isinstance(e, ev.UnitCommitted):
+            commits += 1
+            if commits == 2:  # switch while the novel runs
+                await store.set_writer_mode(ctx.pool, novel_id, "subagent")
+        elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
+            done.set_result(e)
+
+    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
+    try:
+        await publish_notice(ctx, novel_id, reason="test")
+        assert isinstance(await asyncio.wait_for(done, 120), ev.NovelFinished)
+    finally:
+        await sub.unsubscribe()
+
+    samples = await store.recent_usage(ctx.pool, novel_id)
+    modes = [s["mode"] for s in samples]
+    switch = modes.index("subagent")
+    assert switch >= 2 and modes == ["inline"] * switch + ["subagent"] * (len(modes) - switch)
+    units = {u.unit_id: u for u in await store.list_units(ctx.pool, novel_id)}
+    for s in samples:  # accounted in the mode the unit was claimed in
+        assert units[s["unitId"]].claimed_mode == s["mode"]
+    totals = await store.usage_totals(ctx.pool, novel_id)
+    assert (
+        totals["inline"]["samples"] == switch
+        and totals["subagent"]["samples"] == len(modes) - switch
+    )
+    session = await store.load_session(ctx.pool, session_id(novel_id))
+    assert session is not None
+    briefs = [m for m in session.history if str(m.get("content") or "").startswith(BRIEF_HEADER)]
+    assert len(briefs) == switch  # subagent units never touched the author session
