@@ -474,13 +474,23 @@ def _calls(units: list[_Unit]) -> list[Any]:
     return [c for u in units if u.finished is not None for c in u.finished.calls]
 
 
+def _provider_down(units: list[_Unit]) -> str | None:
+    """The provider error that ended every run, if no model call ever succeeded."""
+    reasons = [u.finished.reason for u in units if u.finished is not None]
+    if reasons and all(r.startswith("provider-error:") for r in reasons) and not any(
+            c.output_chars for c in _calls(units)):
+        return reasons[0]
+    return None
+
+
 def _p4(probe: ProbeProvider, units: list[_Unit]) -> ProbeResult:
     if probe.name == "offline":
         return ProbeResult("not-applicable", "offline provider: no language model; its token figures are "
                                              "estimates, not provider usage")
     calls = _calls(units)
-    if not calls:
-        return ProbeResult("fail", "no model call completed, so no usage could be observed")
+    down = _provider_down(units)
+    if not calls or down:
+        return ProbeResult("fail", f"no model call succeeded ({down or 'no call'}), so no usage could be observed")
     reported = [c for c in calls if c.input_tokens is not None]
     if not reported:
         return ProbeResult("fail", f"none of {len(calls)} calls reported usage; input is measured in "
@@ -493,8 +503,8 @@ def _p4(probe: ProbeProvider, units: list[_Unit]) -> ProbeResult:
 def _p5(probe: ProbeProvider, a: _Unit, b: _Unit) -> ProbeResult:
     if probe.name == "offline":
         return ProbeResult("not-applicable", "offline provider: no language model, no prompt cache")
-    if b.finished is None or not b.finished.calls:
-        return ProbeResult("fail", f"run B made no model call ({_run_failure(b)})")
+    if b.finished is None or not b.finished.calls or _provider_down([b]):
+        return ProbeResult("fail", f"run B made no successful model call ({_run_failure(b)})")
     first = b.finished.calls[0]
     if first.cached_tokens is None:
         return ProbeResult("not-applicable", "the server reports no cached-token figures "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,18 @@ async def test_probe_fails_a_model_that_never_calls_tools(nats_url: str, new_dat
     assert statuses(report) == {"P1": "fail", "P2": "pass", "P3": "fail", "P4": "fail", "P5": "not-applicable"}
     assert report.failing_required == ["P1", "P3"] and not report.subagent_ok
     assert "never called novel_body_commit" in report.results["P3"].evidence
+
+
+async def test_probe_an_unreachable_server_fails_with_the_provider_reason(nats_url: str, new_database: Any,
+                                                                        namespace: str) -> None:
+    """PROBE: nothing answers at the base URL: every probe that needs the model fails and says why."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with OpenAIProvider("ghost", f"http://127.0.0.1:{port}/v1", "not-needed", max_retries=0) as provider:
+        report, _ = await probe(provider, "openai:ghost", nats_url, new_database, namespace)
+    assert statuses(report) == {"P1": "fail", "P2": "fail", "P3": "fail", "P4": "fail", "P5": "fail"}
+    assert all("provider-unavailable" in report.results[p].evidence for p in PROBE_IDS)
 
 
 class CommitsAtOnce:
