@@ -475,31 +475,24 @@ class Driver:
 
     async def account(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
                       before: NovelSnapshot, mode: str | None = None) -> None:
-        """Account the turn, then schedule the next unit or apply the failure policy (DRV-4, DRV-6)."""
+        """Account the turn, then schedule the next unit or apply the failure policy (DRV-4, DRV-6).
+
+        REL-2: the turn is accounted once per claim (the store's turn ledger); a repeated call for
+        the same claim records no usage and emits no event twice, it only re-publishes what comes
+        next (notices are de-duplicated, releases are conditional)."""
         ctx, pool = self.ctx, self.ctx.pool
         novel = await store.get_novel(pool, novel_id)
         budgets = novel.config.budgets
-        turn = novel.turns + 1
-        if outcome.runs:  # USE-1: every call of every dispatch of this turn, in the claimed mode
-            tool_bytes: dict[str, int] = {}
-            for r in outcome.runs:
-                for tool, n in r.tool_bytes.items():
-                    tool_bytes[tool] = tool_bytes.get(tool, 0) + n
-            try:  # USE-2: usage is observation; a sampler that is away never blocks the novel
-                record = um.RecordTurn(
-                    novel_id=novel_id, unit_id=unit_id, mode=mode or novel.writer_mode, turn=turn,
-                    provider=outcome.runs[-1].provider, calls=[c for r in outcome.runs for c in r.calls],
-                    tool_bytes=tool_bytes, writer_output_chars=outcome.output_chars, committed=outcome.ok,
-                    claim_id=claim.claim_id, dispatches=len(outcome.runs),
-                    model_ms=sum(r.model_ms for r in outcome.runs))
-                await request(ctx.nc, ctx.subjects.usage, record, um.TurnRecorded,
-                              timeout=ctx.settings.request_timeout_s, retries=2)
-            except (RemoteError, BusUnavailable) as e:
-                log.warning("usage of %s turn %s not recorded (%s)", unit_id, turn, getattr(e, "code", e))
+        external = not outcome.ok and outcome.reason in EXTERNAL_REASONS
+        kind: store.TurnOutcome = "committed" if outcome.ok else "external" if external else "failed"
+        signature = f"{unit_id}:{outcome.reason}"
+        counters, first = await store.account_turn(
+            pool, novel_id, claim.claim_id, outcome=kind,
+            writer_output_chars=outcome.output_chars if outcome.ok else 0,
+            failure_signature=signature if kind == "failed" else None)
+        if first and outcome.runs:  # USE-1: every call of every dispatch of this turn, in the claimed mode
+            await self._record_usage(novel_id, unit_id, claim, outcome, mode or novel.writer_mode, counters.turns)
         if outcome.ok:
-            # REL-2: one accounted turn per claim, however often this is retried or redelivered.
-            _, first = await store.account_turn(pool, novel_id, claim.claim_id, outcome="committed",
-                                                writer_output_chars=outcome.output_chars)
             if first:
                 self.state.units_done += 1
                 after = await store.load_snapshot(pool, novel_id)
@@ -507,9 +500,10 @@ class Driver:
                     await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
             await publish_notice(ctx, novel_id, reason="next-unit", dedupe=f"after-{unit_id}-{claim.claim_id}")
             return
-        signature = f"{unit_id}:{outcome.reason}"
-        await ctx.emit(ev.UnitFailed(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason, signature=signature,
-                                     dispatches=outcome.dispatches, missing_blocks=outcome.missing_blocks))
+        if first:
+            await ctx.emit(ev.UnitFailed(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason,
+                                         signature=signature, dispatches=outcome.dispatches,
+                                         missing_blocks=outcome.missing_blocks))
         try:  # CLM-5: to the instance holding the delegation; the store directly if it is away
             await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
                           cm.ReleaseClaim(delegation_id=claim.delegation_id, reason=outcome.reason[:120]),
@@ -518,21 +512,18 @@ class Driver:
             if await store.release_claim(pool, novel_id, unit_id, reason=outcome.reason[:120],
                                          claim_id=claim.claim_id):
                 await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason[:120]))
-        if outcome.reason in EXTERNAL_REASONS:
+        if external:
             # DRV-4 externalRetry: the provider was away, not the unit at fault. Retried with a
             # growing backoff up to maxAttempts consecutive times, then the novel pauses.
-            await store.account_turn(pool, novel_id, claim.claim_id, outcome="external")
             lost = await store.external_failures(pool, novel_id)
             retry = budgets.externalRetry
             if lost >= retry.maxAttempts:
                 await self.pause(novel_id, "recovery-required",
                                  f"externalRetry: {lost} consecutive turns lost to {outcome.reason}")
             else:
-                await asyncio.sleep(retry.backoffMs / 1000 * 2 ** (lost - 1))
+                await asyncio.sleep(retry.backoffMs / 1000 * 2 ** (max(lost, 1) - 1))
                 await publish_notice(ctx, novel_id, reason="external-retry")
             return
-        counters, _ = await store.account_turn(pool, novel_id, claim.claim_id, outcome="failed",
-                                               failure_signature=signature)
         # DRV-6 after recording progress (the original checked before): same unit, same signature.
         if counters.stall_count >= budgets.stallThresholdTurns:
             await self.pause(novel_id, "stalled", signature)
@@ -542,6 +533,25 @@ class Driver:
         else:
             await asyncio.sleep(budgets.externalRetry.backoffMs / 1000 * min(counters.consecutive_failures, 3))
             await publish_notice(ctx, novel_id, reason="retry")
+
+    async def _record_usage(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
+                            mode: str, turn: int) -> None:
+        ctx = self.ctx
+        tool_bytes: dict[str, int] = {}
+        for r in outcome.runs:
+            for tool, n in r.tool_bytes.items():
+                tool_bytes[tool] = tool_bytes.get(tool, 0) + n
+        try:  # USE-2: usage is observation; a sampler that is away never blocks the novel
+            record = um.RecordTurn(
+                novel_id=novel_id, unit_id=unit_id, mode=mode, turn=turn,
+                provider=outcome.runs[-1].provider, calls=[c for r in outcome.runs for c in r.calls],
+                tool_bytes=tool_bytes, writer_output_chars=outcome.output_chars, committed=outcome.ok,
+                claim_id=claim.claim_id, dispatches=len(outcome.runs),
+                model_ms=sum(r.model_ms for r in outcome.runs))
+            await request(ctx.nc, ctx.subjects.usage, record, um.TurnRecorded,
+                          timeout=ctx.settings.request_timeout_s, retries=2)
+        except (RemoteError, BusUnavailable) as e:
+            log.warning("usage of %s turn %s not recorded (%s)", unit_id, turn, getattr(e, "code", e))
 
 
 def _removed_scene_units(snapshot: NovelSnapshot) -> list[str]:
