@@ -14,6 +14,7 @@ import typer
 
 import cli.bench_ab  # noqa: F401  (registers `novelbus bench ab`)
 import cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
+import cli.bench_pack  # noqa: F401  (registers `novelbus bench pack`)
 import cli.bench_throughput  # noqa: F401  (registers `novelbus bench throughput`)
 import store
 from actors.context import Settings
@@ -22,6 +23,7 @@ from actors.runtime import ACTOR_NAMES, connected, running
 from bus.codec import decode
 from cli.bench import bench_app
 from cli.common import console, err_console, fail, home_dir, print_json, run, servers
+from cli.pack_cmd import pack as pack_command
 from cli.probe_cmd import probe as probe_command
 from cli.probe_cmd import require_subagent_capable
 from cli.tools_cmd import read_tools_enabled, tools_app
@@ -37,6 +39,7 @@ app.add_typer(novel_app, name="novel")
 app.add_typer(bench_app, name="bench")
 app.add_typer(tools_app, name="tools")
 app.command("probe")(probe_command)
+app.command("pack")(pack_command)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]

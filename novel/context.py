@@ -48,7 +48,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -57,9 +57,18 @@ from pydantic import BaseModel
 from novel.body import CanonChange
 from novel.length import narrative_stage, remaining_book_characters, unit_target_range
 from novel.next_work import foreshadowing_status, live_commits, scene_commits
-from novel.outline import Chapter, Character, Foreshadowing, LoreEntry, Outline, Scene, Story
+from novel.outline import (
+    Chapter,
+    Character,
+    Foreshadowing,
+    LengthBudget,
+    LoreEntry,
+    Outline,
+    Scene,
+    Story,
+)
 from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from novel.text import estimate_tokens, keywords, one_line, tail, truncate
+from novel.text import _CJK_CLASS, keywords, one_line, tail, truncate
 
 SCENARIOS: tuple[str, ...] = ("generation", "extraction", "planning", "detection")
 PURPOSES: tuple[str, ...] = ("production", "evaluation", "diagnostic")
@@ -313,6 +322,29 @@ def scene_keywords(outline: Outline, scene: Scene) -> tuple[str, set[str]]:
             continue
     text = " ".join([*names, scene.goal, scene.timeLocation]).lower()
     return text, set(keyword_set(text))
+
+
+_NON_CJK_RUN = re.compile(f"[^{_CJK_CLASS}]+")
+
+
+@functools.lru_cache(maxsize=8192)
+def cjk_count(text: str) -> int:
+    """CJK code points in ``text`` (the ones ``novel.text.estimate_tokens`` counts as 1 token).
+
+    Cached, and additive over concatenation, so the pack's estimate is summed from its blocks
+    (``estimate_tokens(a + b) == tokens_of(cjk(a) + cjk(b), len(a) + len(b))``).
+    """
+    return len(_NON_CJK_RUN.sub("", text))
+
+
+def tokens_of(cjk: int, length: int) -> int:
+    """``novel.text.estimate_tokens`` from a CJK count and a length: ``cjk + ceil(other / 4)``."""
+    return cjk + -(-(length - cjk) // 4)
+
+
+def estimate(text: str) -> int:
+    """``novel.text.estimate_tokens(text)``, from the cached CJK count."""
+    return tokens_of(cjk_count(text), len(text))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -589,6 +621,7 @@ class ManifestOmission(msgspec.Struct, frozen=True, rename="camel"):
     source_offset: int
     score: int
     reason: str
+    count: int = 1  # > 1: this and the next count-1 candidates (all ranked lower), one entry
 
 
 class ManifestTrim(msgspec.Struct, frozen=True, rename="camel"):
@@ -632,9 +665,38 @@ class FrozenContext(msgspec.Struct, frozen=True):
         return out
 
 
+class IdentityCache:
+    """Memoise ``fn(obj, *extra)`` for immutable objects (frozen outline models) by identity.
+
+    Each entry keeps a strong reference to ``obj``, so an id cannot be reused by another object
+    while its entry lives; the oldest entries are dropped beyond ``size``. Outline objects are
+    shared by every render of a revision (store.context caches parsed outlines), so the stable
+    parts of a context are dumped and rendered once.
+    """
+
+    def __init__(self, fn: Callable[..., Any], size: int = 4096) -> None:
+        self.fn = fn
+        self.size = size
+        self.entries: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+    def __call__(self, obj: Any, *extra: Any) -> Any:
+        key = (id(obj), *extra)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        value = self.fn(obj, *extra)
+        if len(self.entries) >= self.size:
+            self.entries.pop(next(iter(self.entries)))
+        self.entries[key] = (obj, value)
+        return value
+
+
+_dump_model = IdentityCache(lambda model: model.model_dump(mode="json"))
+
+
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
+        return _dump_model(obj)
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
@@ -670,13 +732,23 @@ class _Candidate(msgspec.Struct):
         return order_key(self.score, self.version, self.source_id, self.offset)
 
 
+OMISSIONS_LISTED = 24  # per (layer, kind, reason); the rest is one counted entry
+
+
 class _Ledger:
-    """Collects manifest entries while the layers are built."""
+    """Collects manifest entries while the layers are built.
+
+    Omissions are listed one by one up to OMISSIONS_LISTED per (layer, kind, reason), in
+    CTX-5 order; further ones are folded into one entry with a count, so the manifest stays
+    bounded however long the book grows.
+    """
 
     def __init__(self) -> None:
         self.sources: list[ManifestSource] = []
         self.omitted: list[ManifestOmission] = []
         self.trims: list[ManifestTrim] = []
+        self._listed: dict[tuple[str, str, str], int] = {}
+        self._folded: dict[tuple[str, str, str], int] = {}
 
     def take(self, c: _Candidate, chars: int | None = None) -> None:
         self.sources.append(
@@ -692,17 +764,34 @@ class _Ledger:
             )
         )
 
-    def omit(self, c: _Candidate, reason: str) -> None:
-        self.omitted.append(
-            ManifestOmission(
-                layer=c.layer,
-                kind=c.kind,
-                source_id=c.source_id,
-                source_version=c.version,
-                source_offset=c.offset,
-                score=c.score,
-                reason=reason,
-            )
+    def omit(self, c: _Candidate, reason: str, count: int = 1) -> None:
+        """Record an omitted candidate (``count`` > 1: it stands for that many, all ranked
+        at or below it)."""
+        key = (c.layer, c.kind, reason)
+        listed = self._listed.get(key, 0)
+        if listed < OMISSIONS_LISTED and count == 1:
+            self._listed[key] = listed + 1
+            self.omitted.append(self._entry(c, reason, 1))
+            return
+        folded = self._folded.get(key)
+        if folded is None:
+            self._folded[key] = len(self.omitted)
+            self.omitted.append(self._entry(c, reason, count))
+        else:
+            entry = self.omitted[folded]
+            self.omitted[folded] = msgspec.structs.replace(entry, count=entry.count + count)
+
+    @staticmethod
+    def _entry(c: _Candidate, reason: str, count: int) -> ManifestOmission:
+        return ManifestOmission(
+            layer=c.layer,
+            kind=c.kind,
+            source_id=c.source_id,
+            source_version=c.version,
+            source_offset=c.offset,
+            score=c.score,
+            reason=reason,
+            count=count,
         )
 
     def trim(self, layer: str, kind: str, source_id: str, kept: int, total: int, why: str) -> None:
@@ -796,26 +885,28 @@ def _canon_cards(
     ledger: _Ledger,
 ) -> list[CanonCard]:
     as_of = plan.request.as_of
-    candidates = [
-        _Candidate(
-            "canon",
-            "L2",
-            commit.seq * 1000 + index,
-            commit.seq,
-            commit.commit_id,
-            index,
-            len(change.summary) + len(change.detail or ""),
-            (commit, index, change),
+    facts = _participant_facts(plan, live)
+    # score = recency (1000 × seq + index): ordering by the CTX-5 key is newest first.
+    # (scores are unique, so the score alone decides; the full key would give the same order)
+    facts.sort(key=lambda f: -(f[0].seq * 1000 + f[1]))
+
+    def candidate(commit: CommitView, index: int, change: CanonChange) -> _Candidate:
+        size = len(change.summary) + len(change.detail or "")
+        return _Candidate(
+            "canon", "L2", commit.seq * 1000 + index, commit.seq, commit.commit_id, index, size
         )
-        for commit, index, change in _participant_facts(plan, live)
-    ]
-    ordered = sorted(candidates, key=_Candidate.key)
+
     cap = plan.budget.max_canon
-    for c in ordered[cap:]:
-        ledger.omit(c, f"cap:{cap}")
+    cut = facts[cap:]
+    listed = cut[:OMISSIONS_LISTED]
+    for commit, index, change in listed:
+        ledger.omit(candidate(commit, index, change), f"cap:{cap}")
+    if len(cut) > len(listed):
+        commit, index, change = cut[len(listed)]
+        ledger.omit(candidate(commit, index, change), f"cap:{cap}", count=len(cut) - len(listed))
     cards = []
-    for c in ordered[:cap]:
-        commit, index, change = c.payload
+    for commit, index, change in facts[:cap]:
+        c = candidate(commit, index, change)
         c.verified = _verified(change, counts, seqs, as_of)
         ledger.take(c)
         cards.append(
@@ -1001,6 +1092,22 @@ def continuation_context(
     return anchor, goals
 
 
+@functools.lru_cache(maxsize=1024)
+def length_contract(
+    budget: LengthBudget, committed: int, remaining_scenes: int, has_commits: bool
+) -> LengthContract:
+    """The unit's length contract from the pure length functions (SPEC §16), memoised: both
+    shapes and every re-dispatch of a unit ask for the same one."""
+    target = unit_target_range(budget, committed, remaining_scenes)
+    return LengthContract(
+        target_min=target.min,
+        target_max=target.max,
+        stage=narrative_stage(budget, committed, has_commits=has_commits),
+        remaining=remaining_book_characters(budget, committed),
+        committed=committed,
+    )
+
+
 def _remaining_scenes(outline: Outline, live: list[CommitView]) -> int:
     """``novel.next_work.remaining_scenes`` in one pass over the live commits (same result)."""
     latest: dict[tuple[str, str], bool] = {}
@@ -1015,12 +1122,30 @@ def _remaining_scenes(outline: Outline, live: list[CommitView]) -> int:
 
 
 def _l0_text(l0: TaskLayer) -> str:
-    parts = [l0.title, *l0.story.model_dump(mode="json", exclude_none=True).values()]
-    parts += [str(v) for v in l0.chapter.model_dump(mode="json").values()]
-    parts += [str(v) for v in l0.scene.model_dump(mode="json").values()]
-    parts += [l0.continuation_anchor or "", *l0.outstanding_goals]
-    parts += [f.description for f in l0.foreshadowing_due]
-    return "\n".join(str(p) for p in parts)
+    st, ch, sc = l0.story, l0.chapter, l0.scene
+    parts = [
+        l0.title,
+        st.premise,
+        st.theme,
+        st.mainConflict,
+        st.endingDirection,
+        *st.taboos,
+        st.style,
+        ch.title,
+        ch.purpose,
+        ch.entryCondition,
+        ch.exitCondition,
+        *ch.keyEvents,
+        sc.goal,
+        sc.timeLocation,
+        sc.causality,
+        sc.conflict,
+        sc.expectedChange,
+        l0.continuation_anchor or "",
+        *l0.outstanding_goals,
+        *(f.description for f in l0.foreshadowing_due),
+    ]
+    return "\n".join(parts)
 
 
 def assemble_context(sources: ContextSources) -> FrozenContext:
@@ -1038,7 +1163,6 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
     # L0 — the current task.
     live = live_commits(index)
     committed = sum(c.effective_characters for c in live)
-    target = unit_target_range(index.config.length, committed, _remaining_scenes(outline, live))
     status = foreshadowing_status(index)
     anchor, goals = continuation_context(index, unit, scene)
     due = [
@@ -1056,12 +1180,8 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         continuation_anchor=anchor,
         outstanding_goals=goals,
         foreshadowing_due=due,
-        length=LengthContract(
-            target_min=target.min,
-            target_max=target.max,
-            stage=narrative_stage(index.config.length, committed, has_commits=bool(live)),
-            remaining=remaining_book_characters(index.config.length, committed),
-            committed=committed,
+        length=length_contract(
+            index.config.length, committed, _remaining_scenes(outline, live), bool(live)
         ),
     )
     for kind, source_id in (
@@ -1104,8 +1224,8 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
     recall = _recall(plan, live, prose, set(plan.baseline_chapters), ledger) if plan.recall else []
 
     # L0 and the continuity baseline are never trimmed: if they do not fit, fail loud.
-    l0_tokens = estimate_tokens(_l0_text(l0))
-    baseline_tokens = sum(estimate_tokens(e.text) for e in [*earlier, current])
+    l0_tokens = estimate(_l0_text(l0))
+    baseline_tokens = sum(estimate(e.text) for e in [*earlier, current])
     if l0_tokens + baseline_tokens > budget.hard_tokens:
         missing = (
             ["story", "chapter", "scene"]
@@ -1146,7 +1266,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         l3=ReferenceLayer(),
     )
     context_sha256 = sha256_of(context)
-    l1_tokens = baseline_tokens + sum(estimate_tokens(e.text) for e in recall)
+    l1_tokens = baseline_tokens + sum(estimate(e.text) for e in recall)
     l2_chars = sum(s.chars for s in ledger.sources if s.layer == "L2")
     manifest = RetrievalManifest(
         request=request,

@@ -51,12 +51,15 @@ from novel.context import (
     CanonCard,
     ContextInputError,
     FrozenContext,
+    IdentityCache,
     WriterPackError,
+    cjk_count,
     freeze_from_snapshot,
+    tokens_of,
 )
 from novel.outline import Chapter, Character, Scene, Story
 from novel.snapshot import NovelSnapshot
-from novel.text import estimate_tokens, one_line, truncate
+from novel.text import one_line, truncate
 
 __all__ = [
     "BLOCK_ORDER",
@@ -241,7 +244,7 @@ class _Names:
 # --- blocks ------------------------------------------------------------------------------
 
 
-def _story_lines(title: str, s: Story) -> list[str]:
+def _story_lines(s: Story, title: str) -> list[str]:
     return _fields(
         [
             ("title", title, STORY_FIELD_LIMIT),
@@ -255,7 +258,9 @@ def _story_lines(title: str, s: Story) -> list[str]:
     )
 
 
-def _character_entry(person: _Names, character: Character) -> list[str]:
+def _character_entry(character: Character, names: tuple[tuple[str, str | None], ...]) -> list[str]:
+    """One character's lines; ``names`` maps every id it shows (its own, its relations')."""
+    person = _Names({k: v for k, v in names if v is not None})
     lines = [f"- {person(character.characterId)}"]
     for key, attr, limit in _CHARACTER_FIELDS:
         line = _field(key, getattr(character, attr), limit)
@@ -350,6 +355,12 @@ def _unit_lines(frozen: FrozenContext) -> list[str]:
     return lines
 
 
+# Stable prefix parts, rendered once per outline object (novel.context.IdentityCache).
+_STORY_LINES = IdentityCache(_story_lines)
+_CHAPTER_LINES = IdentityCache(_chapter_lines)
+_CHARACTER_ENTRY = IdentityCache(_character_entry)
+
+
 # --- the projection ------------------------------------------------------------------------
 
 
@@ -397,8 +408,8 @@ def render_writer_pack(frozen: FrozenContext, shape: PackShape) -> WriterPack:
     earlier = f"\n\n{CHAPTER_SEPARATOR}\n\n".join(e.text for e in l1.earlier if e.text)
     content: dict[str, list[str]] = {
         "protocol": list("- " + line for line in (PROTOCOL_W1 if full else PROTOCOL_W2)),
-        "story": _story_lines(l0.title, l0.story),
-        "chapter": _chapter_lines(l0.chapter),
+        "story": _STORY_LINES(l0.story, l0.title),
+        "chapter": _CHAPTER_LINES(l0.chapter),
         "earlier-chapters": earlier.split("\n") if earlier else [],
         "scene": _scene_lines(person, l0.scene, l0.continuation_anchor, l0.outstanding_goals, due),
         "recalled-prose": ["- " + e.text for e in l1.recall],
@@ -408,7 +419,9 @@ def render_writer_pack(frozen: FrozenContext, shape: PackShape) -> WriterPack:
     if full:
         characters: list[str] = []
         for character in l2.characters:
-            characters.extend(_character_entry(person, character))
+            ids = [character.characterId, *(r.characterId for r in character.relations)]
+            known = tuple((cid, l2.names.get(cid)) for cid in ids)
+            characters.extend(_CHARACTER_ENTRY(character, known))
         content["characters"] = characters
         content["lore"] = [
             "- " + truncate(one_line(f"{e.entryId}: {e.content}"), LORE_ENTRY_LIMIT)
@@ -440,7 +453,8 @@ def render_writer_pack(frozen: FrozenContext, shape: PackShape) -> WriterPack:
         sha256=_sha256(text),
         shape=shape,
         chars=len(text),
-        est_tokens=estimate_tokens(text),
+        # == novel.text.estimate_tokens(text): CJK counts are additive and cached per block
+        est_tokens=tokens_of(sum(cjk_count(rendered[n]) for n in names), len(text)),
         blocks=names,
         context_sha256=frozen.context_sha256,
         manifest_sha256=frozen.manifest_sha256,

@@ -32,11 +32,31 @@ from novel.context import (
     resolve_pointers,
     validate_request,
 )
-from novel.outline import NovelConfig
+from novel.outline import NovelConfig, Outline
 from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from store._db import Db, transaction
+from store._db import Conn, Db, transaction
 from store.errors import NovelNotFound
 from store.novels import fetch_outline
+
+# Outline revisions are content-derived and immutable, so a parsed outline can be reused for as
+# long as the process lives: a revision id always names the same outline, so it is never stale.
+_OUTLINES: dict[tuple[str, str], Outline] = {}
+_OUTLINES_MAX = 256
+
+
+async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
+    if revision is None:
+        return None
+    cached = _OUTLINES.get((novel_id, revision))
+    if cached is not None:
+        return cached
+    outline = await fetch_outline(conn, novel_id, revision)
+    if outline is not None:
+        if len(_OUTLINES) >= _OUTLINES_MAX:
+            _OUTLINES.pop(next(iter(_OUTLINES)))
+        _OUTLINES[(novel_id, revision)] = outline
+    return outline
+
 
 # A test seam: awaited inside the transaction after the plan is fixed and before the sources
 # are read, so a test can change the database concurrently and show the read does not see it.
@@ -72,19 +92,22 @@ async def read_context_sources(
         profile=profile,
     )
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
-        setting = await conn.fetchrow(
-            "SELECT current_setting('transaction_isolation') AS isolation,"
-            " current_setting('transaction_read_only') AS read_only"
-        )
-        readback = Readback(isolation=setting["isolation"], read_only=setting["read_only"] == "on")
+        # One round trip: the isolation actually in force, the novel, the latest commit and
+        # the unit's own commit (if any).
         novel = await conn.fetchrow(
-            "SELECT title, status, pause_reason, config, outline_revision FROM novels"
-            " WHERE novel_id = $1",
+            "SELECT current_setting('transaction_isolation') AS isolation,"
+            " current_setting('transaction_read_only') AS read_only,"
+            " title, status, pause_reason, config, outline_revision,"
+            " (SELECT COALESCE(MAX(seq), 0) FROM commits WHERE novel_id = $1) AS latest,"
+            " (SELECT seq FROM commits WHERE novel_id = $1 AND unit_id = $2) AS own"
+            " FROM novels WHERE novel_id = $1",
             novel_id,
+            unit_id,
         )
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
-        outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
+        readback = Readback(isolation=novel["isolation"], read_only=novel["read_only"] == "on")
+        outline = await _outline(conn, novel_id, novel["outline_revision"])
         units = [
             UnitView(**dict(u))
             for u in await conn.fetch(
@@ -94,14 +117,7 @@ async def read_context_sources(
                 novel_id,
             )
         ]
-        latest = int(
-            await conn.fetchval(
-                "SELECT COALESCE(MAX(seq), 0) FROM commits WHERE novel_id = $1", novel_id
-            )
-        )
-        own = await conn.fetchval(
-            "SELECT seq FROM commits WHERE novel_id = $1 AND unit_id = $2", novel_id, unit_id
-        )
+        latest, own = int(novel["latest"]), novel["own"]
         if as_of is None:
             as_of = own - 1 if own is not None else latest
         request = validate_request(
