@@ -246,8 +246,9 @@ def write_curve(path_base: Path, results: list[ModeResult]) -> tuple[Path, Path]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
     for r in results:
         xs = list(range(1, len(r.units) + 1))
-        top.plot(xs, r.unit_tokens, label=f"{r.label} ({r.mode})", linewidth=1.4)
-        bottom.plot(xs, r.unit_window, label=f"{r.label} ({r.mode})", linewidth=1.4)
+        name = r.label if r.label == r.mode else f"{r.label} ({r.mode})"
+        top.plot(xs, r.unit_tokens, label=name, linewidth=1.4)
+        bottom.plot(xs, r.unit_window, label=name, linewidth=1.4)
     top.set_ylabel("raw input per unit (est. tokens)")
     top.set_title("novelbus bench ab: input per unit, inline vs subagent")
     bottom.set_ylabel("window: largest call (est. tokens)")
