@@ -267,7 +267,7 @@ class Driver:
         pool = self.ctx.pool
         # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
         snapshot = await store.load_snapshot(pool, notice.novel_id)
-        if _removed_scene_units(snapshot):
+        if _removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
             snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
         if isinstance(decision, (Inactive, InFlight)):
@@ -297,14 +297,15 @@ class Driver:
         await self.write_unit(snapshot, decision, notice)
 
     async def supersede_removed(self, snapshot: NovelSnapshot) -> NovelSnapshot:
-        """Prepared units whose scene a revision removed are superseded automatically (SPEC §16)."""
-        units = {u.unit_id: u for u in snapshot.units}
-        for unit_id in await store.supersede_removed_units(self.ctx.pool, snapshot.novel_id):
-            u = units[unit_id]
-            await self.ctx.emit(ev.UnitSuperseded(novel_id=snapshot.novel_id, unit_id=unit_id,
-                                                  chapter_id=u.chapter_id, scene_id=u.scene_id,
-                                                  reason="scene-removed"))
-        return await store.load_snapshot(self.ctx.pool, snapshot.novel_id)
+        """Prepared units whose scene a revision removed are superseded automatically (SPEC §16;
+        the revision itself does it, this is the backstop), and every superseded unit is
+        announced once with a `unit.superseded` event."""
+        pool, novel_id = self.ctx.pool, snapshot.novel_id
+        changed = bool(await store.supersede_removed_units(pool, novel_id))
+        for unit_id, chapter_id, scene_id, reason in await store.unannounced_superseded_units(pool, novel_id):
+            await self.ctx.emit(ev.UnitSuperseded(novel_id=novel_id, unit_id=unit_id, chapter_id=chapter_id,
+                                                  scene_id=scene_id, reason=reason))
+        return await store.load_snapshot(pool, novel_id) if changed else snapshot
 
     async def pause(self, novel_id: str, reason: str, detail: str) -> None:
         if await store.pause_novel(self.ctx.pool, novel_id, reason):

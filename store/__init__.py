@@ -74,6 +74,7 @@ from store.recovery import (
     release_held_claims,
     release_lapsed_claims,
     supersede_removed_units,
+    unannounced_superseded_units,
 )
 from store.runs import WriterRunRow, finish_writer_run, list_writer_runs, start_writer_run
 from store.snapshots import load_snapshot
@@ -168,5 +169,6 @@ __all__ = [
     "start_writer_run",
     "supersede_removed_units",
     "supersede_unit",
+    "unannounced_superseded_units",
     "usage_totals",
 ]

@@ -187,3 +187,26 @@ async def supersede_removed_units(pool: Db, novel_id: str) -> list[str]:
             [sc for _, sc in scenes],
         )
     return [r["unit_id"] for r in sorted(rows, key=lambda r: r["created_seq"])]
+
+
+async def unannounced_superseded_units(pool: Db, novel_id: str) -> list[tuple[str, str, str, str]]:
+    """Superseded units no `unit.superseded` event names yet: (unit, chapter, scene, reason), in
+    creation order. Reason `scene-removed` for a unit an outline revision retired, else `explicit`."""
+    async with transaction(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT unit_id, chapter_id, scene_id, last_error FROM units u"
+            " WHERE novel_id = $1 AND state = 'superseded' AND NOT EXISTS ("
+            "  SELECT 1 FROM events e WHERE e.novel_id = $1 AND e.type = 'unit.superseded'"
+            "  AND e.payload ->> 'unitId' = u.unit_id)"
+            " ORDER BY created_seq",
+            novel_id,
+        )
+    return [
+        (
+            r["unit_id"],
+            r["chapter_id"],
+            r["scene_id"],
+            "scene-removed" if "scene removed" in (r["last_error"] or "") else "explicit",
+        )
+        for r in rows
+    ]

@@ -1,0 +1,338 @@
+"""Driver policies end to end: budgets (DRV-4, SPEC §16), externalRetry, stall signature (DRV-6),
+mode switch (DRV-3), chapter and book completion with finish guards (DRV-5), continuation units
+that keep the previous commit's nextAnchor, automatic supersede of units whose scene a revision
+removed. Each shows up as a clear event and in the novel's status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import store
+from actors.driver import publish_notice
+from actors.runtime import Runtime, running
+from bus.codec import decode
+from messages import events as ev
+from messages.subjects import Subjects
+from novel.outline import NovelFile
+from novel.sample import sample_novel_bytes
+from writers.offline import COMMIT_TOOL, OfflineProvider
+from writers.provider import ModelReply, ProviderError, ToolCall
+
+ANCHOR = "the ferry bell rang twice and nobody answered it"
+
+
+class HookedProvider:
+    """The offline writer with test hooks: `before` runs ahead of every model call (and may raise a
+    ProviderError), `on_commit` may rewrite the arguments of a commit tool call."""
+
+    name = "hooked"
+    label = "offline writer with test hooks (no language model)"
+
+    def __init__(self, *, before: Callable[[list[Any]], Awaitable[None]] | None = None,
+                 on_commit: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None) -> None:
+        self.offline = OfflineProvider()
+        self.before, self.on_commit = before, on_commit
+        self.packs: list[str] = []  # the system message (the pack) of every call
+
+    async def aclose(self) -> None:
+        return None
+
+    async def complete(self, messages: list[Any], tools: Any, *, max_output_tokens: int) -> ModelReply:
+        self.packs.append(str(messages[0].get("content", "")))
+        if self.before is not None:
+            await self.before(messages)
+        reply = await self.offline.complete(messages, tools, max_output_tokens=max_output_tokens)
+        if self.on_commit is None or not reply.tool_calls:
+            return reply
+        calls = []
+        for call in reply.tool_calls:
+            if call.name == COMMIT_TOOL:
+                args = await self.on_commit(json.loads(call.arguments))
+                call = ToolCall(id=call.id, name=call.name, arguments=json.dumps(args, ensure_ascii=False))
+            calls.append(call)
+        return ModelReply(text=reply.text, tool_calls=calls, usage=reply.usage, stop_reason=reply.stop_reason)
+
+
+def sample(**budgets: Any) -> NovelFile:
+    data = json.loads(sample_novel_bytes())
+    data["novelId"] = None
+    data["config"]["budgets"] = budgets
+    return NovelFile.model_validate(data)
+
+
+@contextlib.asynccontextmanager
+async def stack_with(nats_url: str, new_database: Any, namespace: str,
+                     provider: Any = None) -> AsyncIterator[Runtime]:
+    dsn = await new_database()
+    kwargs = {"writer": {"provider": provider}} if provider is not None else None
+    async with running(nats_url, dsn, subjects=Subjects(namespace), actor_kwargs=kwargs) as rt:
+        yield rt
+
+
+async def drive(rt: Runtime, novel_id: str, timeout: float = 60.0) -> tuple[Any, list[Any]]:
+    """Publish a notice and collect events until the novel finishes or pauses."""
+    ctx = rt.ctx
+    events: list[Any] = []
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def on_event(msg: Any) -> None:
+        e = decode(msg.data, ev.NovelEvent)
+        events.append(e)
+        if isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
+            done.set_result(e)
+
+    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
+    try:
+        await publish_notice(ctx, novel_id, reason="test")
+        final = await asyncio.wait_for(done, timeout)
+        await asyncio.sleep(0.1)  # events published right after the final one
+    finally:
+        await sub.unsubscribe()
+    return final, events
+
+
+def of(events: list[Any], kind: type) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+async def test_drv4_max_turns_is_a_hard_stop(nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-4: maxTurns pauses the novel with reason `budget`; resuming does not lift a hard stop."""
+    async with stack_with(nats_url, new_database, namespace) as rt:
+        pool = rt.ctx.pool
+        novel_id = await store.create_novel(pool, sample(maxTurns=3))
+        final, events = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelPaused) and final.reason == "budget"
+        assert final.detail == "maxTurns 3 reached"
+        novel = await store.get_novel(pool, novel_id)
+        assert (novel.status, novel.pause_reason, novel.turns) == ("paused", "budget", 3)
+        assert len(of(events, ev.UnitCommitted)) == 3
+        await store.resume_novel(pool, novel_id)
+        final, _ = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelPaused) and final.reason == "budget"
+        assert len(await store.list_commits(pool, novel_id)) == 3
+
+
+async def test_drv4_max_duration_pauses_and_resume_resets_the_window(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-4, SPEC §16: maxDurationMs is a hard stop; resume resets the duration window."""
+    async def slow(_: list[Any]) -> None:
+        await asyncio.sleep(0.05)
+
+    async with stack_with(nats_url, new_database, namespace, HookedProvider(before=slow)) as rt:
+        pool = rt.ctx.pool
+        novel_id = await store.create_novel(pool, sample(maxDurationMs=600))
+        final, _ = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelPaused) and final.reason == "budget"
+        assert final.detail == "maxDurationMs 600 reached"
+        written = len(await store.list_commits(pool, novel_id))
+        assert written < 9
+        await asyncio.sleep(0.7)  # the old window is long gone
+        await store.resume_novel(pool, novel_id)
+        final, events = await drive(rt, novel_id)
+        assert isinstance(final, (ev.NovelPaused, ev.NovelFinished))
+        assert len(await store.list_commits(pool, novel_id)) > written  # a fresh window
+
+
+async def test_drv4_external_retry_backs_off_and_does_not_count_as_unit_failure(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-4 externalRetry: turns lost to an unavailable provider are retried with backoff and do
+    not count towards consecutiveFailureLimit (here 1), so the novel still finishes."""
+    failures = {"left": 2}
+
+    async def flaky(_: list[Any]) -> None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ProviderError("provider-unavailable", "test: provider away")
+
+    async with stack_with(nats_url, new_database, namespace, HookedProvider(before=flaky)) as rt:
+        pool = rt.ctx.pool
+        novel_id = await store.create_novel(pool, sample(
+            writerDispatchLimit=1, consecutiveFailureLimit=1, externalRetry={"maxAttempts": 3, "backoffMs": 20}))
+        final, events = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelFinished), final
+        failed = of(events, ev.UnitFailed)
+        assert [f.reason for f in failed] == ["provider-error:provider-unavailable"] * 2
+        novel = await store.get_novel(pool, novel_id)
+        assert novel.turns == 9 + 2 and novel.writer_runs == 9 and novel.consecutive_failures == 0
+
+
+async def test_drv4_external_retry_exhausted_pauses_recovery_required(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    async def away(_: list[Any]) -> None:
+        raise ProviderError("provider-rate-limited", "test: always rate limited")
+
+    async with stack_with(nats_url, new_database, namespace, HookedProvider(before=away)) as rt:
+        pool = rt.ctx.pool
+        novel_id = await store.create_novel(pool, sample(
+            writerDispatchLimit=1, externalRetry={"maxAttempts": 2, "backoffMs": 10}))
+        final, events = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelPaused) and final.reason == "recovery-required"
+        assert final.detail == "externalRetry: 2 consecutive turns lost to provider-error:provider-rate-limited"
+        assert len(of(events, ev.UnitFailed)) == 2
+        units = await store.list_units(pool, novel_id)
+        assert [u.state for u in units] == ["prepared"]  # the claim went back; nothing written
+
+
+def guard_bait(args: dict[str, Any]) -> dict[str, Any]:
+    args["paragraphs"] = ["Chapter 3", *args["paragraphs"]]  # STORE-6 refuses bookkeeping in prose
+    return args
+
+
+async def test_drv6_same_signature_stalls_after_recording_progress(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-6: the same unit failing with the same signature pauses the novel `stalled` with that
+    signature — checked after recording the turn, so exactly stallThresholdTurns turns ran."""
+    async def bait(args: dict[str, Any]) -> dict[str, Any]:
+        return guard_bait(args)
+
+    async with stack_with(nats_url, new_database, namespace, HookedProvider(on_commit=bait)) as rt:
+        pool = rt.ctx.pool
+        novel_id = await store.create_novel(pool, sample(
+            writerDispatchLimit=1, stallThresholdTurns=2, consecutiveFailureLimit=5,
+            externalRetry={"maxAttempts": 3, "backoffMs": 10}))
+        final, events = await drive(rt, novel_id)
+        failed = of(events, ev.UnitFailed)
+        assert isinstance(final, ev.NovelPaused) and final.reason == "stalled"
+        assert len(failed) == 2 and final.detail == failed[0].signature == failed[1].signature
+        assert failed[0].signature.endswith(":not-committed")
+        novel = await store.get_novel(pool, novel_id)
+        assert (novel.turns, novel.stall_count, novel.pause_reason) == (2, 2, "stalled")
+        assert await store.list_commits(pool, novel_id) == []
+
+
+async def test_drv4_consecutive_failures_pause_recovery_required(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    async def bait(args: dict[str, Any]) -> dict[str, Any]:
+        return guard_bait(args)
+
+    async with stack_with(nats_url, new_database, namespace, HookedProvider(on_commit=bait)) as rt:
+        novel_id = await store.create_novel(rt.ctx.pool, sample(
+            writerDispatchLimit=1, stallThresholdTurns=5, consecutiveFailureLimit=2,
+            externalRetry={"maxAttempts": 3, "backoffMs": 10}))
+        final, _ = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelPaused) and final.reason == "recovery-required"
+        assert final.detail.startswith("2 consecutive failed units; last ")
+
+
+async def test_drv3_mode_switch_takes_effect_from_the_next_unit(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-3: switching writerMode while a unit is claimed leaves that unit in its claimed mode
+    (claim event and usage sample say `subagent`); the next unit is claimed `inline`."""
+    holder: dict[str, Any] = {}
+
+    async def switch(args: dict[str, Any]) -> dict[str, Any]:
+        if not holder.get("switched"):
+            holder["switched"] = True
+            await store.set_writer_mode(holder["pool"], holder["novel"], "inline")
+        return args
+
+    async with stack_with(nats_url, new_database, namespace, HookedProvider(on_commit=switch)) as rt:
+        pool = rt.ctx.pool
+        novel_id = await store.create_novel(pool, sample())
+        holder.update(pool=pool, novel=novel_id)
+        final, events = await drive(rt, novel_id, timeout=90)
+        assert isinstance(final, ev.NovelFinished), final
+        modes = [e.mode for e in of(events, ev.UnitClaimed)]
+        assert modes[0] == "subagent" and set(modes[1:]) == {"inline"}, modes
+        samples = await store.recent_usage(pool, novel_id)
+        assert [s["mode"] for s in samples][:2] == ["subagent", "inline"]
+        totals = await store.usage_totals(pool, novel_id)
+        assert totals["subagent"]["samples"] == 1 and totals["inline"]["samples"] == len(samples) - 1
+
+
+async def test_drv5_finish_guard_blocks_until_required_foreshadowing_is_resolved(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-5: every chapter completes (one `chapter.completed` each), but the book does not finish
+    while required foreshadowing is unresolved: the novel pauses naming the violation. Once the
+    outline no longer requires it, resume finishes the book (`novel.finished`)."""
+    async def no_payoff(args: dict[str, Any]) -> dict[str, Any]:
+        args["canonChanges"] = [c for c in args.get("canonChanges", []) if c.get("kind") != "foreshadowing"]
+        return args
+
+    async with stack_with(nats_url, new_database, namespace, HookedProvider(on_commit=no_payoff)) as rt:
+        pool = rt.ctx.pool
+        nf = sample()
+        novel_id = await store.create_novel(pool, nf)
+        final, events = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelPaused) and final.reason == "awaiting-approval"
+        assert "required foreshadowing torn-log-page unresolved" in final.detail
+        assert "required foreshadowing paraffin-receipts unresolved" in final.detail
+        assert [c.chapter_id for c in of(events, ev.ChapterCompleted)] == [
+            c.chapterId for c in nf.outline.ordered_chapters()]
+        assert not of(events, ev.NovelFinished)
+
+        novel = await store.get_novel(pool, novel_id)
+        outline = nf.outline.model_dump(mode="json")
+        for item in outline["foreshadowing"]:
+            item["required"] = False
+        await store.revise_outline(pool, novel_id, {"foreshadowing": outline["foreshadowing"]},
+                                   expected_revision=novel.outline_revision, reason="drop payoff requirement")
+        await store.resume_novel(pool, novel_id)
+        final, _ = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelFinished) and final.commits == 9
+        assert (await store.get_novel(pool, novel_id)).status == "finished"
+
+
+async def test_continuation_unit_keeps_the_previous_commits_next_anchor(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """SPEC §16 Units: a commit that does not complete its scene makes the driver prepare a
+    continuation unit (fragment 2) whose anchor is that commit's nextAnchor (the original lost
+    it); the writer's pack for the continuation carries the anchor."""
+    state = {"first": True}
+
+    async def unfinished(args: dict[str, Any]) -> dict[str, Any]:
+        if state.pop("first", False):
+            args["sceneCompletion"] = {"completed": False, "basis": "the meeting is only half done",
+                                       "outstandingGoals": ["the ledger changes hands"], "nextAnchor": ANCHOR}
+        return args
+
+    provider = HookedProvider(on_commit=unfinished)
+    async with stack_with(nats_url, new_database, namespace, provider) as rt:
+        pool = rt.ctx.pool
+        novel_id = await store.create_novel(pool, sample())
+        final, events = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelFinished), final
+        prepared = of(events, ev.UnitPrepared)
+        assert [p.fragment for p in prepared[:2]] == [1, 2]
+        assert prepared[0].scene_id == prepared[1].scene_id
+        units = await store.list_units(pool, novel_id)
+        assert units[1].fragment == 2 and units[1].continuation_anchor == ANCHOR
+        assert any(ANCHOR in pack for pack in provider.packs)
+        assert len(await store.list_commits(pool, novel_id)) == 10  # 9 scenes, one in two units
+        assert set((await store.count_commits_per_unit(pool, novel_id)).values()) == {1}
+
+
+async def test_units_of_a_removed_scene_are_superseded_and_announced(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """SPEC §16 finish guards: a prepared unit whose scene an outline revision removed is
+    superseded automatically (the original forgot), announced once with `unit.superseded`, and
+    does not block the finish. The store backstop supersedes units of scenes that vanished."""
+    async with stack_with(nats_url, new_database, namespace) as rt:
+        pool = rt.ctx.pool
+        nf = sample()
+        novel_id = await store.create_novel(pool, nf)
+        last = nf.outline.scenes_of(nf.outline.ordered_chapters()[-1].chapterId)[-1]
+        doomed = await store.prepare_unit(pool, novel_id, last.chapterId, last.sceneId, fragment=1,
+                                          continuation_anchor=None)
+        scenes = [s.model_dump(mode="json") for s in nf.outline.scenes if s.sceneId != last.sceneId]
+        novel = await store.get_novel(pool, novel_id)
+        await store.revise_outline(pool, novel_id, {"scenes": scenes}, expected_revision=novel.outline_revision,
+                                   reason="cut the last scene")
+        # a unit of a scene that is in no outline at all (left by an older deployment)
+        await pool.execute("INSERT INTO units (novel_id, unit_id, chapter_id, scene_id, fragment)"
+                           " VALUES ($1, 'ghost-01', $2, 'ghost', 1)", novel_id, last.chapterId)
+        final, events = await drive(rt, novel_id)
+        assert isinstance(final, ev.NovelFinished), final
+        superseded = of(events, ev.UnitSuperseded)
+        assert sorted((s.unit_id, s.reason) for s in superseded) == sorted(
+            [(doomed, "scene-removed"), ("ghost-01", "scene-removed")])
+        assert (await store.get_unit(pool, novel_id, doomed)).state == "superseded"
+        assert (await store.get_unit(pool, novel_id, "ghost-01")).state == "superseded"
+        await publish_notice(rt.ctx, novel_id, reason="again")
+        await asyncio.sleep(0.5)
+        announced = [e for e in await store.list_events(pool, novel_id) if e.type == "unit.superseded"]
+        assert len(announced) == 2  # once each
