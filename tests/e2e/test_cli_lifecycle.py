@@ -20,17 +20,31 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")} | {"COLUMNS": "200"}
 
 
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return ""
+
+
 def _servers_of(pid: int) -> list[psutil.Process]:
     try:
         kids = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return []
-    return [k for k in kids if k.name() in ("nats-server", "postgres")]
+    return [k for k in kids if _name(k) in ("nats-server", "postgres")]
+
+
+def _still_running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
 
 
 def _wait_gone(procs: list[psutil.Process], timeout: float = 20) -> list[psutil.Process]:
     _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in alive if _still_running(p)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -43,7 +57,7 @@ def test_infra1_up_stops_its_servers_on_signal(tmp_path: Path, sig: signal.Signa
         servers: list[psutil.Process] = []
         while time.monotonic() < deadline:
             servers = _servers_of(proc.pid)
-            names = {p.name() for p in servers}
+            names = {_name(p) for p in servers}
             if (home / "endpoints.json").exists() and {"nats-server", "postgres"} <= names:
                 break
             assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
@@ -64,7 +78,7 @@ def test_infra1_up_stops_its_servers_on_signal(tmp_path: Path, sig: signal.Signa
 
 def test_infra1_demo_prints_summary_and_leaves_no_servers(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    before = {p.pid for p in psutil.process_iter() if p.name() in ("nats-server", "postgres")}
+    before = {p.pid for p in psutil.process_iter() if _name(p) in ("nats-server", "postgres")}
     out = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--home", str(home)], cwd=REPO, env=_env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -72,5 +86,12 @@ def test_infra1_demo_prints_summary_and_leaves_no_servers(tmp_path: Path) -> Non
     md = next((home / "out").glob("*.md"))
     assert md.read_text().startswith("# The Keeper's Ledger")
     time.sleep(0.5)
-    after = [p for p in psutil.process_iter() if p.name() in ("nats-server", "postgres") and p.pid not in before]
-    assert [p for p in after if p.status() != psutil.STATUS_ZOMBIE and str(home) in " ".join(p.cmdline())] == []
+    after = [p for p in psutil.process_iter() if _name(p) in ("nats-server", "postgres") and p.pid not in before]
+    leftover = []
+    for p in after:
+        try:
+            if _still_running(p) and str(home) in " ".join(p.cmdline()):
+                leftover.append(p)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    assert leftover == []
