@@ -692,6 +692,7 @@ class IdentityCache:
 
 
 _dump_model = IdentityCache(lambda model: model.model_dump(mode="json"))
+_json_size = IdentityCache(lambda model: len(model.model_dump_json()))
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -732,7 +733,7 @@ class _Candidate(msgspec.Struct):
         return order_key(self.score, self.version, self.source_id, self.offset)
 
 
-OMISSIONS_LISTED = 24  # per (layer, kind, reason); the rest is one counted entry
+OMISSIONS_LISTED = 8  # per (layer, kind, reason); the rest is one counted entry
 
 
 class _Ledger:
@@ -956,7 +957,7 @@ def _characters(outline: Outline, plan: RetrievalPlan, ledger: _Ledger) -> list[
     chars = [c for c in outline.characters if c.characterId in wanted]
     n = len(chars)
     candidates = [
-        _Candidate("character", "L2", n - i, 0, c.characterId, i, len(c.model_dump_json()), c)
+        _Candidate("character", "L2", n - i, 0, c.characterId, i, _json_size(c), c)
         for i, c in enumerate(chars)
     ]
     kept = _select(
