@@ -80,7 +80,7 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
     async def on_event(msg: Any) -> None:
         nonlocal committed
         try:
-            e = decode(msg.data, ev.NovelEvent)
+            e: ev.NovelEvent = decode(msg.data, ev.NovelEvent)
         except Exception:  # noqa: BLE001 - a monitor ignores what it cannot read
             return
         if isinstance(e, ev.UnitCommitted):

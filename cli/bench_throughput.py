@@ -236,7 +236,7 @@ async def wait_for_actors(ctx: ActorContext, sup: Any, timeout: float = 60.0) ->
                 await asyncio.sleep(0.1)
             except Exception:  # noqa: BLE001 - an error reply: it is up
                 break
-    durable = driver_consumer_config(s).durable_name
+    durable = driver_consumer_config(s).durable_name or ""
     while True:
         try:
             await ctx.js.consumer_info(s.work_stream, durable)

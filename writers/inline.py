@@ -46,7 +46,6 @@ from writers.provider import (
     user_message,
 )
 from writers.runner import (
-    COMMIT_TOOL,
     TOOL_NAME_RECORD_CAP,
     W2_INSTRUCTION,
     CallUsage,
@@ -59,7 +58,7 @@ from writers.runner import (
     split_input,
     truncate_args,
 )
-from writers.tools import openai_tool_definitions
+from writers.tools import COMMIT_TOOL, openai_tool_definitions
 
 DEFAULT_COMPACT_TOKENS = 100_000
 ENV_COMPACT_TOKENS = "NOVELBUS_INLINE_COMPACT_TOKENS"
@@ -344,11 +343,12 @@ async def run_inline_unit(
                 calls.append(_call_usage(request, split, None, compaction=True))
                 return done(False, f"compaction-failed:{e.code}", e.message)
             calls.append(_call_usage(request, split, reply, compaction=True))
-            if not (reply.text or "").strip():
+            summary = (reply.text or "").strip()
+            if not summary:
                 return done(False, "compaction-failed:empty-output")
             # The summary replaces the history before the brief; the current unit stays verbatim.
             kept = messages[brief_at:]
-            messages = [messages[0], user_message(f"{SUMMARY_HEADER}\n{reply.text.strip()}"), *kept]
+            messages = [messages[0], user_message(f"{SUMMARY_HEADER}\n{summary}"), *kept]
             new_from -= brief_at - 2
             brief_at = 2
             compactions += 1
