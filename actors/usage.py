@@ -100,10 +100,13 @@ class UsageSampler:
         input_chars = int(sample["inputChars"])
         # A request retried after a lost reply must not count twice (REL-2).
         key = f"usage:{req.novel_id}:{req.unit_id}:{req.turn}:{req.claim_id}"
-        if not await store.mark_processed(self.ctx.pool, key):
-            self.state.duplicates += 1
-            return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)
-        await store.record_usage(self.ctx.pool, req.novel_id, req.mode, sample)
+        # One transaction: a sample that fails to record (unknown novel, database away) leaves no
+        # mark behind, so nothing is written (REL-3) and a retry is not mistaken for a duplicate.
+        async with self.ctx.pool.acquire() as conn, conn.transaction():
+            if not await store.mark_processed(conn, key):
+                self.state.duplicates += 1
+                return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)
+            await store.record_usage(conn, req.novel_id, req.mode, sample)
         self.state.samples += 1
         await self.ctx.emit(ev.UsageSampled(
             novel_id=req.novel_id, unit_id=req.unit_id, mode=req.mode, turn=req.turn,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,6 +15,10 @@ SCHEMA_HEADER = "Novelbus-Schema"
 MAX_MESSAGE_BYTES = 524_288  # 512 KiB (NATS max_payload is 1 MiB): larger ones get `too-large`
 
 T = TypeVar("T")
+
+# A JSON-escaped NUL (an odd number of backslashes before u0000): PostgreSQL text cannot hold it,
+# so such a message is refused at the edge as bad input instead of failing deep in a handler.
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 _encoder = msgspec.json.Encoder()
 _decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
@@ -50,6 +55,8 @@ def decode(data: bytes, kind: type[T] | Any, headers: dict[str, str] | None = No
         schema = headers.get(SCHEMA_HEADER)
         if schema is not None and schema != str(SCHEMA_VERSION):
             raise MessageError(UNKNOWN_TYPE, f"schema version {schema!r} is not supported (expected {SCHEMA_VERSION})")
+    if _NUL_ESCAPE.search(data):
+        raise MessageError(BAD_MESSAGE, "invalid message: text must not contain NUL characters (\\u0000)")
     try:
         return _decoder(kind).decode(data)  # type: ignore[no-any-return]
     except msgspec.ValidationError as e:
