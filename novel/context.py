@@ -58,6 +58,7 @@ from novel.body import CanonChange
 from novel.length import narrative_stage, remaining_book_characters, unit_target_range
 from novel.next_work import foreshadowing_status, live_commits, scene_commits
 from novel.outline import (
+    ID_PATTERN,
     Chapter,
     Character,
     Foreshadowing,
@@ -66,6 +67,7 @@ from novel.outline import (
     Outline,
     Scene,
     Story,
+    is_valid_id,
 )
 from novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novel.text import _CJK_CLASS, keywords, one_line, tail, truncate
@@ -165,8 +167,9 @@ def validate_request(
     """CTX-1: every input checked; an unknown value is an error naming it, never a default."""
     problems: list[str] = []
     for name, value in (("novelId", novel_id), ("unitId", unit_id)):
-        if not isinstance(value, str) or not value.strip():
-            problems.append(f"{name} must be a non-empty string")
+        if not isinstance(value, str) or not is_valid_id(value):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            problems.append(f"{name} must be an id matching {ID_PATTERN}, got {shown}")
     if isinstance(as_of, bool) or not isinstance(as_of, int) or as_of < 0:
         problems.append(f"asOf must be a commit seq >= 0, got {as_of!r}")
     for name, value, allowed in (
