@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
@@ -32,14 +34,24 @@ class BusUnavailable(Exception):
     code = "bus-unavailable"
 
 
-async def connect(url: str, *, name: str, user: str | None = None, password: str | None = None) -> NATS:
-    """Connect with reconnects forever: a NATS node going away delays work, it does not fail it (REL-6)."""
+async def connect(url: str, *, name: str, user: str | None = None, password: str | None = None,
+                  error_cb: Callable[[Exception], Awaitable[None]] | None = None) -> NATS:
+    """Connect with reconnects forever: a NATS node going away delays work, it does not fail it (REL-6).
+
+    With a user (given, or in the URL as `nats://user:password@host`), replies come to the user's
+    private inbox `_INBOX_<user>.>`, which deploy/nats.conf lets only that user read (CLM-5).
+    """
     opts: dict[str, Any] = dict(
         servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         allow_reconnect=True, connect_timeout=5, drain_timeout=5,
     )
     if user is not None:
         opts.update(user=user, password=password)
+    account = user or urlsplit(url).username
+    if account:
+        opts["inbox_prefix"] = f"_INBOX_{account}"
+    if error_cb is not None:
+        opts["error_cb"] = error_cb
     return await nats.connect(**opts)
 
 

@@ -1,0 +1,125 @@
+"""OPS-3, CLM-5, REL-5: deploy/nats.conf gives every actor its own NATS user. Only the driver and
+the writer runner may publish commit requests and only the claim manager may subscribe to them;
+a refused publish never reaches anyone. With that configuration a whole novel still runs, each
+actor on its own user."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import store
+from actors.driver import publish_notice
+from actors.runtime import connected, running
+from bus.client import connect
+from infra.nats import EmbeddedNats
+from messages.subjects import Subjects
+from novel.outline import parse_novel_file
+from novel.sample import sample_novel_bytes
+
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats.conf"
+USERS = ("driver", "claims", "packer", "writer", "verifier", "usage", "operator")
+COMMIT = "novelbus.cmd.commit.claims-0"
+
+
+@pytest.fixture
+async def secured(tmp_home: Path, server_tracker: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[str, str]]:
+    """An embedded NATS started with deploy/nats.conf; returns user -> URL with its password."""
+    passwords = {u: secrets.token_hex(12) for u in USERS}
+    for user, password in passwords.items():
+        monkeypatch.setenv(f"NOVELBUS_NATS_{user.upper()}_PASSWORD", password)
+    server = EmbeddedNats(tmp_home / "nats", config_file=CONFIG)
+    await server.start()
+    assert server.pid is not None
+    server_tracker.add_pid(server.pid)
+    try:
+        host = server.url.removeprefix("nats://")
+        yield {u: f"nats://{u}:{p}@{host}" for u, p in passwords.items()}
+    finally:
+        await server.stop()
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    async def open(self, url: str, name: str) -> Any:
+        async def on_error(e: Exception) -> None:
+            self.errors.append(str(e).lower())
+
+        self.nc = await connect(url, name=name, error_cb=on_error)
+        return self.nc
+
+
+async def settle(*conns: Any) -> None:
+    for c in conns:
+        await c.flush()
+    await asyncio.sleep(0.3)
+
+
+async def test_ops3_only_driver_and_writer_publish_commits_only_claims_subscribes(secured: dict[str, str]) -> None:
+    conns = {u: Conn() for u in USERS}
+    ncs = {u: await c.open(secured[u], u) for u, c in conns.items()}
+    try:
+        got: list[bytes] = []
+
+        async def on_commit(msg: Any) -> None:
+            got.append(msg.data)
+
+        await ncs["claims"].subscribe("novelbus.cmd.commit.*", queue="commit-claims-0", cb=on_commit)
+        await settle(ncs["claims"])
+
+        for user in ("packer", "verifier", "usage", "claims", "operator"):  # unauthorised: refused, undelivered
+            await ncs[user].publish(COMMIT, f"forged by {user}".encode())
+            await settle(ncs[user])
+            assert any("permissions violation for publish" in e and COMMIT in e for e in conns[user].errors), user
+        assert got == []
+
+        for user in ("driver", "writer"):  # the two that may
+            await ncs[user].publish(COMMIT, f"from {user}".encode())
+            await settle(ncs[user])
+            assert conns[user].errors == [], user
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert sorted(got) == [b"from driver", b"from writer"]
+
+        for user in ("packer", "writer", "driver", "operator"):  # nobody else may listen to commits
+            await ncs[user].subscribe("novelbus.cmd.commit.>")
+            await settle(ncs[user])
+            assert any("permissions violation for subscription" in e for e in conns[user].errors), user
+        await ncs["usage"].subscribe("_INBOX_driver.>")  # nor read another actor's replies
+        await settle(ncs["usage"])
+        assert any("permissions violation for subscription" in e for e in conns["usage"].errors)
+    finally:
+        for nc in ncs.values():
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+async def test_ops3_a_novel_runs_with_one_nats_user_per_actor(secured: dict[str, str], new_database: Any) -> None:
+    dsn = await new_database()
+    subjects = Subjects("")  # deploy/nats.conf names the production subjects
+    async with contextlib.AsyncExitStack() as stack:
+        for name in ("claims", "packer", "writer", "verifier", "usage", "driver"):
+            await stack.enter_async_context(running(secured[name], dsn, names=(name,), subjects=subjects))
+        ctx = await stack.enter_async_context(connected(secured["operator"], dsn, subjects=subjects, name="op"))
+        nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+        novel_id = await store.create_novel(ctx.pool, nf)
+        await publish_notice(ctx, novel_id, reason="test")
+        deadline = time.monotonic() + 90
+        while (await store.get_novel(ctx.pool, novel_id)).status == "active":
+            assert time.monotonic() < deadline, "the novel did not finish under per-actor permissions"
+            await asyncio.sleep(0.2)
+        novel = await store.get_novel(ctx.pool, novel_id)
+        assert novel.status == "finished", novel.pause_reason
+        assert set((await store.count_commits_per_unit(ctx.pool, novel_id)).values()) == {1}
+        info = await ctx.js.stream_info(subjects.events_stream)
+        assert info.state.messages > 0  # events published under the actors' own users
