@@ -270,6 +270,15 @@ class Driver:
         if _removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
             snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
+        if isinstance(decision, InFlight) and snapshot.novel_id not in self.state.driving:
+            # Leased by this driver instance but driven by no flow here: a flow that could not
+            # give its claim back (the database was away). Release it now, not after the lease.
+            released = await store.release_held_claims(pool, self.instance, reason="flow-interrupted",
+                                                       novel_id=snapshot.novel_id)
+            if released:
+                await self._announce_released(released, "flow-interrupted")
+                snapshot = await store.load_snapshot(pool, notice.novel_id)
+                decision = next_work(snapshot)
         if isinstance(decision, (Inactive, InFlight)):
             return  # paused/finished, or another flow holds the unit
         if isinstance(decision, AwaitOutline):
@@ -378,11 +387,16 @@ class Driver:
             except Exception as e:  # noqa: BLE001 - the database away: try again (REL-6)
                 log.warning("lease renewal for %s failed (%s)", unit_id, type(e).__name__)
 
+    async def _committed_under(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed) -> bool:
+        """VER-1: the store, not a reply, says whether this claim's commit landed (a reply lost to a
+        NATS or database hiccup must not turn a written unit into a failed one or a re-dispatch)."""
+        commit = await store.get_commit_for_unit(self.ctx.pool, novel_id, unit_id)
+        return commit is not None and commit.claim_id == claim.claim_id
+
     async def _settle(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, reason: str) -> UnitOutcome | None:
         """An interrupted flow: committed under this claim → a success to account (the store is the
         truth, VER-1); otherwise the claim goes back to prepared (STORE-4) and None is returned."""
-        commit = await store.get_commit_for_unit(self.ctx.pool, novel_id, unit_id)
-        if commit is not None and commit.claim_id == claim.claim_id:
+        if await self._committed_under(novel_id, unit_id, claim):
             return UnitOutcome(True, "committed", 0)
         if await store.release_claim(self.ctx.pool, novel_id, unit_id, reason=reason, claim_id=claim.claim_id):
             await self.ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))
@@ -434,11 +448,15 @@ class Driver:
             last_output = result.output_chars
             if not result.ok:
                 reasons.append(result.reason)
+                if await self._committed_under(novel_id, unit_id, claim):  # the commit's reply was lost
+                    return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
                 continue
             if shape == "W1":
                 failure = await self._commit_draft(novel_id, unit_id, claim, run_id, result, pack.context_sha256)
                 if failure:
                     reasons.append(failure)
+                    if await self._committed_under(novel_id, unit_id, claim):
+                        return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
                     continue
             verified = await request(ctx.nc, ctx.subjects.verify,
                                      vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id, claim_id=claim.claim_id,

@@ -79,16 +79,19 @@ async def release_lapsed_claims(
 
 
 async def release_held_claims(
-    pool: Db, holder: str, *, reason: str = "driver-restart"
+    pool: Db, holder: str, *, reason: str = "driver-restart", novel_id: str | None = None
 ) -> list[tuple[str, str]]:
-    """A restarting driver instance gives back the claims its previous incarnation leased."""
+    """A restarting driver instance gives back the claims its previous incarnation leased (or,
+    with `novel_id`, a driver its claim on a novel it no longer drives)."""
     async with transaction(pool) as conn:
         rows = await conn.fetch(
             f"UPDATE units SET {_RELEASE}, {_CLEAR_LEASE}, last_error = $2"
             " WHERE state = 'claimed' AND lease_holder = $1 AND lease_intent_id = intent_id"
+            " AND ($3::text IS NULL OR novel_id = $3)"
             " RETURNING novel_id, unit_id",
             holder,
             reason,
+            novel_id,
         )
     return sorted((r["novel_id"], r["unit_id"]) for r in rows)
 
