@@ -116,7 +116,10 @@ async def test_ops1_up_processes_supervises_six_actor_processes(
         def actors() -> dict[str, int]:
             found = {}
             for child in parent.children():
-                with_args = child.cmdline()
+                try:
+                    with_args = child.cmdline()
+                except psutil.Error:  # just killed, not reaped yet
+                    continue
                 if "actor" in with_args:
                     name = with_args[with_args.index("actor") + 1]
                     if "--instance" in with_args and name == "claims":
