@@ -147,6 +147,12 @@ def up(
     processes: Annotated[bool, typer.Option("--processes", help="Run each actor in its own OS process")] = False,
     claims_instances: Annotated[int, typer.Option(
         "--claims-instances", min=1, max=16, help="With --processes: claim-manager instances (CLM-5)")] = 1,
+    request_timeout: Annotated[float | None, typer.Option(
+        "--request-timeout", min=0.1, help="With --processes: seconds to wait for a command reply "
+                                           "(default 10 offline, 30 with a model)")] = None,
+    writer_timeout: Annotated[float | None, typer.Option(
+        "--writer-timeout", min=0.1, help="With --processes: seconds the driver waits for one writer run "
+                                          "(default 30 offline, 900 with a model)")] = None,
     namespace: NsOpt = "",
 ) -> None:
     """Run all six actors and keep serving until Ctrl-C or SIGTERM."""
@@ -154,7 +160,8 @@ def up(
         from cli.supervise import supervise
 
         run(supervise(home, nats_url, database_url, model=model, namespace=namespace,
-                      claims_instances=claims_instances))
+                      claims_instances=claims_instances, request_timeout_s=request_timeout,
+                      writer_timeout_s=writer_timeout))
         return
 
     async def main() -> None:
