@@ -59,8 +59,11 @@ def unit_target_range(budget: LengthBudget, committed: int, remaining_scenes: in
     """SPEC §16 unitTargetRange plus the per-scene share.
 
     Whole book: min = max(0, ⌊lower − committed⌋), max = max(min, ⌈upper − committed⌉).
-    Per unit: both divided by max(1, remaining_scenes) (min rounded down, max up), keeping
-    max ≥ min and max ≥ 1. An unbounded budget gets a fixed 800–1,600 range.
+    Per unit: both divided by max(1, remaining_scenes) (min rounded down, max up), then
+    narrowed to the on-target pace ± tolerance, pace = (target − committed) ÷ remaining scenes,
+    as long as that stays inside the book's share. Without the pace, a book past its lower
+    bound would offer [0, (upper − committed) ÷ remaining] and its last units would balloon.
+    Keeps max ≥ min and max ≥ 1. An unbounded budget gets a fixed 800–1,600 range.
     """
     if budget.kind == "unbounded":
         return TargetRange(min=UNBOUNDED_UNIT_MIN, max=UNBOUNDED_UNIT_MAX)
@@ -69,6 +72,11 @@ def unit_target_range(budget: LengthBudget, committed: int, remaining_scenes: in
     share = max(1, remaining_scenes)
     unit_min = book_min // share
     unit_max = max(unit_min, 1, -(-book_max // share))
+    pace = Fraction(budget.targetCharacters - committed, share)
+    if pace > 0:
+        tol = Fraction(budget.toleranceRatio).limit_denominator(1000)
+        unit_min = max(unit_min, math.floor(pace * (1 - tol)))
+        unit_max = max(unit_min, 1, min(unit_max, math.ceil(pace * (1 + tol))))
     return TargetRange(min=unit_min, max=unit_max)
 
 

@@ -24,7 +24,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from novel.body import CommitBody
-from novel.next_work import live_commits, live_units, scene_finished
+from novel.next_work import completed_chapters, live_commits, live_units, scene_finished
 from novel.outline import Chapter
 from novel.snapshot import NovelSnapshot, UnitView
 from novel.text import keywords
@@ -233,12 +233,23 @@ def cap_text(text: str, cap: int = BODY_READ_CAP) -> tuple[str, bool]:
 # --- read tool implementations -------------------------------------------------------------------
 
 
+STATUS_CHAPTER_WINDOW = 2  # chapters shown on each side of the current one
+
+
 def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
     outline = snapshot.outline
     commits = live_commits(snapshot)
     chapters: list[dict[str, Any]] = []
+    current = _current_chapter_id(snapshot)
+    finished_chapters = 0
     if outline is not None:
-        for ch in outline.ordered_chapters():
+        ordered = outline.ordered_chapters()
+        at = next((k for k, c in enumerate(ordered) if c.chapterId == current), 0)
+        done = set(completed_chapters(snapshot))
+        finished_chapters = sum(1 for c in ordered if c.chapterId in done)
+        # A window around the current chapter, so the result stays bounded as the book grows.
+        lo, hi = max(0, at - STATUS_CHAPTER_WINDOW), at + STATUS_CHAPTER_WINDOW + 1
+        for ch in ordered[lo:hi]:
             scenes = outline.scenes_of(ch.chapterId)
             chapters.append(
                 {
@@ -264,7 +275,9 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
         "committedCharacters": sum(c.effective_characters for c in commits),
         "commitCount": len(commits),
         "lengthTarget": length.targetCharacters if length.kind == "target" else None,
-        "currentChapterId": _current_chapter_id(snapshot),
+        "currentChapterId": current,
+        "chaptersTotal": len(outline.chapters) if outline is not None else 0,
+        "chaptersFinished": finished_chapters,
         "currentUnit": None
         if unit is None
         else {
