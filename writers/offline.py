@@ -552,18 +552,17 @@ class OfflineProvider:
             )
             return self._reply(messages, text=None, calls=[tool_call], stop="tool_calls")
 
-        # Research before narration (RUN-3): status first, then the current chapter's prose.
+        # Research before narration (RUN-3): status first, then the prose this unit continues:
+        # the last committed scene when it is in the current chapter (a bounded read), else the
+        # current chapter.
         if STATUS_TOOL in offered and STATUS_TOOL not in by_tool:
             return call(STATUS_TOOL, {})
-        chapter_id = next(
-            (
-                r.get("currentChapterId")
-                for r in by_tool.get(STATUS_TOOL, [])
-                if r.get("currentChapterId")
-            ),
-            None,
-        )
+        status = next((r for r in by_tool.get(STATUS_TOOL, []) if r.get("currentChapterId")), None)
+        chapter_id = status.get("currentChapterId") if status else None
         if BODY_READ_TOOL in offered and BODY_READ_TOOL not in by_tool and chapter_id:
+            last = (status or {}).get("lastCommit") or {}
+            if last.get("chapterId") == chapter_id and last.get("sceneId"):
+                return call(BODY_READ_TOOL, {"chapterId": chapter_id, "sceneId": last["sceneId"]})
             return call(BODY_READ_TOOL, {"chapterId": chapter_id})
         brief = UnitBrief.from_pack(pack)
         if COMMIT_TOOL not in offered or brief.unit_id is None:

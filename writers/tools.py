@@ -276,6 +276,13 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
         "commitCount": len(commits),
         "lengthTarget": length.targetCharacters if length.kind == "target" else None,
         "currentChapterId": current,
+        "lastCommit": None
+        if not commits
+        else {
+            "commitId": commits[-1].commit_id,
+            "chapterId": commits[-1].chapter_id,
+            "sceneId": commits[-1].scene_id,
+        },
         "chaptersTotal": len(outline.chapters) if outline is not None else 0,
         "chaptersFinished": finished_chapters,
         "currentUnit": None

@@ -188,7 +188,8 @@ async def test_w2_offline_researches_then_commits(
     tools = [r.tool for r in outcome.tool_calls]
     assert tools == ["novel_status_read", "novel_body_read", "novel_body_commit"]
     assert not any(r.is_error for r in outcome.tool_calls)
-    assert json.loads(outcome.tool_calls[1].args_truncated) == {"chapterId": "ch1"}
+    # it reads the scene it continues (the last commit's), a read that stays bounded
+    assert json.loads(outcome.tool_calls[1].args_truncated) == {"chapterId": "ch1", "sceneId": "cold-lamp"}
     assert len(commits) == 1 and commits[0]["unitId"] == "u-2"
     check_prose(commits[0]["paragraphs"], pack.text)
     assert outcome.draft is not None and outcome.draft.paragraphs == commits[0]["paragraphs"]
