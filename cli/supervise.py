@@ -1,6 +1,7 @@
 """`novelbus up --processes`: each actor in its own OS process, restarted whenever it dies.
 
-Every child is `python -m cli.main actor NAME --nats-url … --database-url …` (ARCH-1, REL-1).
+Every child is `python -m cli.main actor NAME` with NOVELBUS_NATS_URL / NOVELBUS_DATABASE_URL in
+its environment (ARCH-1, REL-1); NOVELBUS_NATS_URL_<ACTOR> gives an actor its own NATS user.
 Claim-manager instances (CLM-5) and the driver get stable `--instance` ids, so a restarted
 process recovers exactly what its previous incarnation held. The supervisor knows when a child
 is ready (it prints `actor NAME ready`), restarts a dead child with a short backoff, and stops
@@ -94,8 +95,8 @@ class Supervisor:
     stopping: bool = False
 
     def argv(self, name: str, instance: str | None = None) -> list[str]:
-        args = [sys.executable, "-m", "cli.main", "actor", name, "--nats-url", self.nats_url,
-                "--database-url", self.database_url, "--model", self.model]
+        # The server URLs (which may carry passwords) go through the environment, not argv.
+        args = [sys.executable, "-m", "cli.main", "actor", name, "--model", self.model]
         if self.namespace:
             args += ["--namespace", self.namespace]
         if instance:
@@ -106,15 +107,21 @@ class Supervisor:
             args += ["--writer-timeout", str(self.writer_timeout_s)]
         return args
 
+    def env(self, name: str) -> dict[str, str]:
+        """The child's environment: the server URLs, and — when NOVELBUS_NATS_URL_<ACTOR> is set —
+        that actor's own NATS user (deploy/nats.conf gives every actor one)."""
+        own = os.environ.get(f"NOVELBUS_NATS_URL_{name.upper()}")
+        return dict(os.environ, PYTHONUNBUFFERED="1", NOVELBUS_NATS_URL=own or self.nats_url,
+                    NOVELBUS_DATABASE_URL=self.database_url)
+
     async def start(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         for name in self.names:
             instances: tuple[str | None, ...] = (
                 self.claims_instances if name == "claims" else ("driver-0",) if name == "driver" else (None,))
             for inst in instances:
                 key = inst if name == "claims" and inst else name
                 log_path = (self.log_dir / f"{key}.log") if self.log_dir else None
-                child = ActorProcess(key, name, self.argv(name, inst), env, log_path=log_path)
+                child = ActorProcess(key, name, self.argv(name, inst), self.env(name), log_path=log_path)
                 await child.spawn()
                 self.children[key] = child
 
