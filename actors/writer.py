@@ -68,7 +68,6 @@ class WriterRunner:
 
     async def on_run(self, req: m.RunWriter) -> m.WriterFinished:
         provider = TimedProvider(self.state.provider)  # model time, for benchmarks to subtract
-        novel = await store.get_novel(self.ctx.pool, req.novel_id)
         await store.start_writer_run(self.ctx.pool, run_id=req.run_id, novel_id=req.novel_id, unit_id=req.unit_id,
                                      claim_id=None, dispatch=req.dispatch, mode=req.shape, provider=provider.label)
         await self.ctx.emit(ev.WriterDispatched(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
@@ -78,14 +77,14 @@ class WriterRunner:
         started: set[int] = set()  # tool calls whose tool.started event went out as they began
         try:
             if req.shape == "W1":
-                outcome = await run_w1(provider, req.pack_text, max_output_tokens=novel_output_tokens(novel))
+                outcome = await run_w1(provider, req.pack_text, max_output_tokens=MAX_OUTPUT_TOKENS)
             else:
                 try:  # TOOL-4: fail closed before any model call, recorded with its reason
                     check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
                 except ToolGateError as e:
                     outcome = RunOutcome(ok=False, reason=e.code, detail="read tools are not enabled")
                 else:
-                    outcome = await self._run_w2(req, provider, novel_output_tokens(novel),
+                    outcome = await self._run_w2(req, provider, MAX_OUTPUT_TOKENS,
                                                  inline=req.shape == "inline", started=started)
         finally:
             self.state.active.discard(req.run_id)
@@ -182,8 +181,7 @@ class WriterRunner:
                                 session_continued=outcome.session_continued)
 
 
-def novel_output_tokens(novel: Any) -> int:
-    return 8_192
+MAX_OUTPUT_TOKENS = 8_192  # one unit's prose plus its tool calls
 
 
 def call_sample(c: Any) -> m.CallSample:

@@ -284,15 +284,30 @@ async def bump_counters(
 # --- outline ------------------------------------------------------------------------------
 
 
+# Outline revisions are content-derived and immutable, so a parsed outline can be reused for as
+# long as the process lives: a revision id always names the same outline, so it is never stale.
+_OUTLINES: dict[tuple[str, str], Outline] = {}
+_OUTLINES_MAX = 256
+
+
 async def fetch_outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
     if revision is None:
         return None
+    cached = _OUTLINES.get((novel_id, revision))
+    if cached is not None:
+        return cached
     raw = await conn.fetchval(
         "SELECT outline FROM outline_revisions WHERE novel_id = $1 AND revision = $2",
         novel_id,
         revision,
     )
-    return None if raw is None else Outline.model_validate(raw)
+    if raw is None:
+        return None
+    outline = Outline.model_validate(raw)
+    if len(_OUTLINES) >= _OUTLINES_MAX:
+        _OUTLINES.pop(next(iter(_OUTLINES)))
+    _OUTLINES[(novel_id, revision)] = outline
+    return outline
 
 
 async def get_outline(pool: Db, novel_id: str) -> Outline | None:

@@ -12,12 +12,16 @@ from store.errors import NovelNotFound
 from store.novels import fetch_outline
 
 
-async def load_snapshot(pool: Db, novel_id: str, *, as_of_seq: int | None = None) -> NovelSnapshot:
+async def load_snapshot(
+    pool: Db, novel_id: str, *, as_of_seq: int | None = None, prose: bool = True
+) -> NovelSnapshot:
     """Everything the pure functions need, read in ONE `REPEATABLE READ READ ONLY` transaction.
 
     CTX-4: commits (and their canon facts) with seq > `as_of_seq` are excluded in SQL, so no
     future source leaks into a context. Units and notes are their current state. Canon sources
     are already rewritten to commit ids (STORE-3). `as_of_seq=None` means the latest commit.
+    `prose=False` leaves commits' paragraphs empty: enough for next_work and the finish guards,
+    and it keeps the driver's per-unit read independent of the book's length.
     """
     if as_of_seq is not None and as_of_seq < 0:
         raise ValueError(f"as_of_seq must be >= 0, got {as_of_seq}")
@@ -34,8 +38,10 @@ async def load_snapshot(pool: Db, novel_id: str, *, as_of_seq: int | None = None
         )
         limit = (1 << 31) - 1 if as_of_seq is None else as_of_seq
         commits = await conn.fetch(
-            "SELECT seq, commit_id, unit_id, chapter_id, scene_id, body, effective_chars,"
-            " body_hash FROM commits WHERE novel_id = $1 AND seq <= $2 ORDER BY seq",
+            "SELECT seq, commit_id, unit_id, chapter_id, scene_id,"
+            + (" body," if prose else " jsonb_build_object('sceneCompletion', body -> 'sceneCompletion',"
+               " 'paragraphs', '[]'::jsonb) AS body,")
+            + " effective_chars, body_hash FROM commits WHERE novel_id = $1 AND seq <= $2 ORDER BY seq",
             novel_id,
             limit,
         )
