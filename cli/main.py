@@ -342,7 +342,12 @@ def status(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
         for u in snap.units:
             states[u.state] = states.get(u.state, 0) + 1
         scenes = len(snap.outline.scenes) if snap.outline else 0
+        paused = await store.last_event_payload(ctx.pool, novel_id, "novel.paused") if n.pause_reason else None
+        claimed = [u for u in await store.list_units(ctx.pool, novel_id) if u.state == "claimed"]
+        in_flight = (f"{claimed[0].unit_id} ({claimed[0].claimed_mode}, attempt {claimed[0].attempt})"
+                     if claimed else None)
         return {"novelId": n.novel_id, "title": n.title, "status": n.status, "pauseReason": n.pause_reason,
+                "pauseDetail": (paused or {}).get("detail") or None, "inFlight": in_flight,
                 "writerMode": n.writer_mode, "outlineRevision": n.outline_revision, "scenes": scenes,
                 "units": states, "commits": len(snap.commits), "characters": snap.committed_characters,
                 "turns": n.turns, "writerRuns": n.writer_runs, "writerOutputChars": n.writer_output_chars,

@@ -12,7 +12,7 @@ REL-2: `account_turn` counts a turn once per claim, however often the accounting
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from store._db import Db, lock_novel, novel_must_exist, transaction
 from store.novels import NovelRow, fetch_outline, novel_row
@@ -213,3 +213,14 @@ async def unannounced_superseded_units(pool: Db, novel_id: str) -> list[tuple[st
         )
         for r in rows
     ]
+
+
+async def last_event_payload(pool: Db, novel_id: str, event_type: str) -> dict[str, Any] | None:
+    """The payload of the novel's newest event of `event_type` (e.g. why it paused), or None."""
+    async with transaction(pool) as conn:
+        payload: dict[str, Any] | None = await conn.fetchval(
+            "SELECT payload FROM events WHERE novel_id = $1 AND type = $2 ORDER BY seq DESC LIMIT 1",
+            novel_id,
+            event_type,
+        )
+    return payload

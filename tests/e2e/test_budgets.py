@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -70,7 +71,19 @@ async def stack_with(nats_url: str, new_database: Any, namespace: str,
     dsn = await new_database()
     kwargs = {"writer": {"provider": provider}} if provider is not None else None
     async with running(nats_url, dsn, subjects=Subjects(namespace), actor_kwargs=kwargs) as rt:
+        rt.dsn = dsn  # type: ignore[attr-defined]  # for the CLI status line
         yield rt
+
+
+async def status_line(rt: Any, nats_url: str, novel_id: str) -> dict[str, Any]:
+    """What `novelbus status NOVEL --json` says (OPS-4)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli.main", "status", novel_id, "--json", "--nats-url", nats_url,
+        "--database-url", rt.dsn, "--namespace", rt.ctx.subjects.namespace,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return json.loads(out)  # type: ignore[no-any-return]
 
 
 async def drive(rt: Runtime, novel_id: str, timeout: float = 60.0) -> tuple[Any, list[Any]]:
@@ -110,6 +123,8 @@ async def test_drv4_max_turns_is_a_hard_stop(nats_url: str, new_database: Any, n
         novel = await store.get_novel(pool, novel_id)
         assert (novel.status, novel.pause_reason, novel.turns) == ("paused", "budget", 3)
         assert len(of(events, ev.UnitCommitted)) == 3
+        info = await status_line(rt, nats_url, novel_id)
+        assert (info["status"], info["pauseReason"], info["pauseDetail"]) == ("paused", "budget", "maxTurns 3 reached")
         await store.resume_novel(pool, novel_id)
         final, _ = await drive(rt, novel_id)
         assert isinstance(final, ev.NovelPaused) and final.reason == "budget"
@@ -198,6 +213,7 @@ async def test_drv6_same_signature_stalls_after_recording_progress(
         failed = of(events, ev.UnitFailed)
         assert isinstance(final, ev.NovelPaused) and final.reason == "stalled"
         assert len(failed) == 2 and final.detail == failed[0].signature == failed[1].signature
+        assert (await status_line(rt, nats_url, novel_id))["pauseDetail"] == final.detail
         assert failed[0].signature.endswith(":not-committed")
         novel = await store.get_novel(pool, novel_id)
         assert (novel.turns, novel.stall_count, novel.pause_reason) == (2, 2, "stalled")
@@ -332,6 +348,8 @@ async def test_units_of_a_removed_scene_are_superseded_and_announced(
             [(doomed, "scene-removed"), ("ghost-01", "scene-removed")])
         assert (await store.get_unit(pool, novel_id, doomed)).state == "superseded"
         assert (await store.get_unit(pool, novel_id, "ghost-01")).state == "superseded"
+        info = await status_line(rt, nats_url, novel_id)
+        assert info["units"] == {"committed": 8, "superseded": 2} and info["inFlight"] is None
         await publish_notice(rt.ctx, novel_id, reason="again")
         await asyncio.sleep(0.5)
         announced = [e for e in await store.list_events(pool, novel_id) if e.type == "unit.superseded"]
