@@ -219,3 +219,29 @@ async def test_rel2_account_turn_counts_once_per_claim(new_database: Any) -> Non
             await store.account_turn(pool, novel_id, "claim-y", outcome="maybe")  # type: ignore[arg-type]
     finally:
         await pool.close()
+
+
+async def test_rel1_claim_of_a_driver_that_never_returns_is_released_after_its_lease(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """REL-1, CLM-5: a claim leased by a driver instance that died and never comes back (its
+    claim manager gone too) is returned to prepared by a live driver once the lease lapses
+    (`claim.released`, `lease-expired`), and the novel finishes with one commit per unit."""
+    dsn = await new_database()
+    subjects = Subjects(namespace)
+    async with connected(nats_url, dsn, subjects=subjects, name="test") as ctx:
+        novel_id, unit_id = await new_novel_with_unit(ctx.pool)
+        assert await store.hold_lease(ctx.pool, novel_id, unit_id, "intent-gone", "driver-9", 1.5)
+        await store.claim_unit(ctx.pool, novel_id, unit_id, "intent-gone", mode="subagent", claimed_by="claims-9")
+        async with running(nats_url, dsn, subjects=subjects) as rt:
+            assert (await store.get_unit(ctx.pool, novel_id, unit_id)).state == "claimed"  # lease still runs
+            deadline = asyncio.get_running_loop().time() + 60
+            while (await store.get_novel(ctx.pool, novel_id)).status == "active":
+                assert asyncio.get_running_loop().time() < deadline, "the novel did not finish"
+                await asyncio.sleep(0.1)
+            assert (await store.get_novel(ctx.pool, novel_id)).status == "finished"
+            released = [e.payload for e in await store.list_events(ctx.pool, novel_id) if e.type == "claim.released"]
+            assert [(r["unitId"], r["reason"]) for r in released] == [(unit_id, "lease-expired")]
+            assert set((await store.count_commits_per_unit(ctx.pool, novel_id)).values()) == {1}
+            unit = await store.get_unit(ctx.pool, novel_id, unit_id)
+            assert unit.state == "committed" and unit.claimed_by == "claims-0" and unit.attempt == 3
+            assert rt.actor("driver").instance == "driver-0"  # type: ignore[attr-defined]
