@@ -137,9 +137,10 @@ class Driver:
         to prepared, so do claims nobody drives any more, and every active novel gets a notice, so
         no work waits for a redelivery timeout (REL-1)."""
         pool = self.ctx.pool
-        released = await store.release_held_claims(pool, self.instance, reason="driver-restart")
-        released += await store.release_lapsed_claims(pool, grace_s=self.lease_s, reason="lease-expired")
-        await self._announce_released(released, "driver-restart")
+        await self._announce_released(
+            await store.release_held_claims(pool, self.instance, reason="driver-restart"), "driver-restart")
+        await self._announce_released(
+            await store.release_lapsed_claims(pool, grace_s=self.lease_s, reason="lease-expired"), "lease-expired")
         for novel in await store.list_novels(pool):
             if novel.status == "active":
                 await publish_notice(self.ctx, novel.novel_id, reason="driver-start")
