@@ -247,8 +247,11 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
         at = next((k for k, c in enumerate(ordered) if c.chapterId == current), 0)
         done = set(completed_chapters(snapshot))
         finished_chapters = sum(1 for c in ordered if c.chapterId in done)
-        # A window around the current chapter, so the result stays bounded as the book grows.
-        lo, hi = max(0, at - STATUS_CHAPTER_WINDOW), at + STATUS_CHAPTER_WINDOW + 1
+        # A fixed-size window around the current chapter (shifted at the book's ends), so the
+        # result stays the same size however long the book grows and wherever the unit is.
+        size = 2 * STATUS_CHAPTER_WINDOW + 1
+        lo = max(0, min(at - STATUS_CHAPTER_WINDOW, len(ordered) - size))
+        hi = lo + size
         for ch in ordered[lo:hi]:
             scenes = outline.scenes_of(ch.chapterId)
             chapters.append(
