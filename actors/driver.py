@@ -267,7 +267,7 @@ class Driver:
     async def advance(self, notice: WorkNotice) -> None:
         pool = self.ctx.pool
         # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
-        snapshot = await store.load_snapshot(pool, notice.novel_id)
+        snapshot = await store.load_snapshot(pool, notice.novel_id, prose=False)
         if _removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
             snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
@@ -278,7 +278,7 @@ class Driver:
                                                        novel_id=snapshot.novel_id)
             if released:
                 await self._announce_released(released, "flow-interrupted")
-                snapshot = await store.load_snapshot(pool, notice.novel_id)
+                snapshot = await store.load_snapshot(pool, notice.novel_id, prose=False)
                 decision = next_work(snapshot)
         if isinstance(decision, (Inactive, InFlight)):
             return  # paused/finished, or another flow holds the unit
@@ -304,7 +304,7 @@ class Driver:
         if (time.time() - window_start) * 1000 > budgets.maxDurationMs:
             await self.pause(snapshot.novel_id, "budget", f"maxDurationMs {budgets.maxDurationMs} reached")
             return
-        await self.write_unit(snapshot, decision, notice)
+        await self.write_unit(snapshot, decision, notice, novel)
 
     async def supersede_removed(self, snapshot: NovelSnapshot) -> NovelSnapshot:
         """Prepared units whose scene a revision removed are superseded automatically (SPEC §16;
@@ -315,14 +315,15 @@ class Driver:
         for unit_id, chapter_id, scene_id, reason in await store.unannounced_superseded_units(pool, novel_id):
             await self.ctx.emit(ev.UnitSuperseded(novel_id=novel_id, unit_id=unit_id, chapter_id=chapter_id,
                                                   scene_id=scene_id, reason=reason))
-        return await store.load_snapshot(pool, novel_id) if changed else snapshot
+        return await store.load_snapshot(pool, novel_id, prose=False) if changed else snapshot
 
     async def pause(self, novel_id: str, reason: str, detail: str) -> None:
         if await store.pause_novel(self.ctx.pool, novel_id, reason):
             await self.ctx.emit(ev.NovelPaused(novel_id=novel_id, reason=reason, detail=detail[:300]))
 
     # --- one unit -------------------------------------------------------------------------
-    async def write_unit(self, snapshot: NovelSnapshot, decision: WriteUnit, notice: WorkNotice) -> None:
+    async def write_unit(self, snapshot: NovelSnapshot, decision: WriteUnit, notice: WorkNotice,
+                         novel: store.NovelRow) -> None:
         ctx, pool, novel_id = self.ctx, self.ctx.pool, snapshot.novel_id
         unit_id = decision.unit_id
         if unit_id is None:
@@ -331,7 +332,6 @@ class Driver:
                                                continuation_anchor=decision.continuation_anchor)
             await ctx.emit(ev.UnitPrepared(novel_id=novel_id, unit_id=unit_id, chapter_id=decision.chapter_id,
                                            scene_id=decision.scene_id, fragment=decision.fragment))
-        novel = await store.get_novel(pool, novel_id)
         mode = novel.writer_mode  # DRV-3: read at claim time; the claim keeps it to the end
         intent_id = f"intent-{secrets.token_hex(8)}"
         await store.record_intent(pool, novel_id, intent_id, unit_id, notice.notice_id)
@@ -373,7 +373,7 @@ class Driver:
         finally:
             keeper.cancel()
             self.state.driving.discard(novel_id)
-        await self.account(novel_id, unit_id, claim, outcome, snapshot, mode)
+        await self.account(novel_id, unit_id, claim, outcome, snapshot, mode, novel)
 
     async def _keep_lease(self, novel_id: str, unit_id: str, intent_id: str) -> None:
         while True:
@@ -494,14 +494,16 @@ class Driver:
         return None
 
     async def account(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
-                      before: NovelSnapshot, mode: str | None = None) -> None:
+                      before: NovelSnapshot, mode: str | None = None,
+                      novel: store.NovelRow | None = None) -> None:
         """Account the turn, then schedule the next unit or apply the failure policy (DRV-4, DRV-6).
 
         REL-2: the turn is accounted once per claim (the store's turn ledger); a repeated call for
         the same claim records no usage and emits no event twice, it only re-publishes what comes
         next (notices are de-duplicated, releases are conditional)."""
         ctx, pool = self.ctx, self.ctx.pool
-        novel = await store.get_novel(pool, novel_id)
+        if novel is None:  # the flow's own row: budgets and mode as they were at claim time
+            novel = await store.get_novel(pool, novel_id)
         budgets = novel.config.budgets
         external = not outcome.ok and outcome.reason in EXTERNAL_REASONS
         kind: store.TurnOutcome = "committed" if outcome.ok else "external" if external else "failed"
@@ -515,7 +517,7 @@ class Driver:
         if outcome.ok:
             if first:
                 self.state.units_done += 1
-                after = await store.load_snapshot(pool, novel_id)
+                after = await store.load_snapshot(pool, novel_id, prose=False)
                 for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
                     await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
             await publish_notice(ctx, novel_id, reason="next-unit", dedupe=f"after-{unit_id}-{claim.claim_id}")

@@ -154,8 +154,9 @@ async def run_chaos(
             deadline = time.monotonic() + timeout
             by_actor: Counter[str] = Counter()
             while not done.done() and time.monotonic() < deadline:
-                # Spread the kills over the first 60% of the run: kill i once i/kills of that is written.
-                if sup.kills >= kills or commits < sup.kills * 0.6 * units / max(kills, 1):
+                # Spread the kills over the first 40% of the run (room to catch up when a kill has to
+                # wait for a restarting victim): kill i once i/kills of that is written.
+                if sup.kills >= kills or commits < sup.kills * 0.4 * units / max(kills, 1):
                     await asyncio.sleep(0.02)
                     continue
                 if rng.random() < 0.5:
