@@ -15,6 +15,8 @@ implementation is supplied by the caller: the runner hands the arguments to the 
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -601,6 +603,12 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_parameters_schema(name: str) -> dict[str, Any]:
+    return copy.deepcopy(_parameters_schema(name))
+
+
+@functools.cache
+def _parameters_schema(name: str) -> dict[str, Any]:
+    # The registry is fixed for the process: generate each schema once (it is on every run's path).
     schema = _inline_refs(get_tool(name).params.model_json_schema())
     schema.setdefault("properties", {})
     schema["additionalProperties"] = False
