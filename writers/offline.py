@@ -345,6 +345,8 @@ def _into_paragraphs(sentences: list[str], n: int, *, chinese: bool) -> list[str
     n = max(1, min(n, len(sentences)))
     base, extra = divmod(len(sentences), n)
     joiner = "" if chinese else " "
+    if not chinese:  # a template may open with a lower-case name ("the other …")
+        sentences = [s[:1].upper() + s[1:] for s in sentences]
     paragraphs = []
     start = 0
     for k in range(n):
