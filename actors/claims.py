@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import store
-from actors.context import ActorContext
+from actors.context import ActorContext, ServiceActor
 from bus.client import BusUnavailable, request
 from bus.codec import encode
 from bus.routes import check_instance, claims_instance_subject, delegation_instance
@@ -62,7 +62,7 @@ COMMITTED_KEPT = 4096
 FORWARD_TIMEOUT_S = 10.0
 
 
-class ClaimManager:
+class ClaimManager(ServiceActor):
     name = "claims"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -89,13 +89,8 @@ class ClaimManager:
         ]
 
     async def start(self) -> None:
-        await self.recover()
-        for svc in self.services:
-            await svc.start()
-
-    async def stop(self) -> None:
-        for svc in self.services:
-            await svc.stop()
+        await self.recover()  # CLM-4: before serving, our previous life's claims go back
+        await super().start()
 
     async def recover(self) -> None:
         """CLM-4: after a restart our delegations are gone, so our claimed units go back to prepared."""

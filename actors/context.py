@@ -13,10 +13,25 @@ from nats.js import JetStreamContext
 
 import store
 from bus.codec import encode, type_tag
+from bus.service import CommandService
 from messages.events import Event
 from messages.subjects import Subjects
 
 log = logging.getLogger("novelbus.actors")
+
+
+class ServiceActor:
+    """An actor whose work is its command services: start them all, stop them all."""
+
+    services: list[CommandService]
+
+    async def start(self) -> None:
+        for svc in self.services:
+            await svc.start()
+
+    async def stop(self) -> None:
+        for svc in self.services:
+            await svc.stop()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import store
-from actors.context import ActorContext
+from actors.context import ActorContext, ServiceActor
 from bus.service import CommandService
 from messages import events as ev
 from messages import packs as m
@@ -28,21 +28,13 @@ class PackRendererState:
     last_prefix: dict[str, str] = field(default_factory=dict)  # novel -> last prefix hash (diagnostics)
 
 
-class PackRenderer:
+class PackRenderer(ServiceActor):
     name = "packer"
 
     def __init__(self, ctx: ActorContext) -> None:
         self.ctx = ctx
         self.state = PackRendererState()
         self.services = [CommandService(ctx.nc, ctx.subjects.packs, {m.RenderPack: self.on_render}, queue="packs")]
-
-    async def start(self) -> None:
-        for svc in self.services:
-            await svc.start()
-
-    async def stop(self) -> None:
-        for svc in self.services:
-            await svc.stop()
 
     async def on_render(self, req: m.RenderPack) -> m.PackRendered:
         pool = self.ctx.pool

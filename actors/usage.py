@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import store
-from actors.context import ActorContext
+from actors.context import ActorContext, ServiceActor
 from bus.service import CommandService
 from messages import events as ev
 from messages import usage as m
@@ -79,21 +79,13 @@ def turn_sample(req: m.RecordTurn) -> dict[str, Any]:
     }
 
 
-class UsageSampler:
+class UsageSampler(ServiceActor):
     name = "usage"
 
     def __init__(self, ctx: ActorContext) -> None:
         self.ctx = ctx
         self.state = UsageSamplerState()
         self.services = [CommandService(ctx.nc, ctx.subjects.usage, {m.RecordTurn: self.on_turn}, queue="usage")]
-
-    async def start(self) -> None:
-        for svc in self.services:
-            await svc.start()
-
-    async def stop(self) -> None:
-        for svc in self.services:
-            await svc.stop()
 
     async def on_turn(self, req: m.RecordTurn) -> m.TurnRecorded:
         sample = turn_sample(req)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import store
-from actors.context import ActorContext
+from actors.context import ActorContext, ServiceActor
 from bus.service import CommandService
 from messages import verify as m
 from messages.claims import CommitReceipt
@@ -19,7 +19,7 @@ class VerifierState:
     failed: int = 0
 
 
-class CommitVerifier:
+class CommitVerifier(ServiceActor):
     name = "verifier"
 
     def __init__(self, ctx: ActorContext) -> None:
@@ -29,14 +29,6 @@ class CommitVerifier:
             m.VerifyCommit: self.on_verify_commit,
             m.ValidateDraft: self.on_validate_draft,
         }, queue="verify")]
-
-    async def start(self) -> None:
-        for svc in self.services:
-            await svc.start()
-
-    async def stop(self) -> None:
-        for svc in self.services:
-            await svc.stop()
 
     async def on_verify_commit(self, req: m.VerifyCommit) -> m.Verified:
         """VER-1: the unit must be committed, under this very claim."""

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 import store
-from actors.context import ActorContext
+from actors.context import ActorContext, ServiceActor
 from bus.client import RemoteError, request
 from bus.service import CommandService
 from messages import claims as cm
@@ -42,7 +42,7 @@ class WriterRunnerState:
     active: set[str] = field(default_factory=set)
 
 
-class WriterRunner:
+class WriterRunner(ServiceActor):
     name = "writer"
 
     def __init__(self, ctx: ActorContext, provider: ModelProvider | None = None,
@@ -55,13 +55,8 @@ class WriterRunner:
         self.services = [CommandService(ctx.nc, ctx.subjects.runs, {m.RunWriter: self.on_run}, queue="runs",
                                         max_concurrency=32)]
 
-    async def start(self) -> None:
-        for svc in self.services:
-            await svc.start()
-
     async def stop(self) -> None:
-        for svc in self.services:
-            await svc.stop()
+        await super().stop()
         close = getattr(self.state.provider, "aclose", None)
         if self._owns_provider and close is not None:  # e.g. the openai client's connections
             await close()

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from novel.body import CanonChange, SceneCompletion
+from novel.body import SceneCompletion
 from novel.context import (
     ContextSources,
     FrozenContext,
@@ -37,6 +37,7 @@ from novel.snapshot import CommitView, NovelSnapshot, UnitView
 from store._db import Conn, Db, transaction
 from store.errors import NovelNotFound
 from store.novels import fetch_outline
+from store.snapshots import CANON_COLUMNS, canon_by_commit
 
 
 async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
@@ -135,27 +136,14 @@ async def read_context_sources(
             request.as_of,
         )
         facts = await conn.fetch(
-            "SELECT f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids,"
-            " f.foreshadowing_id, f.foreshadowing_status"
+            f"SELECT {CANON_COLUMNS}"
             " FROM canon_facts f JOIN commits c"
             "  ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
             " WHERE f.novel_id = $1 AND c.seq <= $2 ORDER BY c.seq, f.idx",
             novel_id,
             request.as_of,
         )
-        canon: dict[str, list[CanonChange]] = {}
-        for f in facts:
-            canon.setdefault(f["commit_id"], []).append(
-                CanonChange(
-                    kind=f["kind"],
-                    summary=f["summary"],
-                    sources=list(f["sources"]),
-                    detail=f["detail"],
-                    character_ids=list(f["character_ids"]),
-                    foreshadowing_id=f["foreshadowing_id"],
-                    foreshadowing_status=f["foreshadowing_status"] or "resolved",
-                )
-            )
+        canon = canon_by_commit(facts)
         commits = [
             CommitView(
                 commit_id=r["commit_id"],

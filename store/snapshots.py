@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import msgspec
 
 from novel.body import CanonChange, SceneCompletion
@@ -10,6 +13,29 @@ from novel.snapshot import CommitView, NovelSnapshot, UnitView
 from store._db import Db, transaction
 from store.errors import NovelNotFound
 from store.novels import fetch_outline
+
+CANON_COLUMNS = (
+    "f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids,"
+    " f.foreshadowing_id, f.foreshadowing_status"
+)
+
+
+def canon_by_commit(facts: Iterable[Mapping[str, Any]]) -> dict[str, list[CanonChange]]:
+    """Canon fact rows (selected with CANON_COLUMNS) as each commit's canon changes, in order."""
+    canon: dict[str, list[CanonChange]] = {}
+    for f in facts:
+        canon.setdefault(f["commit_id"], []).append(
+            CanonChange(
+                kind=f["kind"],
+                summary=f["summary"],
+                sources=list(f["sources"]),
+                detail=f["detail"],
+                character_ids=list(f["character_ids"]),
+                foreshadowing_id=f["foreshadowing_id"],
+                foreshadowing_status=f["foreshadowing_status"] or "resolved",
+            )
+        )
+    return canon
 
 
 async def load_snapshot(
@@ -46,8 +72,7 @@ async def load_snapshot(
             limit,
         )
         facts = await conn.fetch(
-            "SELECT f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids,"
-            " f.foreshadowing_id, f.foreshadowing_status"
+            f"SELECT {CANON_COLUMNS}"
             " FROM canon_facts f JOIN commits c"
             "  ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
             " WHERE f.novel_id = $1 AND c.seq <= $2 ORDER BY c.seq, f.idx",
@@ -59,19 +84,7 @@ async def load_snapshot(
             novel_id,
         )
 
-    canon: dict[str, list[CanonChange]] = {}
-    for f in facts:
-        canon.setdefault(f["commit_id"], []).append(
-            CanonChange(
-                kind=f["kind"],
-                summary=f["summary"],
-                sources=list(f["sources"]),
-                detail=f["detail"],
-                character_ids=list(f["character_ids"]),
-                foreshadowing_id=f["foreshadowing_id"],
-                foreshadowing_status=f["foreshadowing_status"] or "resolved",
-            )
-        )
+    canon = canon_by_commit(facts)
     commit_views = []
     for c in commits:
         if as_of_seq is not None and c["seq"] > as_of_seq:  # fail closed (CTX-4)
