@@ -42,7 +42,7 @@ class CommitVerifier(ServiceActor):
             commit_id=commit.commit_id, unit_id=commit.unit_id, claim_id=commit.claim_id,
             body_sha256=commit.body_hash, effective_characters=commit.effective_chars,
             delta_characters=commit.effective_chars, total_characters=commit.total_chars,
-            duplicate=False, context_sha256=commit.context_hash)
+            duplicate=False, context_sha256=commit.context_hash, run_id=commit.run_id)
         return m.Verified(ok=True, receipt=receipt, scene_completed=commit.scene_completed)
 
     async def on_validate_draft(self, req: m.ValidateDraft) -> m.Verified:

@@ -50,6 +50,7 @@ class CommitReceipt(Message, tag="claims.committed", frozen=True):
     total_characters: int
     duplicate: bool
     context_sha256: str | None = None
+    run_id: str | None = None  # VER-3 envelope: the run that produced the body
 
 
 class ReleaseClaim(Message, tag="claims.release", frozen=True):

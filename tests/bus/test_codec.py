@@ -1,0 +1,55 @@
+"""BUS-1, BUS-4: one codec — msgspec JSON on the wire, type tag and schema version in headers."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bus.codec import SCHEMA_HEADER, TYPE_HEADER, MessageError, decode, encode
+from messages import SCHEMA_VERSION
+from messages.claims import ClaimsRequest, ClaimUnit, UnitClaimed
+from messages.events import NovelEvent, UnitCommitted
+from messages.work import WorkNotice
+
+
+def test_bus1_encode_puts_type_and_schema_version_in_headers() -> None:
+    data, headers = encode(ClaimUnit(novel_id="n1", unit_id="u1", intent_id="i1", mode="subagent"))
+    assert headers == {TYPE_HEADER: "claims.claim", SCHEMA_HEADER: str(SCHEMA_VERSION)}
+    assert msgspec.json.decode(data) == {"type": "claims.claim", "novelId": "n1", "unitId": "u1",
+                                         "intentId": "i1", "mode": "subagent"}
+
+
+def test_bus1_tagged_union_decodes_to_the_right_struct() -> None:
+    data, headers = encode(WorkNotice(novel_id="n1", notice_id="x"))
+    assert decode(data, WorkNotice, headers) == WorkNotice(novel_id="n1", notice_id="x")
+    event = UnitCommitted(novel_id="n1", unit_id="u1", commit_id="commit-1", effective_characters=5,
+                          total_characters=5, body_sha256="0" * 64, context_sha256=None)
+    data, headers = encode(event)
+    assert decode(data, NovelEvent, headers) == event
+
+
+def test_bus4_unsupported_schema_version_is_refused() -> None:
+    data, _ = encode(WorkNotice(novel_id="n1", notice_id="x"))
+    with pytest.raises(MessageError) as info:
+        decode(data, WorkNotice, {SCHEMA_HEADER: "99"})
+    assert info.value.code == "unknown-type" and "99" in str(info.value)
+
+
+def test_bus4_unknown_field_and_type_of_another_family_are_refused() -> None:
+    with pytest.raises(MessageError) as info:
+        decode(b'{"type": "work.notice", "novelId": "n", "noticeId": "x", "token": "t"}', WorkNotice)
+    assert info.value.code == "bad-message"
+    data, _ = encode(UnitClaimed(claim_id="c", unit_id="u", attempt=1, delegation_id="d", instance="i"))
+    with pytest.raises(MessageError) as info:
+        decode(data, ClaimsRequest)
+    assert info.value.code == "unknown-type"
+
+
+@given(st.binary(max_size=2_000))
+def test_bus4_arbitrary_bytes_never_escape_as_anything_but_a_message_error(raw: bytes) -> None:
+    try:
+        decode(raw, ClaimsRequest)
+    except MessageError as e:
+        assert e.code in ("bad-message", "unknown-type", "too-large")

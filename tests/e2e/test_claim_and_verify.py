@@ -1,0 +1,91 @@
+"""CLM-1: a claim reply carries claim id, unit id, attempt and delegation id — never the token.
+VER-1, VER-3, VER-4: verification reads the store; receipts and structured failures."""
+
+from __future__ import annotations
+
+import pytest
+
+import store
+from actors.runtime import Runtime
+from bus.client import request
+from bus.codec import encode
+from messages import claims as cm
+from messages import verify as vm
+from novel.body import CommitBody, SceneCompletion
+from novel.outline import parse_novel_file
+from novel.sample import sample_novel_bytes
+from tests.e2e.conftest import run_novel
+
+BODY = CommitBody(paragraphs=["Rain walked in from the sea and found the harbour asleep."],
+                  scene_completion=SceneCompletion(completed=True, basis="the harbour scene is done"))
+
+
+async def _prepared(rt: Runtime) -> tuple[str, str]:
+    nf = parse_novel_file(sample_novel_bytes())
+    novel_id = await store.create_novel(rt.ctx.pool, nf)
+    scene = nf.outline.scenes_of(nf.outline.ordered_chapters()[0].chapterId)[0]
+    unit_id = await store.prepare_unit(rt.ctx.pool, novel_id, scene.chapterId, scene.sceneId, fragment=1,
+                                       continuation_anchor=None)
+    return novel_id, unit_id
+
+
+async def test_clm1_claim_reply_has_ids_and_never_the_token(stack: Runtime) -> None:
+    ctx = stack.ctx
+    novel_id, unit_id = await _prepared(stack)
+    data, headers = encode(cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-1", mode="subagent"))
+    raw = await ctx.nc.request(ctx.subjects.claims, data, headers=headers, timeout=10)
+    reply = raw.data.decode()
+    delegations = stack.actor("claims").state.delegations  # type: ignore[attr-defined]
+    (delegation_id, d), = delegations.items()
+    assert d.unit_id == unit_id and d.novel_id == novel_id and d.intent_id == "i-1" and d.dispatches == 0
+    assert d.execution_token not in reply and d.execution_token not in repr(d)
+    for field in ('"claimId"', '"unitId"', '"attempt"', '"delegationId"'):
+        assert field in reply
+    assert delegation_id in reply
+
+
+async def test_ver3_receipt_from_the_store_with_envelope(stack: Runtime) -> None:
+    ctx = stack.ctx
+    novel_id, _ = await run_novel(stack, parse_novel_file(sample_novel_bytes()))
+    commit = (await store.list_commits(ctx.pool, novel_id))[0]
+    verified = await request(ctx.nc, ctx.subjects.verify,
+                             vm.VerifyCommit(novel_id=novel_id, unit_id=commit.unit_id, claim_id=commit.claim_id,
+                                             run_id="any"), vm.Verified)
+    r = verified.receipt
+    assert verified.ok and r is not None and verified.scene_completed is True
+    assert (r.commit_id, r.unit_id, r.claim_id) == (commit.commit_id, commit.unit_id, commit.claim_id)
+    assert r.effective_characters == commit.effective_chars > 0
+    assert len(r.body_sha256) == 64 and r.context_sha256 is not None and len(r.context_sha256) == 64
+    assert r.run_id == commit.run_id and r.run_id.startswith("run-")
+
+
+async def test_ver1_ver4_structured_failures(stack: Runtime) -> None:
+    ctx = stack.ctx
+    novel_id, unit_id = await _prepared(stack)
+    claim = await request(ctx.nc, ctx.subjects.claims,
+                          cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-2", mode="subagent"),
+                          cm.UnitClaimed)
+    # not committed yet: a writer saying "done" changes nothing (VER-1)
+    v = await request(ctx.nc, ctx.subjects.verify, vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id,
+                                                                   claim_id=claim.claim_id, run_id="r"), vm.Verified)
+    assert (v.ok, v.failure) == (False, "not-committed")
+    await request(ctx.nc, ctx.subjects.commit(claim.instance),
+                  cm.CommitUnit(delegation_id=claim.delegation_id, novel_id=novel_id, unit_id=unit_id, body=BODY,
+                                run_id="r"), cm.CommitReceipt)
+    v = await request(ctx.nc, ctx.subjects.verify, vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id,
+                                                                   claim_id="claim-someone-else", run_id="r"),
+                      vm.Verified)
+    assert (v.ok, v.failure) == (False, "wrong-claim")
+
+
+@pytest.mark.parametrize(("paragraph", "failure"), [("Chapter 17 begins here", "guard"), ("", "schema")])
+async def test_ver2_ver4_draft_validation_failures(stack: Runtime, paragraph: str, failure: str) -> None:
+    ctx = stack.ctx
+    novel_id, unit_id = await _prepared(stack)
+    body = CommitBody(paragraphs=["A quiet beginning.", paragraph],
+                      scene_completion=SceneCompletion(completed=True, basis="b"))
+    v = await request(ctx.nc, ctx.subjects.verify, vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=body),
+                      vm.Verified)
+    assert (v.ok, v.failure) == (False, failure)
+    assert v.detail and "begins here" not in v.detail  # the failure names the paragraph, never quotes it
+    assert await store.get_commit_for_unit(ctx.pool, novel_id, unit_id) is None
