@@ -6,7 +6,6 @@ Each actor can run alone in its own OS process (`novelbus actor NAME`) or all to
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -102,6 +101,3 @@ async def running(nats_url: str, database_url: str, *, names: tuple[str, ...] = 
                 with contextlib.suppress(Exception):
                     await actor.stop()
 
-
-async def serve_forever() -> None:
-    await asyncio.Event().wait()

@@ -52,7 +52,6 @@ from store.memory import (
 )
 from store.novels import (
     NovelRow,
-    bump_counters,
     create_novel,
     finish_novel,
     get_novel,
@@ -60,7 +59,6 @@ from store.novels import (
     list_novels,
     novel_exists,
     pause_novel,
-    record_turn,
     resume_novel,
     revise_outline,
     set_writer_mode,
@@ -124,7 +122,6 @@ __all__ = [
     "account_turn",
     "add_note",
     "append_event",
-    "bump_counters",
     "claim_unit",
     "claimed_units",
     "commit_body",
@@ -156,7 +153,6 @@ __all__ = [
     "pause_novel",
     "prepare_unit",
     "record_intent",
-    "record_turn",
     "record_usage",
     "recent_usage",
     "recover_claims",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from datetime import datetime
-from types import EllipsisType
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -190,95 +189,6 @@ async def finish_novel(pool: Db, novel_id: str) -> bool:
             novel_id,
         )
     return True
-
-
-async def record_turn(
-    pool: Db,
-    novel_id: str,
-    *,
-    committed: bool,
-    writer_output_chars: int = 0,
-    failure_signature: str | None = None,
-) -> NovelRow:
-    """Account one unit turn atomically and return the counters (DRV-4, DRV-6, USE-3).
-
-    Always turns + 1. A committed turn adds a writer run and its output characters and clears
-    the failure and stall counters. A failed turn adds a consecutive failure; the same
-    signature as last time grows the stall count, a new one restarts it at 1. Callers check
-    the stall counter on the returned row, after recording progress (SPEC §16).
-    """
-    if writer_output_chars < 0:
-        raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
-    async with transaction(pool) as conn:
-        await lock_novel(conn, novel_id)
-        if committed:
-            row = await conn.fetchrow(
-                "UPDATE novels SET turns = turns + 1, writer_runs = writer_runs + 1,"
-                " writer_output_chars = writer_output_chars + $2, consecutive_failures = 0,"
-                " stall_signature = NULL, stall_count = 0 WHERE novel_id = $1 RETURNING *",
-                novel_id,
-                writer_output_chars,
-            )
-        else:
-            row = await conn.fetchrow(
-                "UPDATE novels SET turns = turns + 1,"
-                " consecutive_failures = consecutive_failures + 1,"
-                " stall_count = CASE WHEN $2::text IS NULL THEN 0"
-                "  WHEN stall_signature = $2 THEN stall_count + 1 ELSE 1 END,"
-                " stall_signature = $2 WHERE novel_id = $1 RETURNING *",
-                novel_id,
-                failure_signature,
-            )
-    assert row is not None
-    return novel_row(row)
-
-
-async def bump_counters(
-    pool: Db,
-    novel_id: str,
-    *,
-    turns: int = 0,
-    writer_runs: int = 0,
-    writer_output_chars: int = 0,
-    consecutive_failures: int | None = None,
-    stall_signature: str | None | EllipsisType = ...,
-    stall_count: int | None = None,
-) -> NovelRow:
-    """Add to the running counters; set the absolute ones that are given.
-
-    `turns`, `writer_runs`, `writer_output_chars` are increments; `consecutive_failures` and
-    `stall_count` are absolute values when not None; `stall_signature` is set when not `...`
-    (None clears it). Returns the updated row, so callers check the stall counter after
-    recording progress (SPEC §16).
-    """
-    for name, value in (
-        ("turns", turns),
-        ("writer_runs", writer_runs),
-        ("writer_output_chars", writer_output_chars),
-    ):
-        if value < 0:
-            raise ValueError(f"{name} increment must be >= 0, got {value}")
-    set_signature = stall_signature is not ...
-    async with transaction(pool) as conn:
-        await lock_novel(conn, novel_id)
-        row = await conn.fetchrow(
-            "UPDATE novels SET turns = turns + $2, writer_runs = writer_runs + $3,"
-            " writer_output_chars = writer_output_chars + $4,"
-            " consecutive_failures = COALESCE($5, consecutive_failures),"
-            " stall_signature = CASE WHEN $6 THEN $7 ELSE stall_signature END,"
-            " stall_count = COALESCE($8, stall_count)"
-            " WHERE novel_id = $1 RETURNING *",
-            novel_id,
-            turns,
-            writer_runs,
-            writer_output_chars,
-            consecutive_failures,
-            set_signature,
-            stall_signature if set_signature else None,
-            stall_count,
-        )
-    assert row is not None
-    return novel_row(row)
 
 
 # --- outline ------------------------------------------------------------------------------

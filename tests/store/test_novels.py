@@ -55,7 +55,7 @@ async def test_drv3_set_writer_mode_updates_column_and_config(
 
 
 async def test_pause_resume_finish(pool: asyncpg.Pool, novel_id: str) -> None:
-    await store.record_turn(pool, novel_id, committed=False, failure_signature="u:x")
+    await store.account_turn(pool, novel_id, "claim-1", outcome="failed", failure_signature="u:x")
     before = await store.get_novel(pool, novel_id)
     assert await store.pause_novel(pool, novel_id, "stalled") is True
     assert await store.pause_novel(pool, novel_id, "user-request") is False
@@ -88,44 +88,24 @@ async def test_finish_refuses_while_a_unit_is_claimed(
         await store.finish_novel(pool, novel_id)
 
 
-async def test_drv6_record_turn_counts_failures_and_stalls_after_progress(
+async def test_drv6_account_turn_counts_failures_and_stalls_after_progress(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    a = await store.record_turn(pool, novel_id, committed=False, failure_signature="u1:empty")
-    b = await store.record_turn(pool, novel_id, committed=False, failure_signature="u1:empty")
-    c = await store.record_turn(pool, novel_id, committed=False, failure_signature="u1:guard")
+    async def failed(key: str, signature: str) -> store.NovelRow:
+        row, first = await store.account_turn(pool, novel_id, key, outcome="failed",
+                                               failure_signature=signature)
+        assert first
+        return row
+
+    a = await failed("claim-a", "u1:empty")
+    b = await failed("claim-b", "u1:empty")
+    c = await failed("claim-c", "u1:guard")
     assert [(r.turns, r.consecutive_failures, r.stall_count) for r in (a, b, c)] == [
         (1, 1, 1),
         (2, 2, 2),
         (3, 3, 1),
     ]
     assert c.stall_signature == "u1:guard"
-    ok = await store.record_turn(pool, novel_id, committed=True, writer_output_chars=1200)
+    ok, _ = await store.account_turn(pool, novel_id, "claim-d", outcome="committed", writer_output_chars=1200)
     assert (ok.turns, ok.writer_runs, ok.writer_output_chars) == (4, 1, 1200)
     assert (ok.consecutive_failures, ok.stall_count, ok.stall_signature) == (0, 0, None)
-
-
-async def test_bump_counters_adds_and_sets(pool: asyncpg.Pool, novel_id: str) -> None:
-    row = await store.bump_counters(
-        pool,
-        novel_id,
-        turns=2,
-        writer_runs=1,
-        writer_output_chars=300,
-        consecutive_failures=4,
-        stall_signature="sig",
-        stall_count=2,
-    )
-    assert (row.turns, row.writer_runs, row.writer_output_chars) == (2, 1, 300)
-    assert (row.consecutive_failures, row.stall_signature, row.stall_count) == (4, "sig", 2)
-    row = await store.bump_counters(pool, novel_id, turns=1)  # untouched when not given
-    assert (row.turns, row.consecutive_failures, row.stall_signature, row.stall_count) == (
-        3,
-        4,
-        "sig",
-        2,
-    )
-    row = await store.bump_counters(pool, novel_id, stall_signature=None, stall_count=0)
-    assert (row.stall_signature, row.stall_count) == (None, 0)
-    with pytest.raises(ValueError):
-        await store.bump_counters(pool, novel_id, turns=-1)
