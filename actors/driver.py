@@ -12,7 +12,9 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncpg
 import nats.errors
@@ -45,6 +47,8 @@ from novel.next_work import (
 from novel.snapshot import NovelSnapshot
 
 log = logging.getLogger("novelbus.driver")
+
+T = TypeVar("T")
 
 HEARTBEAT_S = 5.0  # in-progress acks; well inside the consumer's ack wait
 LEASE_S = 12.0  # a flow's lease on its unit; renewed every LEASE_RENEW_S while the flow runs (REL-1)
@@ -357,14 +361,17 @@ class Driver:
                 await publish_notice(ctx, novel_id, reason="claim-lost")
                 return
             outcome = settled
-        except Exception:
+        except Exception as e:
             # NATS, the database or an actor away mid-flow: give the claim back (unless the commit
             # already went through, which is then accounted) and let the notice retry (REL-1, REL-6).
+            # Settling waits for the infrastructure: a retried notice would see the unit committed
+            # and move on, and this unit's turn would never be accounted.
             settled = None
             with contextlib.suppress(Exception):
-                settled = await self._settle(novel_id, unit_id, claim, "flow-interrupted")
+                settled = await self._until_available(
+                    lambda: self._settle(novel_id, unit_id, claim, "flow-interrupted"))
             if settled is None:
-                raise
+                raise e
             outcome = settled
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
@@ -373,7 +380,21 @@ class Driver:
         finally:
             keeper.cancel()
             self.state.driving.discard(novel_id)
-        await self.account(novel_id, unit_id, claim, outcome, snapshot, mode, novel)
+        # The turn is accounted exactly once (turn ledger), so waiting out an outage here is safe.
+        await self._until_available(
+            lambda: self.account(novel_id, unit_id, claim, outcome, snapshot, mode, novel))
+
+    async def _until_available(self, step: Callable[[], Awaitable[T]], *, limit_s: float = 120.0) -> T:
+        """Run an idempotent step, waiting out NATS or PostgreSQL being away (REL-6)."""
+        started, attempt = time.monotonic(), 0
+        while True:
+            try:
+                return await step()
+            except Exception as e:
+                if not (self.state.running and is_infrastructure_error(e)) or time.monotonic() - started > limit_s:
+                    raise
+                attempt += 1
+                await asyncio.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
 
     async def _keep_lease(self, novel_id: str, unit_id: str, intent_id: str) -> None:
         while True:
