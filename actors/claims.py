@@ -12,16 +12,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-import store
-from actors.context import ActorContext, ServiceActor
-from bus.client import BusUnavailable, request
-from bus.codec import encode
-from bus.routes import check_instance, claims_instance_subject, delegation_instance
-from bus.service import CommandService
-from messages import claims as m
-from messages import events as ev
-from messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
-from messages.work import WorkNotice
+from novelbus import store
+from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.bus.client import BusUnavailable, request
+from novelbus.bus.codec import encode
+from novelbus.bus.routes import check_instance, claims_instance_subject, delegation_instance
+from novelbus.bus.service import CommandService
+from novelbus.messages import claims as m
+from novelbus.messages import events as ev
+from novelbus.messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
+from novelbus.messages.work import WorkNotice
 
 
 class ClaimRefused(Exception):

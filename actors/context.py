@@ -11,13 +11,13 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-import store
-from bus.codec import encode, type_tag
-from bus.service import CommandService
-from messages.events import Event
-from messages.subjects import Subjects
+from novelbus import store
+from novelbus.bus.codec import encode, type_tag
+from novelbus.bus.service import CommandService
+from novelbus.messages.events import Event
+from novelbus.messages.subjects import Subjects
 
-log = logging.getLogger("novelbus.actors")
+log = logging.getLogger(__name__)
 
 
 class ServiceActor:

@@ -21,20 +21,20 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-import store
-from actors.context import ActorContext
-from bus.client import BusUnavailable, RemoteError, request
-from bus.codec import MessageError, decode, encode
-from bus.routes import check_instance, claims_instance_subject
-from bus.streams import WORK_MAX_DELIVER, driver_consumer_config
-from messages import claims as cm
-from messages import events as ev
-from messages import packs as pm
-from messages import runs as rm
-from messages import usage as um
-from messages import verify as vm
-from messages.work import WorkNotice
-from novel.next_work import (
+from novelbus import store
+from novelbus.actors.context import ActorContext
+from novelbus.bus.client import BusUnavailable, RemoteError, request
+from novelbus.bus.codec import MessageError, decode, encode
+from novelbus.bus.routes import check_instance, claims_instance_subject
+from novelbus.bus.streams import WORK_MAX_DELIVER, driver_consumer_config
+from novelbus.messages import claims as cm
+from novelbus.messages import events as ev
+from novelbus.messages import packs as pm
+from novelbus.messages import runs as rm
+from novelbus.messages import usage as um
+from novelbus.messages import verify as vm
+from novelbus.messages.work import WorkNotice
+from novelbus.novel.next_work import (
     AwaitOutline,
     Blocked,
     Finish,
@@ -44,9 +44,9 @@ from novel.next_work import (
     completed_chapters,
     next_work,
 )
-from novel.snapshot import NovelSnapshot
+from novelbus.novel.snapshot import NovelSnapshot
 
-log = logging.getLogger("novelbus.driver")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

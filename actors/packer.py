@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import store
-from actors.context import ActorContext, ServiceActor
-from bus.service import CommandService
-from messages import events as ev
-from messages import packs as m
-from novel.pack import render_writer_pack
+from novelbus import store
+from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.bus.service import CommandService
+from novelbus.messages import events as ev
+from novelbus.messages import packs as m
+from novelbus.novel.pack import render_writer_pack
 
 
 @dataclass

@@ -14,19 +14,19 @@ from typing import Any, Protocol
 
 from nats.aio.client import Client as NATS
 
-import store
-from actors.claims import ClaimManager
-from actors.context import ActorContext, Settings
-from actors.driver import Driver
-from actors.packer import PackRenderer
-from actors.usage import UsageSampler
-from actors.verifier import CommitVerifier
-from actors.writer import WriterRunner
-from bus.client import connect
-from bus.streams import ensure_streams
-from messages.subjects import Subjects
+from novelbus import store
+from novelbus.actors.claims import ClaimManager
+from novelbus.actors.context import ActorContext, Settings
+from novelbus.actors.driver import Driver
+from novelbus.actors.packer import PackRenderer
+from novelbus.actors.usage import UsageSampler
+from novelbus.actors.verifier import CommitVerifier
+from novelbus.actors.writer import WriterRunner
+from novelbus.bus.client import connect
+from novelbus.bus.streams import ensure_streams
+from novelbus.messages.subjects import Subjects
 
-log = logging.getLogger("novelbus.runtime")
+log = logging.getLogger(__name__)
 
 # Start order: servers of commands first, the driver (their client) last.
 ACTOR_NAMES = ("claims", "packer", "writer", "verifier", "usage", "driver")

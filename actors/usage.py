@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import store
-from actors.context import ActorContext, ServiceActor
-from bus.service import CommandService
-from messages import events as ev
-from messages import usage as m
-from messages.runs import CallSample
+from novelbus import store
+from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.bus.service import CommandService
+from novelbus.messages import events as ev
+from novelbus.messages import usage as m
+from novelbus.messages.runs import CallSample
 
 CALL_DETAIL_LIMIT = 24  # per-call rows kept inside one turn sample (totals always cover every call)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import store
-from actors.context import ActorContext, ServiceActor
-from bus.service import CommandService
-from messages import verify as m
-from messages.claims import CommitReceipt
-from novel.commitcheck import BodyError, check_body
-from novel.guard import ProseGuardError, guard_prose
+from novelbus import store
+from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.bus.service import CommandService
+from novelbus.messages import verify as m
+from novelbus.messages.claims import CommitReceipt
+from novelbus.novel.commitcheck import BodyError, check_body
+from novelbus.novel.guard import ProseGuardError, guard_prose
 
 
 @dataclass

@@ -12,22 +12,27 @@ from typing import Any
 
 import msgspec
 
-import store
-from actors.context import ActorContext, ServiceActor
-from bus.client import RemoteError, request
-from bus.service import CommandService
-from messages import claims as cm
-from messages import events as ev
-from messages import runs as m
-from novel.body import CommitBody
-from novel.snapshot import NovelSnapshot
-from writers.inline import compact_threshold, run_inline_unit
-from writers.inline import session_id as inline_session_id
-from writers.provider import ModelProvider, make_provider
-from writers.runner import ExecutionPolicy, RunOutcome, ToolStart, run_w1, run_w2
-from writers.sessions import PgSessionStore
-from writers.timing import TimedProvider
-from writers.tools import W2_ALLOW_LIST, ToolGateError, call_read_tool, check_read_tools_gate
+from novelbus import store
+from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.bus.client import RemoteError, request
+from novelbus.bus.service import CommandService
+from novelbus.messages import claims as cm
+from novelbus.messages import events as ev
+from novelbus.messages import runs as m
+from novelbus.novel.body import CommitBody
+from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.writers.inline import compact_threshold, run_inline_unit
+from novelbus.writers.inline import session_id as inline_session_id
+from novelbus.writers.provider import ModelProvider, make_provider
+from novelbus.writers.runner import ExecutionPolicy, RunOutcome, ToolStart, run_w1, run_w2
+from novelbus.writers.sessions import PgSessionStore
+from novelbus.writers.timing import TimedProvider
+from novelbus.writers.tools import (
+    W2_ALLOW_LIST,
+    ToolGateError,
+    call_read_tool,
+    check_read_tools_gate,
+)
 
 
 def manifest_location(run_id: str) -> str:

@@ -13,8 +13,8 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from bus.codec import decode_reply, encode
-from messages.errors import ErrorReply
+from novelbus.bus.codec import decode_reply, encode
+from novelbus.messages.errors import ErrorReply
 
 T = TypeVar("T")
 

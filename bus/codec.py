@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from messages import SCHEMA_VERSION
-from messages.errors import BAD_MESSAGE, TOO_LARGE, UNKNOWN_TYPE, ErrorReply
+from novelbus.messages import SCHEMA_VERSION
+from novelbus.messages.errors import BAD_MESSAGE, TOO_LARGE, UNKNOWN_TYPE, ErrorReply
 
 TYPE_HEADER = "Novelbus-Type"
 SCHEMA_HEADER = "Novelbus-Schema"

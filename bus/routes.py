@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from messages.subjects import Subjects
+from novelbus.messages.subjects import Subjects
 
 INSTANCE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DELEGATION = re.compile(r"^dlg-([A-Za-z0-9_-]{1,64})-[0-9a-f]{24}$")

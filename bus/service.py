@@ -19,10 +19,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from bus.codec import MessageError, decode, encode
-from messages.errors import INTERNAL, ErrorReply
+from novelbus.bus.codec import MessageError, decode, encode
+from novelbus.messages.errors import INTERNAL, ErrorReply
 
-log = logging.getLogger("novelbus.bus")
+log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Awaitable[msgspec.Struct]]
 

@@ -13,7 +13,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from messages.subjects import Subjects
+from novelbus.messages.subjects import Subjects
 
 WORK_MAX_DELIVER = 5  # bounded redelivery; then the notice goes to the dead-letter subject
 WORK_ACK_WAIT_S = 20.0  # the driver sends in-progress acks (every 5 s) while a unit runs; a dead

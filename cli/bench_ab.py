@@ -27,19 +27,19 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-import store
-from actors.context import ActorContext, Settings
-from actors.driver import publish_notice
-from actors.runtime import running
-from bus.codec import decode
-from cli.bench import bench_app
-from cli.common import err_console, fail, home_dir, print_json, run, servers
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.generate import generate_novel_file
-from novel.outline import OutlineError, parse_novel_file
-from writers.inline import DEFAULT_COMPACT_TOKENS
-from writers.provider import ProviderError
+from novelbus import store
+from novelbus.actors.context import ActorContext, Settings
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import running
+from novelbus.bus.codec import decode
+from novelbus.cli.bench import bench_app
+from novelbus.cli.common import err_console, fail, home_dir, print_json, run, servers
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.outline import OutlineError, parse_novel_file
+from novelbus.writers.inline import DEFAULT_COMPACT_TOKENS
+from novelbus.writers.provider import ProviderError
 
 # AB-3 and the targets, printed beside each figure.
 TARGET_RATIO = 0.40

@@ -37,17 +37,17 @@ from typing import Annotated, Any
 
 import typer
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import connected
-from bus.codec import decode
-from cli.bench import bench_app
-from cli.common import err_console, fail, run, servers
-from cli.supervise import Supervisor
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.generate import generate_novel_file
-from novel.outline import NovelFile
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import connected
+from novelbus.bus.codec import decode
+from novelbus.cli.bench import bench_app
+from novelbus.cli.common import err_console, fail, run, servers
+from novelbus.cli.supervise import Supervisor
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.outline import NovelFile
 
 # Claims that went back to prepared because something died, not because a unit failed.
 RECOVERY_REASONS = ("driver-restart", "lease-expired", "claim-lost", "flow-interrupted", "driver-stopped")

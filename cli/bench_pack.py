@@ -37,15 +37,15 @@ import asyncpg
 import msgspec
 import typer
 
-import store
-from cli.bench import bench_app
-from cli.common import err_console, fail, print_json, run
-from novel.body import CommitBody
-from novel.context import assemble_context
-from novel.generate import generate_novel_file
-from novel.outline import NovelFile
-from novel.pack import render_writer_pack
-from writers.offline import compose_draft
+from novelbus import store
+from novelbus.cli.bench import bench_app
+from novelbus.cli.common import err_console, fail, print_json, run
+from novelbus.novel.body import CommitBody
+from novelbus.novel.context import assemble_context
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.outline import NovelFile
+from novelbus.novel.pack import render_writer_pack
+from novelbus.writers.offline import compose_draft
 
 SHAPES = ("trimmed", "full")
 TARGET_TOKENS = {"trimmed": 8_000, "full": 25_000}
@@ -66,7 +66,7 @@ def _pct(values: list[float], q: float) -> float:
 async def private_database(database_url: str | None) -> AsyncIterator[str]:
     """A database nobody else uses: a private embedded server, or a fresh database on yours."""
     if database_url is None:
-        from infra import EmbeddedPostgres
+        from novelbus.infra import EmbeddedPostgres
 
         home = Path(tempfile.mkdtemp(prefix="novelbus-bench-pack-"))
         try:
@@ -75,7 +75,7 @@ async def private_database(database_url: str | None) -> AsyncIterator[str]:
         finally:
             shutil.rmtree(home, ignore_errors=True)
         return
-    from infra import dsn_with_database
+    from novelbus.infra import dsn_with_database
 
     name = f"novelbus_bench_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(database_url)

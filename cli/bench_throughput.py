@@ -33,16 +33,16 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-import store
-from actors.context import ActorContext, Settings
-from actors.driver import publish_notice
-from actors.runtime import connected, running
-from bus.client import BusUnavailable
-from cli.bench import bench_app
-from cli.bench_ab import drop_namespace_streams, ledger, novel_dict
-from cli.common import err_console, fail, home_dir, print_json, run, servers
-from messages.subjects import Subjects
-from novel.outline import parse_novel_file
+from novelbus import store
+from novelbus.actors.context import ActorContext, Settings
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import connected, running
+from novelbus.bus.client import BusUnavailable
+from novelbus.cli.bench import bench_app
+from novelbus.cli.bench_ab import drop_namespace_streams, ledger, novel_dict
+from novelbus.cli.common import err_console, fail, home_dir, print_json, run, servers
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import parse_novel_file
 
 TARGET_P50_MS = 10.0
 TARGET_P99_MS = 25.0
@@ -200,7 +200,7 @@ async def deployment(processes: bool, nats_url: str, database_url: str, subjects
         async with running(nats_url, database_url, subjects=subjects, settings=Settings(model="offline")) as rt:
             yield rt.ctx
         return
-    from cli.supervise import Supervisor
+    from novelbus.cli.supervise import Supervisor
 
     log_dir.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(nats_url, database_url, model="offline", namespace=subjects.namespace, log_dir=log_dir)
@@ -215,9 +215,9 @@ async def deployment(processes: bool, nats_url: str, database_url: str, subjects
 
 async def wait_for_actors(ctx: ActorContext, sup: Any, timeout: float = 60.0) -> None:
     """Until every command service answers and the driver's work consumer exists."""
-    from bus.client import request
-    from bus.streams import driver_consumer_config
-    from messages.work import WorkNotice
+    from novelbus.bus.client import request
+    from novelbus.bus.streams import driver_consumer_config
+    from novelbus.messages.work import WorkNotice
 
     wait_ready = getattr(sup, "wait_ready", None)
     if wait_ready is not None:

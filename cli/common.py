@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import typer
 from rich.console import Console
 
-from infra import Infrastructure
+from novelbus.infra import Infrastructure
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -38,7 +38,7 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; Ctrl-C and SIGTERM cancel it so every `async with` cleans up."""
-    from infra import install_signal_handlers
+    from novelbus.infra import install_signal_handlers
 
     async def main() -> T:
         task = asyncio.current_task()

@@ -12,25 +12,25 @@ from typing import Annotated, Any
 import msgspec
 import typer
 
-import cli.bench_ab  # noqa: F401  (registers `novelbus bench ab`)
-import cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
-import cli.bench_pack  # noqa: F401  (registers `novelbus bench pack`)
-import cli.bench_throughput  # noqa: F401  (registers `novelbus bench throughput`)
-import store
-from actors.context import Settings
-from actors.driver import publish_notice
-from actors.runtime import ACTOR_NAMES, connected, running
-from bus.codec import decode
-from cli.bench import bench_app
-from cli.common import console, err_console, fail, home_dir, print_json, run, servers
-from cli.pack_cmd import pack as pack_command
-from cli.probe_cmd import probe as probe_command
-from cli.probe_cmd import require_subagent_capable
-from cli.tools_cmd import read_tools_enabled, tools_app
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.export import export_markdown
-from novel.outline import OutlineError, parse_novel_file
+import novelbus.cli.bench_ab  # noqa: F401  (registers `novelbus bench ab`)
+import novelbus.cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
+import novelbus.cli.bench_pack  # noqa: F401  (registers `novelbus bench pack`)
+import novelbus.cli.bench_throughput  # noqa: F401  (registers `novelbus bench throughput`)
+from novelbus import store
+from novelbus.actors.context import Settings
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import ACTOR_NAMES, connected, running
+from novelbus.bus.codec import decode
+from novelbus.cli.bench import bench_app
+from novelbus.cli.common import console, err_console, fail, home_dir, print_json, run, servers
+from novelbus.cli.pack_cmd import pack as pack_command
+from novelbus.cli.probe_cmd import probe as probe_command
+from novelbus.cli.probe_cmd import require_subagent_capable
+from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.export import export_markdown
+from novelbus.novel.outline import OutlineError, parse_novel_file
 
 app = typer.Typer(name="novelbus", no_args_is_help=True, add_completion=False,
                   help="Bounded-context long-form fiction: six actors over NATS and PostgreSQL.")
@@ -62,7 +62,7 @@ def demo(
     namespace: NsOpt = "",
 ) -> None:
     """Write the bundled sample novel end to end on embedded NATS + PostgreSQL, then print a summary."""
-    from novel.sample import sample_novel_bytes
+    from novelbus.novel.sample import sample_novel_bytes
 
     async def main() -> None:
         started = time.monotonic()
@@ -157,7 +157,7 @@ def up(
 ) -> None:
     """Run all six actors and keep serving until Ctrl-C or SIGTERM."""
     if processes:
-        from cli.supervise import supervise
+        from novelbus.cli.supervise import supervise
 
         run(supervise(home, nats_url, database_url, model=model, namespace=namespace,
                       claims_instances=claims_instances, request_timeout_s=request_timeout,
@@ -191,7 +191,7 @@ def actor(
         fail(f"unknown actor {name!r}", hint=f"choose one of: {', '.join(ACTOR_NAMES)}", code=2)
     from dataclasses import replace
 
-    from bus.routes import check_instance
+    from novelbus.bus.routes import check_instance
 
     try:
         instance = check_instance(instance or ("driver-0" if name == "driver" else "claims-0"))
@@ -453,7 +453,7 @@ def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
 @app.command()
 def schema(as_file: Annotated[Path | None, typer.Option("--out", help="Write to this file")] = None) -> None:
     """Print the public schema (work notices and events) as JSON Schema (BUS-5)."""
-    from messages.work import WorkNotice
+    from novelbus.messages.work import WorkNotice
 
     _, components = msgspec.json.schema_components([WorkNotice, ev.NovelEvent],
                                                    ref_template="#/$defs/{name}")

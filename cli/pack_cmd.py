@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
-import store
-from cli.common import fail, print_json, run, servers
-from novel.context import ContextInputError, WriterPackError, manifest_summary
-from novel.pack import render_writer_pack
+from novelbus import store
+from novelbus.cli.common import fail, print_json, run, servers
+from novelbus.novel.context import ContextInputError, WriterPackError, manifest_summary
+from novelbus.novel.pack import render_writer_pack
 
 SHAPES = ("full", "trimmed")
 PROFILES = ("bounded", "wide")

@@ -23,9 +23,14 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from cli.common import console, err_console, fail, home_dir, print_json, run
-from writers.probe import PROBE_IDS, REQUIRED_FOR_SUBAGENT, ProbeReport, run_probes
-from writers.provider import ENV_BASE_URL, HOSTED_OPENAI_BASE_URL, ProviderError, make_provider
+from novelbus.cli.common import console, err_console, fail, home_dir, print_json, run
+from novelbus.writers.probe import PROBE_IDS, REQUIRED_FOR_SUBAGENT, ProbeReport, run_probes
+from novelbus.writers.provider import (
+    ENV_BASE_URL,
+    HOSTED_OPENAI_BASE_URL,
+    ProviderError,
+    make_provider,
+)
 
 CACHE_FILE = "probes.json"
 CACHE_TTL_S = 24 * 3600.0

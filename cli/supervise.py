@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from actors.runtime import ACTOR_NAMES
-from cli.common import console, servers
-from infra._process import deathsig_preexec
+from novelbus.actors.runtime import ACTOR_NAMES
+from novelbus.cli.common import console, servers
+from novelbus.infra._process import deathsig_preexec
 
 STOP_GRACE_S = 10.0
 
@@ -96,7 +96,7 @@ class Supervisor:
 
     def argv(self, name: str, instance: str | None = None) -> list[str]:
         # The server URLs (which may carry passwords) go through the environment, not argv.
-        args = [sys.executable, "-m", "cli.main", "actor", name, "--model", self.model]
+        args = [sys.executable, "-m", "novelbus.cli.main", "actor", name, "--model", self.model]
         if self.namespace:
             args += ["--namespace", self.namespace]
         if instance:
@@ -196,7 +196,7 @@ async def supervise(home: Path | None, nats_url: str | None, database_url: str |
     # offline writer nothing legitimately takes long, so its defaults are short (REL-1).
     offline = model == "offline"
     async with servers(home, nats_url, database_url) as ep:
-        from cli.common import home_dir
+        from novelbus.cli.common import home_dir
 
         log_dir = home_dir(home) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -19,8 +19,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import fail, print_json, run, servers
-from writers.tools import (
+from novelbus.cli.common import fail, print_json, run, servers
+from novelbus.writers.tools import (
     READ_TOOLS_NOT_ENABLED,
     W2_ALLOW_LIST,
     ToolContractError,
@@ -106,7 +106,7 @@ def tools_call(
         fail(str(e), hint=f"set {ENV_READ_TOOLS}=1 to enable read tools", code=1)
 
     async def go() -> dict[str, Any]:
-        import store
+        from novelbus import store
 
         async with servers(home, nats_url, database_url, announce=False) as ep:
             pool = await store.connect(ep.database_url, max_size=2)

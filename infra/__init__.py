@@ -23,9 +23,9 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
-from infra._process import ServerStartError, free_port, stop_all_sync
-from infra.nats import EmbeddedNats
-from infra.postgres import EmbeddedPostgres, dsn_with_database
+from novelbus.infra._process import ServerStartError, free_port, stop_all_sync
+from novelbus.infra.nats import EmbeddedNats
+from novelbus.infra.postgres import EmbeddedPostgres, dsn_with_database
 
 __all__ = [
     "ENV_DATABASE_URL",
@@ -47,7 +47,7 @@ ENV_DATABASE_URL = "NOVELBUS_DATABASE_URL"
 ENV_HOME = "NOVELBUS_HOME"
 DEFAULT_HOME = Path(".novelbus")
 
-_logger = logging.getLogger("novelbus.infra")
+_logger = logging.getLogger(__name__)
 
 
 def redact_url(url: str) -> str:

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from infra import Infrastructure, install_signal_handlers
+from novelbus.infra import Infrastructure, install_signal_handlers
 
 READY = "NOVELBUS_INFRA_READY"
 

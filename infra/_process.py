@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-_logger = logging.getLogger("novelbus.infra")
+_logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 LOOPBACK = "127.0.0.1"  # embedded servers never listen anywhere else

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from infra._process import (
+from novelbus.infra._process import (
     LOOPBACK,
     OwnerFile,
     ServerStartError,

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from infra._process import (
+from novelbus.infra._process import (
     LOOPBACK,
     OwnerFile,
     ServerStartError,
@@ -52,7 +52,7 @@ from infra._process import (
     untrack,
 )
 
-_logger = logging.getLogger("novelbus.infra")
+_logger = logging.getLogger(__name__)
 
 SERVER_USER = "embedded_postgres"
 SUPERUSER = "postgres"

@@ -2,8 +2,8 @@
 
 from typing import Literal
 
-from messages.base import Message
-from novel.body import CommitBody
+from novelbus.messages.base import Message
+from novelbus.novel.body import CommitBody
 
 
 class ClaimUnit(Message, tag="claims.claim", frozen=True):

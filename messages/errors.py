@@ -1,6 +1,6 @@
 """Error replies with stable codes (BUS-4). Messages name ids and fields, never prose or tokens."""
 
-from messages.base import Message
+from novelbus.messages.base import Message
 
 # Stable codes a caller can branch on.
 BAD_MESSAGE = "bad-message"

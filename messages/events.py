@@ -1,7 +1,7 @@
 """Events on `novel.events.<novelId>.<type>` (BUS-3). Safe echo only (BUS-6): ids, versions,
 counts, hashes and states — never prose, prompts, model output or tokens."""
 
-from messages.base import Message
+from novelbus.messages.base import Message
 
 
 class Event(Message, frozen=True):

@@ -6,7 +6,7 @@ ever gets `text`.
 
 from typing import Literal
 
-from messages.base import Message
+from novelbus.messages.base import Message
 
 PackShape = Literal["full", "trimmed"]
 ContinuityProfile = Literal["bounded", "wide"]

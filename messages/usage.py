@@ -1,7 +1,7 @@
 """Usage sampler commands (USE-1..3)."""
 
-from messages.base import Message
-from messages.runs import CallSample
+from novelbus.messages.base import Message
+from novelbus.messages.runs import CallSample
 
 
 class RecordTurn(Message, tag="usage.turn", frozen=True):

@@ -1,6 +1,6 @@
 """Work notices: what external schedulers (and the driver itself) publish to get a novel moving."""
 
-from messages.base import Message
+from novelbus.messages.base import Message
 
 
 class WorkNotice(Message, tag="work.notice", frozen=True):

@@ -13,9 +13,9 @@ from typing import Literal
 
 import msgspec
 
-from novel.body import CanonChange, CommitBody
-from novel.guard import guard_prose
-from novel.text import effective_characters
+from novelbus.novel.body import CanonChange, CommitBody
+from novelbus.novel.guard import guard_prose
+from novelbus.novel.text import effective_characters
 
 BodyErrorCode = Literal[
     "empty-body",

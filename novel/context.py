@@ -54,10 +54,10 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel
 
-from novel.body import CanonChange
-from novel.length import narrative_stage, remaining_book_characters, unit_target_range
-from novel.next_work import foreshadowing_status, live_commits, scene_commits
-from novel.outline import (
+from novelbus.novel.body import CanonChange
+from novelbus.novel.length import narrative_stage, remaining_book_characters, unit_target_range
+from novelbus.novel.next_work import foreshadowing_status, live_commits, scene_commits
+from novelbus.novel.outline import (
     ID_PATTERN,
     Chapter,
     Character,
@@ -69,8 +69,8 @@ from novel.outline import (
     Story,
     is_valid_id,
 )
-from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from novel.text import _CJK_CLASS, keywords, one_line, tail, truncate
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
+from novelbus.novel.text import _CJK_CLASS, keywords, one_line, tail, truncate
 
 SCENARIOS: tuple[str, ...] = ("generation", "extraction", "planning", "detection")
 PURPOSES: tuple[str, ...] = ("production", "evaluation", "diagnostic")

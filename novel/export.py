@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from novel.next_work import scene_commits
-from novel.snapshot import NovelSnapshot
-from novel.text import one_line
+from novelbus.novel.next_work import scene_commits
+from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.novel.text import one_line
 
 
 def export_markdown(snapshot: NovelSnapshot) -> str:

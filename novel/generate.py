@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from novel.pack import MAX_CHARACTERS
+from novelbus.novel.pack import MAX_CHARACTERS
 
 _EN_GIVEN = ["Ada", "Bram", "Cleo", "Dorian", "Esme", "Felix", "Greta", "Hugo", "Iris", "Jonah"]
 _EN_FAMILY = ["Ashdown", "Blackwood", "Carrow", "Dunmore", "Ellery", "Fairweather", "Grange"]

@@ -8,7 +8,7 @@ from typing import Literal
 
 import msgspec
 
-from novel.outline import LengthBudget
+from novelbus.novel.outline import LengthBudget
 
 NarrativeStage = Literal["early", "middle", "late", "ending"]
 

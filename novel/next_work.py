@@ -11,8 +11,8 @@ from typing import TypeAlias
 
 import msgspec
 
-from novel.length import book_band
-from novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
+from novelbus.novel.length import book_band
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 
 
 class WriteUnit(msgspec.Struct, frozen=True, tag="write-unit"):

@@ -41,7 +41,7 @@ from typing import Literal
 
 import msgspec
 
-from novel.context import (
+from novelbus.novel.context import (
     HEADER_RE,
     MAX_CANON_FACTS,
     MAX_CHARACTERS,
@@ -57,9 +57,9 @@ from novel.context import (
     freeze_from_snapshot,
     tokens_of,
 )
-from novel.outline import Chapter, Character, Scene, Story
-from novel.snapshot import NovelSnapshot
-from novel.text import one_line, truncate
+from novelbus.novel.outline import Chapter, Character, Scene, Story
+from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.novel.text import one_line, truncate
 
 __all__ = [
     "BLOCK_ORDER",

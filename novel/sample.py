@@ -9,4 +9,4 @@ SAMPLE_RESOURCE = "samples/sample.json"
 
 def sample_novel_bytes() -> bytes:
     """The demo novel file (NovelFile JSON), read from the installed package data."""
-    return resources.files("novel").joinpath(SAMPLE_RESOURCE).read_bytes()
+    return resources.files("novelbus.novel").joinpath(SAMPLE_RESOURCE).read_bytes()

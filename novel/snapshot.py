@@ -9,8 +9,8 @@ from typing import Literal
 
 import msgspec
 
-from novel.body import CanonChange, SceneCompletion
-from novel.outline import NovelConfig, Outline
+from novelbus.novel.body import CanonChange, SceneCompletion
+from novelbus.novel.outline import NovelConfig, Outline
 
 UnitState = Literal["prepared", "claimed", "committed", "superseded"]
 NovelStatus = Literal["active", "paused", "finished"]

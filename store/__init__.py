@@ -4,7 +4,7 @@ Every function takes a pool (or a connection) first and runs as one transaction;
 are typed `StoreError`s with stable codes. Usage: `import store; await store.claim_unit(...)`.
 """
 
-from store.commits import (
+from novelbus.store.commits import (
     CommitRow,
     Receipt,
     commit_body,
@@ -13,9 +13,9 @@ from store.commits import (
     get_commit_for_unit,
     list_commits,
 )
-from store.context import load_context as load_context
-from store.context import read_context_sources as read_context_sources
-from store.errors import (
+from novelbus.store.context import load_context as load_context
+from novelbus.store.context import read_context_sources as read_context_sources
+from novelbus.store.errors import (
     CommitConflict,
     NovelExists,
     NovelNotActive,
@@ -34,14 +34,14 @@ from store.errors import (
     UnitNotFound,
     UnsafePayload,
 )
-from store.events import (
+from novelbus.store.events import (
     EventRow,
     append_event,
     list_events,
     mark_processed,
     record_intent,
 )
-from store.memory import (
+from novelbus.store.memory import (
     SessionRow,
     add_note,
     get_context_freeze,
@@ -50,7 +50,7 @@ from store.memory import (
     save_context_freeze,
     save_session,
 )
-from store.novels import (
+from novelbus.store.novels import (
     NovelRow,
     create_novel,
     finish_novel,
@@ -63,8 +63,8 @@ from store.novels import (
     revise_outline,
     set_writer_mode,
 )
-from store.pool import connect, migrate
-from store.recovery import (
+from novelbus.store.pool import connect, migrate
+from novelbus.store.recovery import (
     TurnOutcome,
     account_turn,
     external_failures,
@@ -75,9 +75,9 @@ from store.recovery import (
     supersede_removed_units,
     unannounced_superseded_units,
 )
-from store.runs import WriterRunRow, finish_writer_run, list_writer_runs, start_writer_run
-from store.snapshots import load_snapshot
-from store.units import (
+from novelbus.store.runs import WriterRunRow, finish_writer_run, list_writer_runs, start_writer_run
+from novelbus.store.snapshots import load_snapshot
+from novelbus.store.units import (
     Claim,
     UnitRow,
     claim_unit,
@@ -89,7 +89,7 @@ from store.units import (
     release_claim,
     supersede_unit,
 )
-from store.usage import RING_SIZE, recent_usage, record_usage, usage_totals
+from novelbus.store.usage import RING_SIZE, recent_usage, record_usage, usage_totals
 
 __all__ = [
     "RING_SIZE",

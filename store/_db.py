@@ -36,7 +36,7 @@ async def transaction(
 
 async def lock_novel(conn: Conn, novel_id: str) -> asyncpg.Record:
     """Lock the novel row: serialises claims, commits and revisions of one novel."""
-    from store.errors import NovelNotFound
+    from novelbus.store.errors import NovelNotFound
 
     row: asyncpg.Record | None = await conn.fetchrow(
         "SELECT * FROM novels WHERE novel_id = $1 FOR UPDATE", novel_id
@@ -49,7 +49,7 @@ async def lock_novel(conn: Conn, novel_id: str) -> asyncpg.Record:
 @asynccontextmanager
 async def novel_must_exist(novel_id: str) -> AsyncIterator[None]:
     """Turn a foreign-key failure on novels into the typed NovelNotFound."""
-    from store.errors import NovelNotFound
+    from novelbus.store.errors import NovelNotFound
 
     try:
         yield

@@ -8,14 +8,14 @@ from datetime import datetime
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novel.body import CommitBody
-from novel.commitcheck import business_hash, check_body, rewrite_sources
-from novel.guard import guard_prose
-from novel.outline import NovelConfig
-from novel.text import effective_characters
-from store._db import Conn, Db, lock_novel, transaction
-from store.errors import CommitConflict, TokenMismatch, UnitNotClaimed, UnitNotFound
-from store.units import hash_token
+from novelbus.novel.body import CommitBody
+from novelbus.novel.commitcheck import business_hash, check_body, rewrite_sources
+from novelbus.novel.guard import guard_prose
+from novelbus.novel.outline import NovelConfig
+from novelbus.novel.text import effective_characters
+from novelbus.store._db import Conn, Db, lock_novel, transaction
+from novelbus.store.errors import CommitConflict, TokenMismatch, UnitNotClaimed, UnitNotFound
+from novelbus.store.units import hash_token
 
 
 class Receipt(msgspec.Struct, frozen=True):

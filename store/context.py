@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from novel.body import SceneCompletion
-from novel.context import (
+from novelbus.novel.body import SceneCompletion
+from novelbus.novel.context import (
     ContextSources,
     FrozenContext,
     ProfileBudget,
@@ -32,12 +32,12 @@ from novel.context import (
     resolve_pointers,
     validate_request,
 )
-from novel.outline import NovelConfig, Outline
-from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from store._db import Conn, Db, transaction
-from store.errors import NovelNotFound
-from store.novels import fetch_outline
-from store.snapshots import CANON_COLUMNS, canon_by_commit
+from novelbus.novel.outline import NovelConfig, Outline
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
+from novelbus.store._db import Conn, Db, transaction
+from novelbus.store.errors import NovelNotFound
+from novelbus.store.novels import fetch_outline
+from novelbus.store.snapshots import CANON_COLUMNS, canon_by_commit
 
 
 async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:

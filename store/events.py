@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from store._db import Db, novel_must_exist, transaction
-from store.errors import UnsafePayload
+from novelbus.store._db import Db, novel_must_exist, transaction
+from novelbus.store.errors import UnsafePayload
 
 # BUS-6: keys that would carry prose, prompts or tokens never enter an event payload.
 FORBIDDEN_PAYLOAD_KEYS = frozenset({"token", "paragraphs", "prompt", "text"})

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from store._db import Db, novel_must_exist, transaction
+from novelbus.store._db import Db, novel_must_exist, transaction
 
 
 class SessionRow(msgspec.Struct, frozen=True):

@@ -10,9 +10,9 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novel.outline import NovelConfig, NovelFile, Outline, outline_revision
-from store._db import Conn, Db, lock_novel, transaction
-from store.errors import (
+from novelbus.novel.outline import NovelConfig, NovelFile, Outline, outline_revision
+from novelbus.store._db import Conn, Db, lock_novel, transaction
+from novelbus.store.errors import (
     NovelExists,
     NovelNotActive,
     NovelNotFound,

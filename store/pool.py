@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from store._db import Db, acquire
+from novelbus.store._db import Db, acquire
 
 # Arbitrary but fixed: every novelbus process serialises migrations on this key.
 MIGRATION_LOCK_KEY = 0x6E6F76656C627573  # "novelbus"
@@ -42,7 +42,7 @@ async def connect(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg
 
 def migration_files() -> list[tuple[str, str]]:
     """(name, sql) of every packaged migration, sorted by name."""
-    root = importlib.resources.files("store") / "migrations"
+    root = importlib.resources.files("novelbus.store") / "migrations"
     files = [p for p in root.iterdir() if p.name.endswith(".sql")]
     return [(p.name, p.read_text(encoding="utf-8")) for p in sorted(files, key=lambda p: p.name)]
 

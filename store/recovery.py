@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from store._db import Db, lock_novel, novel_must_exist, transaction
-from store.novels import NovelRow, fetch_outline, novel_row
-from store.units import _RELEASE
+from novelbus.store._db import Db, lock_novel, novel_must_exist, transaction
+from novelbus.store.novels import NovelRow, fetch_outline, novel_row
+from novelbus.store.units import _RELEASE
 
 TurnOutcome = Literal["committed", "failed", "external"]
 

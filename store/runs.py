@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from store._db import Db, novel_must_exist, transaction
-from store.errors import RunNotFound
+from novelbus.store._db import Db, novel_must_exist, transaction
+from novelbus.store.errors import RunNotFound
 
 
 class WriterRunRow(msgspec.Struct, frozen=True):

@@ -7,12 +7,12 @@ from typing import Any
 
 import msgspec
 
-from novel.body import CanonChange, SceneCompletion
-from novel.outline import NovelConfig
-from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from store._db import Db, transaction
-from store.errors import NovelNotFound
-from store.novels import fetch_outline
+from novelbus.novel.body import CanonChange, SceneCompletion
+from novelbus.novel.outline import NovelConfig
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
+from novelbus.store._db import Db, transaction
+from novelbus.store.errors import NovelNotFound
+from novelbus.store.novels import fetch_outline
 
 CANON_COLUMNS = (
     "f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids,"

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novel.outline import is_valid_id
-from store._db import Conn, Db, lock_novel, transaction
-from store.errors import (
+from novelbus.novel.outline import is_valid_id
+from novelbus.store._db import Conn, Db, lock_novel, transaction
+from novelbus.store.errors import (
     NovelNotActive,
     RevisionConflict,
     SceneNotFound,
@@ -21,7 +21,7 @@ from store.errors import (
     UnitNotClaimable,
     UnitNotFound,
 )
-from store.novels import WRITER_MODES, require_outline
+from novelbus.store.novels import WRITER_MODES, require_outline
 
 MAX_ID_LENGTH = 64
 

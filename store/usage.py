@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from store._db import Db, novel_must_exist, transaction
+from novelbus.store._db import Db, novel_must_exist, transaction
 
 RING_SIZE = 50
 

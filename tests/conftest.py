@@ -23,7 +23,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from infra import Infrastructure, dsn_with_database
+from novelbus.infra import Infrastructure, dsn_with_database
 
 ENV_TEST_NATS_URL = "NOVELBUS_TEST_NATS_URL"
 ENV_TEST_DATABASE_URL = "NOVELBUS_TEST_DATABASE_URL"

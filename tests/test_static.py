@@ -10,7 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_mypy_strict_on_messages_novel_store() -> None:
-    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "messages", "novel", "store"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "-p", "novelbus.messages", "-p", "novelbus.novel",
+                          "-p", "novelbus.store"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import msgspec
 
-from novel.pack import parse_pack
-from novel.text import estimate_tokens, tail
-from writers.provider import (
+from novelbus.novel.pack import parse_pack
+from novelbus.novel.text import estimate_tokens, tail
+from novelbus.writers.provider import (
     ChatMessage,
     ModelProvider,
     ModelReply,
@@ -45,7 +45,7 @@ from writers.provider import (
     tool_message,
     user_message,
 )
-from writers.runner import (
+from novelbus.writers.runner import (
     TOOL_NAME_RECORD_CAP,
     W2_INSTRUCTION,
     CallUsage,
@@ -58,7 +58,7 @@ from writers.runner import (
     split_input,
     truncate_args,
 )
-from writers.tools import COMMIT_TOOL, openai_tool_definitions
+from novelbus.writers.tools import COMMIT_TOOL, openai_tool_definitions
 
 DEFAULT_COMPACT_TOKENS = 100_000
 ENV_COMPACT_TOKENS = "NOVELBUS_INLINE_COMPACT_TOKENS"

@@ -33,11 +33,11 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from novel.guard import ProseGuardError, guard_prose
-from novel.pack import block_fields, parse_pack
-from novel.text import effective_characters, estimate_tokens, is_cjk
-from writers.inline import is_compaction_request, offline_summary
-from writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
+from novelbus.novel.guard import ProseGuardError, guard_prose
+from novelbus.novel.pack import block_fields, parse_pack
+from novelbus.novel.text import effective_characters, estimate_tokens, is_cjk
+from novelbus.writers.inline import is_compaction_request, offline_summary
+from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
 
 OFFLINE_LABEL = "offline (no language model)"
 COMMIT_TOOL = "novel_body_commit"

@@ -15,7 +15,14 @@ from urllib.parse import urlsplit
 
 import openai
 
-from writers.provider import ChatMessage, ModelReply, ProviderError, StopReason, ToolCall, Usage
+from novelbus.writers.provider import (
+    ChatMessage,
+    ModelReply,
+    ProviderError,
+    StopReason,
+    ToolCall,
+    Usage,
+)
 
 _FINISH: dict[str, StopReason] = {
     "stop": "completed",

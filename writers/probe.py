@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
-from writers.tools import COMMIT_TOOL, READ_TOOLS
+from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
+from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS
 
 ProbeStatus = Literal["pass", "fail", "not-applicable"]
 PROBE_IDS = ("P1", "P2", "P3", "P4", "P5")
@@ -226,7 +226,7 @@ class ProbeProvider:
 @contextlib.asynccontextmanager
 async def _private_servers() -> AsyncIterator[tuple[str, str]]:
     """A private embedded NATS + PostgreSQL in a temporary directory, removed afterwards."""
-    from infra import Infrastructure
+    from novelbus.infra import Infrastructure
 
     home = Path(tempfile.mkdtemp(prefix="novelbus-probe-"))
     try:
@@ -250,9 +250,9 @@ async def run_probes(
         async with _private_servers() as (nats, dsn):
             return await run_probes(provider, model=model, nats_url=nats, database_url=dsn,
                                     namespace=namespace or "", writer_timeout_s=writer_timeout_s)
-    from actors.context import Settings
-    from actors.runtime import running
-    from messages.subjects import Subjects
+    from novelbus.actors.context import Settings
+    from novelbus.actors.runtime import running
+    from novelbus.messages.subjects import Subjects
 
     probe = ProbeProvider(provider)
     settings = Settings(model=model, claims_instance=f"probe-{secrets.token_hex(4)}",
@@ -276,11 +276,11 @@ class _Unit:
 
 async def _write_unit(ctx: Any, probe: ProbeProvider, novel_id: str, unit: _Unit) -> None:
     """Claim → dispatch → render → run → verify, as the driver does for a W2 unit."""
-    from bus.client import RemoteError, request
-    from messages import claims as cm
-    from messages import packs as pm
-    from messages import runs as rm
-    from messages import verify as vm
+    from novelbus.bus.client import RemoteError, request
+    from novelbus.messages import claims as cm
+    from novelbus.messages import packs as pm
+    from novelbus.messages import runs as rm
+    from novelbus.messages import verify as vm
 
     timeout = ctx.settings.request_timeout_s
     try:
@@ -317,11 +317,11 @@ async def _write_unit(ctx: Any, probe: ProbeProvider, novel_id: str, unit: _Unit
 
 
 async def _probe(ctx: Any, probe: ProbeProvider, model: str) -> ProbeReport:
-    import store
-    from bus.client import RemoteError, request
-    from messages import claims as cm
-    from novel.body import CommitBody, SceneCompletion
-    from novel.outline import parse_novel_file
+    from novelbus import store
+    from novelbus.bus.client import RemoteError, request
+    from novelbus.messages import claims as cm
+    from novelbus.novel.body import CommitBody, SceneCompletion
+    from novelbus.novel.outline import parse_novel_file
 
     pool = ctx.pool
     nf = parse_novel_file(json.dumps(PROBE_NOVEL))

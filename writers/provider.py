@@ -146,7 +146,7 @@ def make_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelPr
     env = os.environ if env is None else env
     spec = spec.strip()
     if spec == "offline":
-        from writers.offline import OfflineProvider
+        from novelbus.writers.offline import OfflineProvider
 
         return OfflineProvider()
     kind, sep, model = spec.partition(":")
@@ -184,6 +184,6 @@ def make_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelPr
                 f"no API key for {parts.hostname}: set {ENV_API_KEY} or {ENV_OPENAI_API_KEY}",
             )
         api_key = LOCAL_PLACEHOLDER_KEY
-    from writers.openai_provider import OpenAIProvider
+    from novelbus.writers.openai_provider import OpenAIProvider
 
     return OpenAIProvider(model, base_url, api_key)

@@ -18,10 +18,10 @@ from typing import Any
 
 import msgspec
 
-from novel.body import CommitBody
-from novel.commitcheck import BodyError, parse_draft
-from novel.text import estimate_tokens
-from writers.provider import (
+from novelbus.novel.body import CommitBody
+from novelbus.novel.commitcheck import BodyError, parse_draft
+from novelbus.novel.text import estimate_tokens
+from novelbus.writers.provider import (
     ChatMessage,
     ModelProvider,
     ModelReply,
@@ -34,8 +34,8 @@ from writers.provider import (
     tool_message,
     user_message,
 )
-from writers.sessions import SessionStore, closed_history, resume_history
-from writers.tools import (
+from novelbus.writers.sessions import SessionStore, closed_history, resume_history
+from novelbus.writers.tools import (
     COMMIT_TOOL,
     BodyCommitParams,
     ToolContractError,

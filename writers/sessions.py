@@ -19,7 +19,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from writers.provider import ChatMessage
+from novelbus.writers.provider import ChatMessage
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class PgSessionStore:
         return f"postgres:sessions[novel={self.novel_id}]"
 
     async def load(self, session_id: str) -> StoredSession | None:
-        import store
+        from novelbus import store
 
         row = await store.load_session(self.pool, session_id)
         if row is None or row.novel_id != self.novel_id:
@@ -81,7 +81,7 @@ class PgSessionStore:
         return StoredSession(row.session_id, row.chapter_id, history)
 
     async def save(self, session_id: str, chapter_id: str | None, history: list[ChatMessage]) -> None:
-        import store
+        from novelbus import store
 
         await store.save_session(self.pool, session_id, self.novel_id, chapter_id, history)
 

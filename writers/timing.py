@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from writers.provider import ChatMessage, ModelProvider, ModelReply
+from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply
 
 
 class TimedProvider:

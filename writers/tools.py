@@ -25,11 +25,11 @@ from typing import Any, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from novel.body import CommitBody
-from novel.next_work import completed_chapters, live_commits, live_units, scene_finished
-from novel.outline import Chapter
-from novel.snapshot import NovelSnapshot, UnitView
-from novel.text import keywords
+from novelbus.novel.body import CommitBody
+from novelbus.novel.next_work import completed_chapters, live_commits, live_units, scene_finished
+from novelbus.novel.outline import Chapter
+from novelbus.novel.snapshot import NovelSnapshot, UnitView
+from novelbus.novel.text import keywords
 
 BODY_READ_CAP = 30_000  # TOOL-2: characters of chapter/body text per read
 SEARCH_ROW_CAP = 50  # TOOL-2: rows per search

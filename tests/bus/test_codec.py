@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus.codec import SCHEMA_HEADER, TYPE_HEADER, MessageError, decode, encode
-from messages import SCHEMA_VERSION
-from messages.claims import ClaimsRequest, ClaimUnit, UnitClaimed
-from messages.events import NovelEvent, UnitCommitted
-from messages.work import WorkNotice
+from novelbus.bus.codec import SCHEMA_HEADER, TYPE_HEADER, MessageError, decode, encode
+from novelbus.messages import SCHEMA_VERSION
+from novelbus.messages.claims import ClaimsRequest, ClaimUnit, UnitClaimed
+from novelbus.messages.events import NovelEvent, UnitCommitted
+from novelbus.messages.work import WorkNotice
 
 
 def test_bus1_encode_puts_type_and_schema_version_in_headers() -> None:

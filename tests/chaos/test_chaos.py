@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.bench_chaos import run_chaos
+from novelbus.cli.bench_chaos import run_chaos
 
 
 async def test_rel1_chaos_30_units_20_sigkills(nats_url: str, new_database: Any) -> None:

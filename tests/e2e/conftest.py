@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import Runtime, running
-from bus.codec import decode
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.outline import NovelFile
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import Runtime, running
+from novelbus.bus.codec import decode
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import NovelFile
 
 
 @pytest.fixture

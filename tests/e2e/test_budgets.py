@@ -12,16 +12,16 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import Runtime, running
-from bus.codec import decode
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.outline import NovelFile
-from novel.sample import sample_novel_bytes
-from writers.offline import COMMIT_TOOL, OfflineProvider
-from writers.provider import ModelReply, ProviderError, ToolCall
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import Runtime, running
+from novelbus.bus.codec import decode
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import NovelFile
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.offline import COMMIT_TOOL, OfflineProvider
+from novelbus.writers.provider import ModelReply, ProviderError, ToolCall
 
 ANCHOR = "the ferry bell rang twice and nobody answered it"
 
@@ -78,7 +78,7 @@ async def stack_with(nats_url: str, new_database: Any, namespace: str,
 async def status_line(rt: Any, nats_url: str, novel_id: str) -> dict[str, Any]:
     """What `novelbus status NOVEL --json` says (OPS-4)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.main", "status", novel_id, "--json", "--nats-url", nats_url,
+        sys.executable, "-m", "novelbus.cli.main", "status", novel_id, "--json", "--nats-url", nats_url,
         "--database-url", rt.dsn, "--namespace", rt.ctx.subjects.namespace,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-import store
-from actors.runtime import Runtime
-from bus.client import request
-from bus.codec import encode
-from messages import claims as cm
-from messages import verify as vm
-from novel.body import CommitBody, SceneCompletion
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime
+from novelbus.bus.client import request
+from novelbus.bus.codec import encode
+from novelbus.messages import claims as cm
+from novelbus.messages import verify as vm
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 BODY = CommitBody(paragraphs=["Rain walked in from the sea and found the harbour asleep."],

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.runtime import Runtime
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 
 async def novelbus(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.main", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "novelbus.cli.main", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "COLUMNS": "200", **(env or {})})
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None

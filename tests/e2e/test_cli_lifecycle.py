@@ -50,7 +50,7 @@ def _wait_gone(procs: list[psutil.Process], timeout: float = 20) -> list[psutil.
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_infra1_up_stops_its_servers_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
     home = tmp_path / "home"
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "up", "--home", str(home)], cwd=REPO, env=_env(),
+    proc = subprocess.Popen([sys.executable, "-m", "novelbus.cli.main", "up", "--home", str(home)], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -79,7 +79,7 @@ def test_infra1_up_stops_its_servers_on_signal(tmp_path: Path, sig: signal.Signa
 def test_infra1_demo_prints_summary_and_leaves_no_servers(tmp_path: Path) -> None:
     home = tmp_path / "home"
     before = {p.pid for p in psutil.process_iter() if _name(p) in ("nats-server", "postgres")}
-    out = subprocess.run([sys.executable, "-m", "cli.main", "demo", "--home", str(home)], cwd=REPO, env=_env(),
+    out = subprocess.run([sys.executable, "-m", "novelbus.cli.main", "demo", "--home", str(home)], cwd=REPO, env=_env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "finished in" in out.stdout and "commits:          9" in out.stdout

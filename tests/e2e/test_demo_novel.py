@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import store
-from actors.runtime import Runtime
-from messages import events as ev
-from novel.export import export_markdown
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime
+from novelbus.messages import events as ev
+from novelbus.novel.export import export_markdown
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 

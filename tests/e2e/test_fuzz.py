@@ -12,19 +12,19 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import store
-from actors.runtime import Runtime
-from bus.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
-from bus.routes import claims_instance_subject
-from messages import claims as cm
-from messages import packs as pm
-from messages import runs as rm
-from messages import usage as um
-from messages import verify as vm
-from messages.errors import ErrorReply
-from novel.body import CommitBody, SceneCompletion
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime
+from novelbus.bus.codec import MAX_MESSAGE_BYTES, MessageError, decode, encode
+from novelbus.bus.routes import claims_instance_subject
+from novelbus.messages import claims as cm
+from novelbus.messages import packs as pm
+from novelbus.messages import runs as rm
+from novelbus.messages import usage as um
+from novelbus.messages import verify as vm
+from novelbus.messages.errors import ErrorReply
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 # subject name -> the union its service decodes

@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.runtime import Runtime, running
-from bus.client import RemoteError, request
-from messages import claims as cm
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.body import CommitBody, SceneCompletion
-from novel.outline import NovelFile
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime, running
+from novelbus.bus.client import RemoteError, request
+from novelbus.messages import claims as cm
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.outline import NovelFile
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.offline import COMMIT_TOOL, UnitBrief, compose_draft
+from novelbus.writers.provider import ModelReply, ToolCall
 from tests.e2e.test_budgets import drive
-from writers.offline import COMMIT_TOOL, UnitBrief, compose_draft
-from writers.provider import ModelReply, ToolCall
 
 PLANT = re.compile(r"DELEGATE ([A-Za-z0-9_-]+)")
 BODY = CommitBody(paragraphs=["Fog lay on the harbour like wet wool."],

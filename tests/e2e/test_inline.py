@@ -7,17 +7,17 @@ import asyncio
 import json
 from typing import Any
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import Runtime, running
-from bus.codec import decode
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.generate import generate_novel_file
-from novel.outline import NovelFile, parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import Runtime, running
+from novelbus.bus.codec import decode
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.outline import NovelFile, parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.inline import BRIEF_HEADER, SUMMARY_HEADER, session_id
 from tests.e2e.conftest import run_novel
-from writers.inline import BRIEF_HEADER, SUMMARY_HEADER, session_id
 
 
 def in_mode(nf: NovelFile, mode: str) -> NovelFile:

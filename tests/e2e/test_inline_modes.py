@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import Runtime
-from bus.codec import decode
-from messages import events as ev
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
-from writers.inline import BRIEF_HEADER, session_id
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import Runtime
+from novelbus.bus.codec import decode
+from novelbus.messages import events as ev
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.inline import BRIEF_HEADER, session_id
 
 
 async def test_drv3_switching_inline_to_subagent_applies_from_the_next_unit(stack: Runtime) -> None:

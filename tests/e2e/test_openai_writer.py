@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.context import Settings
-from cli.tools_cmd import model_tool_listing
-from messages import events as ev
+from novelbus import store
+from novelbus.actors.context import Settings
+from novelbus.cli.tools_cmd import model_tool_listing
+from novelbus.messages import events as ev
+from novelbus.writers.provider import ENV_API_KEY, ENV_BASE_URL, ENV_OPENAI_API_KEY
 from tests.writers.chat_server import ChatServer, json_response
 from tests.writers.harness import FakeModel, drive, sample_with, tiny_novel, writer_stack
-from writers.provider import ENV_API_KEY, ENV_BASE_URL, ENV_OPENAI_API_KEY
 
 
 @pytest.fixture

@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import Runtime
-from bus.client import RemoteError, request
-from bus.codec import decode
-from messages import events as ev
-from messages import packs as pm
-from messages import runs as rm
-from novel.body import CommitBody, SceneCompletion
-from novel.outline import NovelFile
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import Runtime
+from novelbus.bus.client import RemoteError, request
+from novelbus.bus.codec import decode
+from novelbus.messages import events as ev
+from novelbus.messages import packs as pm
+from novelbus.messages import runs as rm
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.outline import NovelFile
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 HEX_RUN = re.compile(r"[0-9a-f]{32,}")

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import connected, running
-from bus.client import connect
-from infra.nats import EmbeddedNats
-from messages.subjects import Subjects
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import connected, running
+from novelbus.bus.client import connect
+from novelbus.infra.nats import EmbeddedNats
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats.conf"
 USERS = ("driver", "claims", "packer", "writer", "verifier", "usage", "operator")

@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import store
-from actors.runtime import Runtime
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.offline import OfflineProvider, compose_draft
+from novelbus.writers.openai_provider import OpenAIProvider
+from novelbus.writers.probe import FORBIDDEN_TOOL, PROBE_IDS, ProbeReport, run_probes
+from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
 from tests.writers.chat_server import ChatServer, completion
 from tests.writers.harness import FakeModel
-from writers.offline import OfflineProvider, compose_draft
-from writers.openai_provider import OpenAIProvider
-from writers.probe import FORBIDDEN_TOOL, PROBE_IDS, ProbeReport, run_probes
-from writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
 
 
 async def probe(provider: ModelProvider, model: str, nats_url: str, new_database: Any, namespace: str
@@ -126,7 +126,7 @@ async def test_probe_p3_fails_a_writer_that_commits_without_research(nats_url: s
 async def novelbus(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli.main", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "novelbus.cli.main", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**base, "COLUMNS": "200", **(env or {})})
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None

@@ -8,18 +8,18 @@ from typing import Any
 import pytest
 from nats.js.api import DeliverPolicy
 
-import store
-from actors.context import Settings
-from actors.runtime import connected, running
-from bus.client import RemoteError, request
-from bus.codec import decode
-from bus.routes import claims_instance_subject
-from messages import claims as cm
-from messages.subjects import Subjects
-from messages.work import WorkNotice
-from novel.body import CommitBody, SceneCompletion
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.context import Settings
+from novelbus.actors.runtime import connected, running
+from novelbus.bus.client import RemoteError, request
+from novelbus.bus.codec import decode
+from novelbus.bus.routes import claims_instance_subject
+from novelbus.messages import claims as cm
+from novelbus.messages.subjects import Subjects
+from novelbus.messages.work import WorkNotice
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 
 BODY = CommitBody(paragraphs=["The lamps along the quay went out one by one."],
                   scene_completion=SceneCompletion(completed=True, basis="the meeting happened"))

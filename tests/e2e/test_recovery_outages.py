@@ -14,15 +14,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import running
-from infra._process import free_port
-from infra.nats import EmbeddedNats
-from infra.postgres import EmbeddedPostgres
-from messages.subjects import Subjects
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import running
+from novelbus.infra._process import free_port
+from novelbus.infra.nats import EmbeddedNats
+from novelbus.infra.postgres import EmbeddedPostgres
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.test_budgets import HookedProvider
 
 OUTAGE_S = 3.0

@@ -15,12 +15,12 @@ from typing import Any
 
 import psutil
 
-import store
-from actors.driver import publish_notice
-from actors.runtime import connected
-from cli.bench_chaos import chaos_novel
-from cli.supervise import Supervisor
-from messages.subjects import Subjects
+from novelbus import store
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import connected
+from novelbus.cli.bench_chaos import chaos_novel
+from novelbus.cli.supervise import Supervisor
+from novelbus.messages.subjects import Subjects
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ async def test_ops1_up_processes_supervises_six_actor_processes(
     dsn = await new_database()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")}
     up = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up", "--processes", "--nats-url", nats_url, "--database-url", dsn,
+        [sys.executable, "-m", "novelbus.cli.main", "up", "--processes", "--nats-url", nats_url, "--database-url", dsn,
          "--namespace", namespace, "--home", str(tmp_path), "--claims-instances", "2"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

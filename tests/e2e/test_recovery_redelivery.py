@@ -10,16 +10,16 @@ from typing import Any
 
 from nats.js.api import DeliverPolicy
 
-import store
-from actors.driver import UnitOutcome, publish_notice
-from actors.runtime import Runtime, running
-from bus.codec import decode, encode
-from bus.streams import WORK_MAX_DELIVER
-from messages import claims as cm
-from messages.subjects import Subjects
-from messages.work import WorkNotice
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.driver import UnitOutcome, publish_notice
+from novelbus.actors.runtime import Runtime, running
+from novelbus.bus.codec import decode, encode
+from novelbus.bus.streams import WORK_MAX_DELIVER
+from novelbus.messages import claims as cm
+from novelbus.messages.subjects import Subjects
+from novelbus.messages.work import WorkNotice
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 

@@ -8,18 +8,18 @@ from typing import Any
 import msgspec
 import pytest
 
-import store
-from actors.runtime import Runtime
-from bus.client import RemoteError, request
-from bus.codec import decode_reply, encode
-from messages import claims as cm
-from messages import packs as pm
-from messages import usage as um
-from messages import verify as vm
-from messages.errors import ErrorReply
-from novel.body import CommitBody, SceneCompletion
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime
+from novelbus.bus.client import RemoteError, request
+from novelbus.bus.codec import decode_reply, encode
+from novelbus.messages import claims as cm
+from novelbus.messages import packs as pm
+from novelbus.messages import usage as um
+from novelbus.messages import verify as vm
+from novelbus.messages.errors import ErrorReply
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 
 
 async def _claimed_novel(rt: Runtime) -> tuple[str, str, str, cm.UnitClaimed]:

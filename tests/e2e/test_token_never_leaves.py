@@ -7,11 +7,11 @@ from typing import Any
 
 import msgspec
 
-import store
-from actors.claims import Delegation
-from actors.runtime import Runtime
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.claims import Delegation
+from novelbus.actors.runtime import Runtime
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 

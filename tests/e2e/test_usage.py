@@ -6,18 +6,18 @@ import json
 from statistics import mean
 from typing import Any
 
-import store
-from actors.runtime import Runtime, running
-from bus.client import request
-from messages import events as ev
-from messages import usage as um
-from messages.runs import CallSample
-from messages.subjects import Subjects
-from novel.generate import generate_novel_file
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime, running
+from novelbus.bus.client import request
+from novelbus.messages import events as ev
+from novelbus.messages import usage as um
+from novelbus.messages.runs import CallSample
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.offline import OfflineProvider
 from tests.e2e.conftest import run_novel
-from writers.offline import OfflineProvider
 
 SPLIT = ("historyChars", "toolResultChars", "packChars", "proseEchoChars")
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def novelbus(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")}
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
+        [sys.executable, "-m", "novelbus.cli.main", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.context import Settings
-from messages import events as ev
+from novelbus import store
+from novelbus.actors.context import Settings
+from novelbus.messages import events as ev
+from novelbus.writers.offline import ScriptedProvider
+from novelbus.writers.provider import ModelReply
+from novelbus.writers.tools import COMMIT_TOOL
 from tests.writers.harness import (
     PerRun,
     RunView,
@@ -22,9 +25,6 @@ from tests.writers.harness import (
     tool_reply,
     writer_stack,
 )
-from writers.offline import ScriptedProvider
-from writers.provider import ModelReply
-from writers.tools import COMMIT_TOOL
 
 
 async def _ledger(pool: Any, novel_id: str) -> list[Any]:

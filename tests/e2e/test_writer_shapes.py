@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-import store
-from bus.client import request
-from messages import claims as cm
-from messages import events as ev
-from messages import packs as pm
-from messages import runs as rm
+from novelbus import store
+from novelbus.bus.client import request
+from novelbus.messages import claims as cm
+from novelbus.messages import events as ev
+from novelbus.messages import packs as pm
+from novelbus.messages import runs as rm
+from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS
 from tests.writers.harness import PerRun, drive, sample_with, text_reply, tiny_novel, writer_stack
-from writers.tools import COMMIT_TOOL, READ_TOOLS
 
 
 @pytest.mark.parametrize("shape", ["W1", "W2"])

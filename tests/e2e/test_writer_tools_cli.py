@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-import store
-from actors.runtime import Runtime
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.actors.runtime import Runtime
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.tools import SEARCH_ROW_CAP, W2_ALLOW_LIST, openai_tool_definitions
 from tests.e2e.test_probe import _flags, novelbus
-from writers.tools import SEARCH_ROW_CAP, W2_ALLOW_LIST, openai_tool_definitions
 
 UNREACHABLE = {"NOVELBUS_NATS_URL": "nats://127.0.0.1:1", "NOVELBUS_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"}
 

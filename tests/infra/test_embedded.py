@@ -11,7 +11,7 @@ import asyncpg
 import nats
 import pytest
 
-from infra import (
+from novelbus.infra import (
     EmbeddedNats,
     EmbeddedPostgres,
     Infrastructure,

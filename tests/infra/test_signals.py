@@ -140,7 +140,7 @@ async def test_infra1_restart_after_sigkill_reuses_home_and_keeps_data(
 ATEXIT_SCRIPT = """
 import asyncio, json, sys
 from pathlib import Path
-from infra import Infrastructure
+from novelbus.infra import Infrastructure
 
 async def main():
     infra = Infrastructure(home=Path(sys.argv[1]), fast=True, environ={})

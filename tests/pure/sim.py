@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from novel.body import CanonChange, CommitBody, SceneCompletion
-from novel.commitcheck import business_hash, check_body, rewrite_sources
-from novel.next_work import WriteUnit, next_work
-from novel.outline import NovelFile, outline_revision
-from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from novel.text import effective_characters
+from novelbus.novel.body import CanonChange, CommitBody, SceneCompletion
+from novelbus.novel.commitcheck import business_hash, check_body, rewrite_sources
+from novelbus.novel.next_work import WriteUnit, next_work
+from novelbus.novel.outline import NovelFile, outline_revision
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
+from novelbus.novel.text import effective_characters
 
 
 def snapshot_from_file(novel: NovelFile, *, novel_id: str = "n-demo") -> NovelSnapshot:

@@ -12,9 +12,9 @@ import random
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from novel.body import CanonChange, CommitBody, SceneCompletion
-from novel.next_work import WriteUnit, next_work
-from novel.outline import (
+from novelbus.novel.body import CanonChange, CommitBody, SceneCompletion
+from novelbus.novel.next_work import WriteUnit, next_work
+from novelbus.novel.outline import (
     Chapter,
     Character,
     Foreshadowing,
@@ -27,7 +27,7 @@ from novel.outline import (
     Scene,
     Story,
 )
-from novel.snapshot import NovelSnapshot, UnitView
+from novelbus.novel.snapshot import NovelSnapshot, UnitView
 from tests.pure.sim import commit, prepare, set_state, snapshot_from_file
 
 # Pure tests must stay fast (< 20 s for the folder): a modest example count, no deadline.

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 from hypothesis import given
 
-from novel.body import CanonChange, CommitBody, SceneCompletion
-from novel.commitcheck import (
+from novelbus.novel.body import CanonChange, CommitBody, SceneCompletion
+from novelbus.novel.commitcheck import (
     BodyError,
     business_hash,
     canonical_body_json,
@@ -18,7 +18,7 @@ from novel.commitcheck import (
     parse_draft,
     rewrite_sources,
 )
-from novel.guard import ProseGuardError
+from novelbus.novel.guard import ProseGuardError
 from tests.pure.strategies import PURE, bodies
 
 SECRET = "Mara whispered swordfish"

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novel.body import CanonChange
-from novel.context import (
+from novelbus.novel.body import CanonChange
+from novelbus.novel.context import (
     BUDGETS,
     ORDER,
     PROSE_TAIL_LIMIT,
@@ -38,10 +38,10 @@ from novel.context import (
     sources_from_snapshot,
     validate_request,
 )
-from novel.generate import generate_novel_file
-from novel.next_work import WriteUnit, next_work
-from novel.outline import LengthBudget, NovelFile, Outline, parse_novel_file
-from novel.pack import (
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.next_work import WriteUnit, next_work
+from novelbus.novel.outline import LengthBudget, NovelFile, Outline, parse_novel_file
+from novelbus.novel.pack import (
     BLOCK_ORDER,
     PREFIX_BLOCKS,
     TRIMMED_BLOCKS,
@@ -50,8 +50,8 @@ from novel.pack import (
     render_pack,
     render_writer_pack,
 )
-from novel.sample import sample_novel_bytes
-from novel.snapshot import NovelSnapshot, UnitView
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.novel.snapshot import NovelSnapshot, UnitView
 from tests.pure.sim import commit, golden_body, prepare, set_state, snapshot_from_file, write_book
 from tests.pure.strategies import (
     PURE,

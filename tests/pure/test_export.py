@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import msgspec
 
-from novel.export import export_markdown
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
-from novel.snapshot import NovelSnapshot
+from novelbus.novel.export import export_markdown
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.novel.snapshot import NovelSnapshot
 from tests.pure.sim import golden_body, set_state, snapshot_from_file, write_book
 
 

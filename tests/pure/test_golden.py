@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from novel.outline import parse_novel_file
-from novel.pack import render_pack
-from novel.sample import sample_novel_bytes
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.pack import render_pack
+from novelbus.novel.sample import sample_novel_bytes
 from tests.pure.sim import golden_body, snapshot_from_file, write_book
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novel.guard import RULES, ProseGuardError, check_paragraph, guard_prose
+from novelbus.novel.guard import RULES, ProseGuardError, check_paragraph, guard_prose
 from tests.pure.strategies import PURE, prose_paragraphs
 
 BAD: list[tuple[str, str]] = [

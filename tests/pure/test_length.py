@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novel.length import (
+from novelbus.novel.length import (
     TargetRange,
     book_band,
     narrative_stage,
     remaining_book_characters,
     unit_target_range,
 )
-from novel.outline import LengthBudget
+from novelbus.novel.outline import LengthBudget
 from tests.pure.strategies import PURE, budgets
 
 SAMPLE = LengthBudget(kind="target", targetCharacters=9_000, toleranceRatio=0.3)

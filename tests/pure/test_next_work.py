@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novel.body import CommitBody, SceneCompletion
-from novel.next_work import (
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.next_work import (
     AwaitOutline,
     Blocked,
     Finish,
@@ -22,8 +22,8 @@ from novel.next_work import (
     remaining_scenes,
     scene_finished,
 )
-from novel.outline import Chapter, Foreshadowing, LengthBudget, Outline, Scene, Story
-from novel.snapshot import NovelSnapshot
+from novelbus.novel.outline import Chapter, Foreshadowing, LengthBudget, Outline, Scene, Story
+from novelbus.novel.snapshot import NovelSnapshot
 from tests.pure.sim import commit, prepare, set_state
 from tests.pure.strategies import PURE, base_snapshot, bodies, outlines
 

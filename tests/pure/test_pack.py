@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novel.body import CanonChange, CommitBody, SceneCompletion
-from novel.length import narrative_stage, unit_target_range
-from novel.next_work import WriteUnit, next_work, remaining_scenes
-from novel.outline import (
+from novelbus.novel.body import CanonChange, CommitBody, SceneCompletion
+from novelbus.novel.length import narrative_stage, unit_target_range
+from novelbus.novel.next_work import WriteUnit, next_work, remaining_scenes
+from novelbus.novel.outline import (
     Chapter,
     Character,
     LengthBudget,
@@ -24,7 +24,7 @@ from novel.outline import (
     outline_revision,
     parse_novel_file,
 )
-from novel.pack import (
+from novelbus.novel.pack import (
     BLOCK_ORDER,
     CANON_FACT_LIMIT,
     CHAPTER_FIELD_LIMIT,
@@ -46,9 +46,9 @@ from novel.pack import (
     parse_pack,
     render_pack,
 )
-from novel.sample import sample_novel_bytes
-from novel.snapshot import NovelSnapshot, UnitView
-from novel.text import estimate_tokens
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.novel.snapshot import NovelSnapshot, UnitView
+from novelbus.novel.text import estimate_tokens
 from tests.pure.sim import commit, golden_body, prepare, set_state, snapshot_from_file, write_book
 from tests.pure.strategies import (
     PURE,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from novel.generate import generate_novel_file
-from novel.next_work import Blocked, Finish, next_work
-from novel.outline import NovelFile, parse_novel_file
-from novel.pack import render_pack
-from novel.sample import sample_novel_bytes
-from novel.text import is_cjk
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.next_work import Blocked, Finish, next_work
+from novelbus.novel.outline import NovelFile, parse_novel_file
+from novelbus.novel.pack import render_pack
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.novel.text import is_cjk
 from tests.pure.sim import golden_body, snapshot_from_file, write_book
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novel.text import (
+from novelbus.novel.text import (
     ELLIPSIS,
     effective_characters,
     estimate_tokens,

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 import pytest
 
-import store
+from novelbus import store
 from tests.store.helpers import novel_file
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import asyncpg
 
-from novel.body import CanonChange, CommitBody, SceneCompletion
-from novel.outline import NovelFile
+from novelbus.novel.body import CanonChange, CommitBody, SceneCompletion
+from novelbus.novel.outline import NovelFile
 
 NOVEL_ID = "n-test"
 

@@ -9,8 +9,8 @@ import re
 import asyncpg
 import pytest
 
-import store
-from novel.outline import is_valid_id
+from novelbus import store
+from novelbus.novel.outline import is_valid_id
 from tests.store.helpers import dump_database, novel_file
 
 

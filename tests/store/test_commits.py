@@ -8,10 +8,10 @@ import hashlib
 import asyncpg
 import pytest
 
-import store
-from novel.body import CanonChange
-from novel.commitcheck import BodyError, business_hash
-from novel.guard import ProseGuardError
+from novelbus import store
+from novelbus.novel.body import CanonChange
+from novelbus.novel.commitcheck import BodyError, business_hash
+from novelbus.novel.guard import ProseGuardError
 from tests.store.helpers import make_body, novel_file, table_counts
 
 WRITES = ("commits", "canon_facts")

@@ -7,17 +7,17 @@ import json
 import asyncpg
 import pytest
 
-import store
-from novel.body import CanonChange
-from novel.context import (
+from novelbus import store
+from novelbus.novel.body import CanonChange
+from novelbus.novel.context import (
     ContextInputError,
     FrozenContext,
     WriterPackError,
     canonical_json,
     freeze_from_snapshot,
 )
-from novel.pack import render_writer_pack
-from novel.text import effective_characters
+from novelbus.novel.pack import render_writer_pack
+from novelbus.novel.text import effective_characters
 from tests.store.helpers import make_body
 
 MARK = "Futuremark"

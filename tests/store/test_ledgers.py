@@ -8,7 +8,7 @@ import asyncio
 import asyncpg
 import pytest
 
-import store
+from novelbus import store
 
 
 async def test_events_append_and_list_in_order(pool: asyncpg.Pool, novel_id: str) -> None:

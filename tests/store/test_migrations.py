@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-import store
-from store.pool import migration_files
+from novelbus import store
+from novelbus.store.pool import migration_files
 
 
 async def test_infra3_five_concurrent_migrations_apply_each_file_once(

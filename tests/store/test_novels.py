@@ -7,8 +7,8 @@ import re
 import asyncpg
 import pytest
 
-import store
-from novel.outline import NovelConfig, outline_revision
+from novelbus import store
+from novelbus.novel.outline import NovelConfig, outline_revision
 from tests.store.helpers import novel_file
 
 

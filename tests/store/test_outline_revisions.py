@@ -7,8 +7,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-import store
-from novel.outline import Outline, outline_revision
+from novelbus import store
+from novelbus.novel.outline import Outline, outline_revision
 from tests.store.helpers import make_body
 
 

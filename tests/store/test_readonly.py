@@ -7,8 +7,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-import store
-from store._db import transaction
+from novelbus import store
+from novelbus.store._db import transaction
 
 
 async def test_infra4_read_only_transactions_refuse_writes(new_database: Any) -> None:

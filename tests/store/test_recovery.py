@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-import store
+from novelbus import store
 from tests.store.helpers import make_body, novel_file
 
 

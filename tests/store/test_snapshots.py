@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-import store
-from novel.body import CanonChange
-from novel.snapshot import NovelSnapshot
+from novelbus import store
+from novelbus.novel.body import CanonChange
+from novelbus.novel.snapshot import NovelSnapshot
 from tests.store.helpers import make_body
 
 

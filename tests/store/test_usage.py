@@ -6,7 +6,7 @@ import asyncio
 
 import asyncpg
 
-import store
+from novelbus import store
 from tests.store.helpers import novel_file
 
 

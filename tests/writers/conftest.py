@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from novel.body import CanonChange, SceneCompletion
-from novel.outline import NovelFile, outline_revision, parse_novel_file
-from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from novel.text import effective_characters
+from novelbus.novel.body import CanonChange, SceneCompletion
+from novelbus.novel.outline import NovelFile, outline_revision, parse_novel_file
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
+from novelbus.novel.text import effective_characters
 
 SAMPLE = Path(__file__).resolve().parents[2] / "novel" / "samples" / "sample.json"
 

@@ -16,19 +16,19 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import store
-from actors.context import Settings
-from actors.driver import publish_notice
-from actors.runtime import Runtime, running
-from bus.codec import decode
-from messages import events as ev
-from messages.subjects import Subjects
-from novel.outline import NovelFile, parse_novel_file
-from novel.text import estimate_tokens
+from novelbus import store
+from novelbus.actors.context import Settings
+from novelbus.actors.driver import publish_notice
+from novelbus.actors.runtime import Runtime, running
+from novelbus.bus.codec import decode
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import NovelFile, parse_novel_file
+from novelbus.novel.text import estimate_tokens
+from novelbus.writers.offline import OfflineProvider, UnitBrief
+from novelbus.writers.probe import PROBE_NOVEL
+from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
 from tests.writers.chat_server import Response, completion
-from writers.offline import OfflineProvider, UnitBrief
-from writers.probe import PROBE_NOVEL
-from writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
 
 # --- a fake OpenAI-compatible model -----------------------------------------------------------------
 
@@ -160,7 +160,7 @@ def tiny_novel(shape: str = "W2", **budgets: Any) -> NovelFile:
 
 
 def sample_with(shape: str) -> NovelFile:
-    from novel.sample import sample_novel_bytes
+    from novelbus.novel.sample import sample_novel_bytes
 
     data = json.loads(sample_novel_bytes())
     data["config"]["writerShape"] = shape

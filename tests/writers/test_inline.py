@@ -12,13 +12,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from novel.body import CommitBody
-from novel.next_work import WriteUnit, next_work
-from novel.outline import NovelFile
-from novel.pack import parse_pack, render_pack
-from novel.snapshot import NovelSnapshot
-from tests.pure.sim import commit, prepare, set_state, snapshot_from_file
-from writers.inline import (
+from novelbus.novel.body import CommitBody
+from novelbus.novel.next_work import WriteUnit, next_work
+from novelbus.novel.outline import NovelFile
+from novelbus.novel.pack import parse_pack, render_pack
+from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.writers.inline import (
     BRIEF_HEADER,
     COMPACT_MARKER,
     ENV_COMPACT_TOKENS,
@@ -31,10 +30,11 @@ from writers.inline import (
     session_preamble,
     unit_brief,
 )
-from writers.offline import OfflineProvider, ScriptedProvider
-from writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall
-from writers.runner import run_w2
-from writers.tools import COMMIT_TOOL, W2_ALLOW_LIST, call_read_tool
+from novelbus.writers.offline import OfflineProvider, ScriptedProvider
+from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall
+from novelbus.writers.runner import run_w2
+from novelbus.writers.tools import COMMIT_TOOL, W2_ALLOW_LIST, call_read_tool
+from tests.pure.sim import commit, prepare, set_state, snapshot_from_file
 
 MAX_TOKENS = 8_192
 

@@ -8,19 +8,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from novel.body import CommitBody
-from novel.commitcheck import check_body, parse_draft, rewrite_sources
-from novel.guard import guard_prose
-from novel.length import book_band
-from novel.next_work import Blocked, Finish, WriteUnit, next_work
-from novel.pack import block_fields, parse_pack, render_pack
-from novel.snapshot import CommitView, NovelSnapshot, UnitView
-from novel.text import effective_characters, is_cjk
+from novelbus.novel.body import CommitBody
+from novelbus.novel.commitcheck import check_body, parse_draft, rewrite_sources
+from novelbus.novel.guard import guard_prose
+from novelbus.novel.length import book_band
+from novelbus.novel.next_work import Blocked, Finish, WriteUnit, next_work
+from novelbus.novel.pack import block_fields, parse_pack, render_pack
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
+from novelbus.novel.text import effective_characters, is_cjk
+from novelbus.writers.offline import OFFLINE_LABEL, OfflineProvider, UnitBrief, compose_draft
+from novelbus.writers.provider import ModelReply, make_provider, system_message, user_message
+from novelbus.writers.runner import run_w1, run_w2
+from novelbus.writers.tools import W2_ALLOW_LIST, call_read_tool, openai_tool_definitions
 from tests.writers.conftest import snapshot_of
-from writers.offline import OFFLINE_LABEL, OfflineProvider, UnitBrief, compose_draft
-from writers.provider import ModelReply, make_provider, system_message, user_message
-from writers.runner import run_w1, run_w2
-from writers.tools import W2_ALLOW_LIST, call_read_tool, openai_tool_definitions
 
 MAX_TOKENS = 8192
 

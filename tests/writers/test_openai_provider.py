@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 
-from novel.pack import render_pack
-from novel.snapshot import NovelSnapshot
-from tests.writers.chat_server import ChatServer, completion, json_response
-from writers.offline import OfflineProvider
-from writers.openai_provider import OpenAIProvider
-from writers.provider import (
+from novelbus.novel.pack import render_pack
+from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.writers.offline import OfflineProvider
+from novelbus.writers.openai_provider import OpenAIProvider
+from novelbus.writers.provider import (
     HOSTED_OPENAI_BASE_URL,
     LOCAL_PLACEHOLDER_KEY,
     ModelProvider,
@@ -23,8 +22,14 @@ from writers.provider import (
     is_local_base_url,
     make_provider,
 )
-from writers.runner import run_w2
-from writers.tools import COMMIT_TOOL, W2_ALLOW_LIST, call_read_tool, openai_tool_definitions
+from novelbus.writers.runner import run_w2
+from novelbus.writers.tools import (
+    COMMIT_TOOL,
+    W2_ALLOW_LIST,
+    call_read_tool,
+    openai_tool_definitions,
+)
+from tests.writers.chat_server import ChatServer, completion, json_response
 
 SECRET = "sk-test-SECRET-never-shown"
 PROMPT = "PROMPT-TEXT-never-in-errors"

@@ -7,17 +7,17 @@ from typing import Any
 
 import pytest
 
-from writers.offline import ScriptedProvider
-from writers.provider import ModelReply, ProviderError, ToolCall, Usage, message_chars
-from writers.runner import (
+from novelbus.writers.offline import ScriptedProvider
+from novelbus.writers.provider import ModelReply, ProviderError, ToolCall, Usage, message_chars
+from novelbus.writers.runner import (
     ARGS_RECORD_CAP,
     ExecutionPolicy,
     RunOutcome,
     run_w1,
     run_w2,
 )
-from writers.sessions import MemorySessionStore
-from writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
+from novelbus.writers.sessions import MemorySessionStore
+from novelbus.writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 
 PACK = "[[protocol]]\n- prose only\n\n[[unit]]\nunitId: u-1\ntargetMin: 10\ntargetMax: 500\n"
 PROSE = ["The lamp was cold when Wren climbed the last stair.", "Nobody answered her call."]

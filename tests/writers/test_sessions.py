@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-import store
-from novel.outline import parse_novel_file
-from novel.sample import sample_novel_bytes
+from novelbus import store
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.offline import ScriptedProvider
+from novelbus.writers.provider import message_chars
+from novelbus.writers.runner import ExecutionPolicy, RunOutcome, run_w2
+from novelbus.writers.sessions import MemorySessionStore, PgSessionStore, closed_history
+from novelbus.writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 from tests.writers.test_runner import COMMIT_ARGS, PACK, Host, call, text, tools
-from writers.offline import ScriptedProvider
-from writers.provider import message_chars
-from writers.runner import ExecutionPolicy, RunOutcome, run_w2
-from writers.sessions import MemorySessionStore, PgSessionStore, closed_history
-from writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 
 REVISED_PACK = PACK.replace("targetMax: 500", "targetMax: 600")
 

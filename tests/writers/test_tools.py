@@ -8,10 +8,9 @@ import re
 import msgspec
 import pytest
 
-from novel.body import CanonChange, CommitBody
-from novel.snapshot import NovelSnapshot, UnitView
-from tests.writers.conftest import make_commit, snapshot_of
-from writers.tools import (
+from novelbus.novel.body import CanonChange, CommitBody
+from novelbus.novel.snapshot import NovelSnapshot, UnitView
+from novelbus.writers.tools import (
     BODY_READ_CAP,
     COMMIT_TOOL,
     READ_TOOLS,
@@ -31,6 +30,7 @@ from writers.tools import (
     registry_listing,
     validate_tool_args,
 )
+from tests.writers.conftest import make_commit, snapshot_of
 
 READ_TOOL_CALLS = [
     ("novel_status_read", {}),
