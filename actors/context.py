@@ -12,6 +12,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from novelbus import store
+from novelbus.bus import tally
 from novelbus.bus.codec import encode, type_tag
 from novelbus.bus.service import CommandService
 from novelbus.messages.events import Event
@@ -27,6 +28,7 @@ class ServiceActor:
 
     async def start(self) -> None:
         for svc in self.services:
+            svc.label = getattr(self, "name", svc.label)
             await svc.start()
 
     async def stop(self) -> None:
@@ -66,6 +68,8 @@ class ActorContext:
         subject = self.subjects.event(event.novel_id, tag)
         for attempt in range(5):
             try:
+                tally.count("publishes")
+                tally.count("publish_waits")
                 await self.js.publish(subject, data, headers=headers, timeout=5)
                 return
             except Exception as e:  # noqa: BLE001 - NATS away: retry, then keep the ledger row

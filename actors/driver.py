@@ -23,6 +23,7 @@ from nats.js.errors import NotFoundError
 
 from novelbus import store
 from novelbus.actors.context import ActorContext
+from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.bus.codec import MessageError, decode, encode
 from novelbus.bus.routes import check_instance, claims_instance_subject
@@ -158,6 +159,7 @@ class Driver:
         """REL-1, CLM-5: a claim whose lease lapsed has nobody driving it (its driver died, or the
         claim-manager instance holding its delegation died and did not come back): any driver
         returns it to prepared and gives the novel a fresh notice."""
+        tally.actor.set("driver")
         while self.state.running:
             await asyncio.sleep(SWEEP_S)
             try:
@@ -172,6 +174,7 @@ class Driver:
                 log.warning("claim sweep failed (%s)", type(e).__name__)
 
     async def _pull_loop(self) -> None:
+        tally.actor.set("driver")  # this task and the flows it starts count as the driver's
         while self.state.running:
             try:
                 msgs = await self._psub.fetch(batch=32, timeout=1.0)
@@ -620,5 +623,7 @@ async def publish_notice(ctx: ActorContext, novel_id: str, *, reason: str, dedup
     notice_id = dedupe or f"notice-{secrets.token_hex(8)}"
     data, headers = encode(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason=reason))
     headers["Nats-Msg-Id"] = f"{novel_id}:{notice_id}"
+    tally.count("publishes")
+    tally.count("publish_waits")
     await ctx.js.publish(ctx.subjects.work(novel_id), data, headers=headers)
     return notice_id

@@ -94,7 +94,7 @@ class UsageSampler(ServiceActor):
         key = f"usage:{req.novel_id}:{req.unit_id}:{req.turn}:{req.claim_id}"
         # One transaction: a sample that fails to record (unknown novel, database away) leaves no
         # mark behind, so nothing is written (REL-3) and a retry is not mistaken for a duplicate.
-        async with self.ctx.pool.acquire() as conn, conn.transaction():
+        async with store.transaction(self.ctx.pool) as conn:
             if not await store.mark_processed(conn, key):
                 self.state.duplicates += 1
                 return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)

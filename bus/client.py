@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from novelbus.bus import tally
 from novelbus.bus.codec import decode_reply, encode
 from novelbus.messages.errors import ErrorReply
 
@@ -64,6 +65,7 @@ async def request(
     attempt = 0
     while True:
         try:
+            tally.count("request_reply")
             raw = await nc.request(subject, data, timeout=timeout, headers=headers)
             break
         except (TimeoutError, NoRespondersError, NatsTimeout) as e:

@@ -19,6 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from novelbus.bus import tally
 from novelbus.bus.codec import MessageError, decode, encode
 from novelbus.messages.errors import INTERNAL, ErrorReply
 
@@ -43,6 +44,7 @@ class CommandService:
         self.nc = nc
         self.subject = subject
         self.queue = queue
+        self.label = queue  # who counts this service's round trips (bus.tally); its actor's name once started
         self.handlers = handlers
         self.kind: Any = functools.reduce(operator.or_, handlers.keys())
         self.stats: Counter[str] = Counter()
@@ -76,6 +78,7 @@ class CommandService:
         self._slots.release()
 
     async def _serve(self, msg: Msg) -> None:
+        tally.actor.set(self.label)  # this task's own context: counts go to the serving actor
         try:
             try:
                 request = decode(msg.data, self.kind, msg.headers)

@@ -4,6 +4,7 @@ Every function takes a pool (or a connection) first and runs as one transaction;
 are typed `StoreError`s with stable codes. Usage: `import store; await store.claim_unit(...)`.
 """
 
+from novelbus.store._db import transaction
 from novelbus.store.commits import (
     CommitRow,
     Receipt,
@@ -92,6 +93,7 @@ from novelbus.store.units import (
 from novelbus.store.usage import RING_SIZE, recent_usage, record_usage, usage_totals
 
 __all__ = [
+    "transaction",
     "RING_SIZE",
     "Claim",
     "CommitConflict",

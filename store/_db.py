@@ -9,6 +9,8 @@ from typing import Any, Literal, TypeAlias
 import asyncpg  # type: ignore[import-untyped]
 from asyncpg.pool import PoolConnectionProxy  # type: ignore[import-untyped]
 
+from novelbus.bus import tally
+
 # Every store function accepts a pool or a connection (for callers composing a larger transaction).
 Db: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
@@ -30,8 +32,11 @@ async def transaction(
     db: Db, *, isolation: Isolation | None = None, readonly: bool = False
 ) -> AsyncIterator[Conn]:
     """One transaction (a savepoint when `db` is a connection already inside one)."""
-    async with acquire(db) as conn, conn.transaction(isolation=isolation, readonly=readonly):
-        yield conn
+    async with acquire(db) as conn:
+        if not conn.is_in_transaction():
+            tally.count("transactions")
+        async with conn.transaction(isolation=isolation, readonly=readonly):
+            yield conn
 
 
 async def lock_novel(conn: Conn, novel_id: str) -> asyncpg.Record:

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -126,3 +128,27 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
     assert (
         report["latency_units_measured"] == 5
     )  # 2 chapters × 3 scenes; the first has no predecessor
+    # PERF-1: the floor measured on the same servers, and the ratio against it
+    floor = report["floor"]
+    assert floor["per_unit"] == {"request_reply": 6, "transactions": 4, "publish_waits": 2}
+    assert floor["samples"] > 0
+    assert all(floor[k] > 0 for k in ("request_reply_p50_ms", "publish_p50_ms", "transaction_p50_ms"))
+    assert report["floor_p50_ms"] == pytest.approx(
+        6 * floor["request_reply_p50_ms"] + 4 * floor["transaction_p50_ms"] + 2 * floor["publish_p50_ms"],
+        abs=0.01,
+    )
+    assert report["overhead_ratio"] == pytest.approx(
+        report["overhead_p50_ms"] / report["floor_p50_ms"], rel=0.01
+    )
+    # Counted per unit, by actor: every actor of the flow makes round trips, and the JetStream
+    # publishes counted in-process cover what the streams stored (two independent measures).
+    per_unit = report["per_unit"]
+    for kind in ("request_reply", "transactions", "publishes", "publish_waits"):
+        assert per_unit[kind]["total"] == pytest.approx(
+            sum(v for a, v in per_unit[kind].items() if a != "total"), abs=0.05
+        )
+    assert per_unit["request_reply"]["total"] >= 6
+    assert {"driver", "claims", "packer", "writer", "verifier", "usage"} <= set(
+        per_unit["transactions"]
+    )
+    assert per_unit["publishes"]["total"] >= report["stream_messages_per_unit"] > 0
