@@ -45,8 +45,8 @@ from novelbus.writers.provider import (
     tool_message,
     user_message,
 )
+from novelbus.writers.record import record_tool_name
 from novelbus.writers.runner import (
-    TOOL_NAME_RECORD_CAP,
     W2_INSTRUCTION,
     CallUsage,
     CommitFn,
@@ -382,7 +382,7 @@ async def run_inline_unit(
             records.append(
                 ToolRecord(
                     seq=len(records) + 1,
-                    tool=call.name[:TOOL_NAME_RECORD_CAP],
+                    tool=record_tool_name(call.name),
                     args_truncated=truncate_args(call.arguments),
                     is_error=code is not None,
                     result_bytes=len(content.encode()),

@@ -34,6 +34,7 @@ from novelbus.writers.provider import (
     tool_message,
     user_message,
 )
+from novelbus.writers.record import record_args, record_tool_name
 from novelbus.writers.sessions import SessionStore, closed_history, resume_history
 from novelbus.writers.tools import (
     COMMIT_TOOL,
@@ -45,7 +46,6 @@ from novelbus.writers.tools import (
     validate_tool_args,
 )
 
-ARGS_RECORD_CAP = 500  # RUN-6: recorded tool arguments are truncated JSON text
 TOOL_NAME_RECORD_CAP = 64  # a model-invented tool name is recorded, but not at any length
 # CTX-8: what the writer is told about its own commit; never hashes or claim ids.
 _RECEIPT_FIELDS_FOR_MODEL = (
@@ -177,20 +177,9 @@ def _reply_output_chars(reply: ModelReply) -> int:
 
 
 def truncate_args(raw: str) -> str:
-    """Recorded form of a call's arguments: JSON, paragraphs counted not quoted, ≤ 500 chars."""
-    try:
-        value = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError:
-        return json.dumps({"invalidJson": len(raw)})
-    if isinstance(value, dict) and "paragraphs" in value:
-        paragraphs = value["paragraphs"]
-        value = dict(
-            value, paragraphs={"count": len(paragraphs) if isinstance(paragraphs, list) else 0}
-        )
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    if len(text) > ARGS_RECORD_CAP:
-        text = text[: ARGS_RECORD_CAP - 1] + "…"
-    return text
+    """Recorded form of a call's arguments (RUN-6, REL-9): ids, numbers, booleans and enum values
+    kept, every other string `{chars, sha256}` — never the writer's text (`writers.record`)."""
+    return record_args(raw)
 
 
 def _commit_prose_chars(call: dict[str, Any]) -> int:
@@ -429,7 +418,7 @@ async def _w2_loop(
         for call in reply.tool_calls:
             seq = len(records) + 1
             args_recorded = truncate_args(call.arguments)
-            tool_name = call.name[:TOOL_NAME_RECORD_CAP]
+            tool_name = record_tool_name(call.name)
             if on_tool_started is not None:
                 await on_tool_started(
                     ToolStart(

@@ -9,8 +9,8 @@ import pytest
 
 from novelbus.writers.offline import ScriptedProvider
 from novelbus.writers.provider import ModelReply, ProviderError, ToolCall, Usage, message_chars
+from novelbus.writers.record import ARGS_RECORD_CAP, digest
 from novelbus.writers.runner import (
-    ARGS_RECORD_CAP,
     ExecutionPolicy,
     RunOutcome,
     run_w1,
@@ -312,23 +312,33 @@ async def test_w2_input_split_adds_up_to_the_raw_input_of_every_call() -> None:
 
 
 async def test_w2_recorded_arguments_never_carry_prose() -> None:
-    """RUN-6: commit paragraphs are replaced by a count; recorded args stay ≤ 500 chars."""
+    """RUN-6, REL-9: commit paragraphs become one {count, chars, sha256}; every free-text string
+    (basis, summaries, a search query) becomes {chars, sha256}; ids, enums, booleans stay; a
+    model-invented tool name is recorded only as a digest."""
     long_args = {**COMMIT_ARGS, "paragraphs": PROSE * 200}
     provider = ScriptedProvider(
         [
             tools(call(COMMIT_TOOL, long_args)),
             tools(call("novel_body_search", {"query": "q" * 600})),
+            tools(call("write the whole book for me", {"anything": "model text here"})),
             text("giving up"),
         ]
     )
     host = Host([{"ok": False, "code": "guard"}])
     outcome = await w2(provider, host)
-    commit_record, search_record = outcome.tool_calls
+    commit_record, search_record, invented = outcome.tool_calls
     recorded = json.loads(commit_record.args_truncated)
-    assert recorded["paragraphs"] == {"count": 400} and recorded["unitId"] == "u-1"
+    assert recorded["paragraphs"]["count"] == 400 and recorded["unitId"] == "u-1"
+    assert recorded["paragraphs"]["sha256"] == digest("\n".join(PROSE * 200))["sha256"]
     assert not any(p in commit_record.args_truncated for p in PROSE)
+    completion = recorded["sceneCompletion"]
+    assert completion["completed"] is COMMIT_ARGS["sceneCompletion"]["completed"]
+    assert completion["basis"] == digest(COMMIT_ARGS["sceneCompletion"]["basis"])
+    assert COMMIT_ARGS["sceneCompletion"]["basis"] not in commit_record.args_truncated
+    assert json.loads(search_record.args_truncated) == {"query": digest("q" * 600)}
     assert len(search_record.args_truncated) <= ARGS_RECORD_CAP
-    assert search_record.args_truncated.endswith("…")
+    assert invented.tool.startswith("unregistered-") and "book" not in invented.tool
+    assert "model text" not in invented.args_truncated
 
 
 def test_execution_policy_carries_session_id_and_store_together_or_not_at_all() -> None:
