@@ -19,8 +19,20 @@ from rich.console import Console
 
 from novelbus.infra import Infrastructure
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+
+def _make_console(*, stderr: bool) -> Console:
+    """A console that wraps lines to the terminal's width on a terminal, and never wraps when
+    its output is piped or redirected (OPS-5): a line split at column 80 breaks grep and scripts."""
+    made = Console(stderr=stderr, highlight=False)
+    made.soft_wrap = not made.is_terminal
+    return made
+
+
+console = _make_console(stderr=False)
+err_console = _make_console(stderr=True)
+# Servers this process started and stops on exit (`servers` below); a command attached to a
+# running `novelbus up`, or to servers given by flags, stops nothing and must not say it did.
+_started_here: list[Endpoints] = []
 
 T = TypeVar("T")
 
@@ -49,8 +61,13 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
-        err_console.print("[yellow]interrupted; servers stopped[/]")
+        err_console.print("[yellow]interrupted; servers stopped[/]" if _started_here else "[yellow]interrupted[/]")
         raise typer.Exit(130) from None
+
+
+def started_servers() -> bool:
+    """Whether this process started embedded servers (so nothing else was running under home)."""
+    return bool(_started_here)
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,7 @@ async def servers(home: Path | None, nats_url: str | None, database_url: str | N
     async with Infrastructure(home=h, nats_url=nats_url, database_url=database_url, fast=True, log=log) as infra:
         ep = Endpoints(infra.nats_url, infra.database_url)
         write_endpoints(h, ep)
+        _started_here.append(ep)
         try:
             yield ep
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+from rich.markup import escape
 
 import novelbus.cli.bench_ab  # noqa: F401  (registers `novelbus bench ab`)
 import novelbus.cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
@@ -22,7 +24,16 @@ from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import ACTOR_NAMES, connected, running
 from novelbus.bus.codec import decode
 from novelbus.cli.bench import bench_app
-from novelbus.cli.common import console, err_console, fail, home_dir, print_json, run, servers
+from novelbus.cli.common import (
+    console,
+    err_console,
+    fail,
+    home_dir,
+    print_json,
+    run,
+    servers,
+    started_servers,
+)
 from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.probe_cmd import probe as probe_command
 from novelbus.cli.probe_cmd import require_subagent_capable
@@ -30,7 +41,7 @@ from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.export import export_markdown
-from novelbus.novel.outline import OutlineError, parse_novel_file
+from novelbus.novel.outline import OutlineError, is_valid_id, parse_novel_file
 
 app = typer.Typer(name="novelbus", no_args_is_help=True, add_completion=False,
                   help="Bounded-context long-form fiction: six actors over NATS and PostgreSQL.")
@@ -212,6 +223,12 @@ def actor(
     run(main())
 
 
+def _short(text: str, limit: int = 120) -> str:
+    """A title as one line of at most `limit` characters (the full one is in `status --json`)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 # --- novels ----------------------------------------------------------------------------------
 async def _with_ctx(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str,
                     fn: Any) -> Any:
@@ -239,17 +256,42 @@ def novel_create(
     if nf.config.writerMode == "subagent":
         require_subagent_capable(model, home)  # fails closed, before anything is created
 
-    async def go(ctx: Any) -> str:
+    async def go(ctx: Any) -> tuple[str, bool]:
         novel_id = await store.create_novel(ctx.pool, nf)
         if start:
             await publish_notice(ctx, novel_id, reason="created")
-        return novel_id
+        return novel_id, not started_servers() and await _driver_listening(ctx)
 
     try:
-        novel_id = run(_with_ctx(home, nats_url, database_url, namespace, go))
+        novel_id, driven = run(_with_ctx(home, nats_url, database_url, namespace, go))
     except store.StoreError as e:
         fail(f"{e.code}: {e}", code=2)
     console.print(novel_id)
+    if start and not driven:
+        where = "" if home is None else f" --home {home}"
+        err_console.print(
+            f"[yellow]note:[/] nothing is running to write {novel_id}: it waits, active, until the actors run — "
+            f"start them with `novelbus up{where}` (the same servers), and it is written from there")
+
+
+async def _driver_listening(ctx: Any, *, tries: int = 5, every_s: float = 0.3) -> bool:
+    """Whether a driver pulls work notices right now: its durable consumer has a waiting pull
+    (a live driver keeps one open, renewed every second)."""
+    from nats.js.errors import NotFoundError
+
+    from novelbus.bus.streams import driver_consumer_config
+
+    name = driver_consumer_config(ctx.subjects).durable_name
+    for attempt in range(tries):
+        try:
+            info = await ctx.js.consumer_info(ctx.subjects.work_stream, name)
+        except NotFoundError:
+            return False  # no driver ever started on these servers
+        if info.num_waiting:
+            return True
+        if attempt + 1 < tries:
+            await asyncio.sleep(every_s)
+    return False
 
 
 def _steer(action: str) -> Any:
@@ -313,22 +355,46 @@ def novel_list(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbO
     async def go(ctx: Any) -> list[Any]:
         return await store.list_novels(ctx.pool)
 
-    for n in run(_with_ctx(home, nats_url, database_url, namespace, go)):
-        console.print(f"{n.novel_id:<16} {n.status:<9} {n.writer_mode:<9} turns {n.turns:<4} {n.title}")
+    novels = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    if not novels:
+        err_console.print("no novels yet; create one with `novelbus novel create FILE` "
+                          "(`novelbus demo` writes a sample one)")
+    for n in novels:
+        console.print(f"{n.novel_id:<16} {n.status:<9} {n.writer_mode:<9} turns {n.turns:<4} "
+                      f"{escape(_short(n.title))}")
 
 
 @app.command()
 def notice(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
            namespace: NsOpt = "", reason: str = "manual") -> None:
-    """Publish a work notice for a novel (what an external scheduler does)."""
-    async def go(ctx: Any) -> str:
-        await store.get_novel(ctx.pool, novel_id)
-        return await publish_notice(ctx, novel_id, reason=reason)
+    """Publish a work notice for an active novel (what an external scheduler does)."""
+    async def go(ctx: Any) -> tuple[str | None, Any]:
+        n = await store.get_novel(ctx.pool, novel_id)
+        if n.status != "active":  # the driver ignores notices of paused and finished novels
+            return None, n
+        return await publish_notice(ctx, novel_id, reason=reason), n
 
     try:
-        console.print(run(_with_ctx(home, nats_url, database_url, namespace, go)))
+        notice_id, n = run(_with_ctx(home, nats_url, database_url, namespace, go))
     except store.StoreError as e:
         fail(f"{e.code}: {e}", code=2)
+    if notice_id is None:
+        if n.status == "finished":
+            fail(f"novel {novel_id} is finished: a work notice would do nothing; none was published",
+                 hint=f"`novelbus export {novel_id}` gives its text", code=2)
+        fail(f"novel {novel_id} is {n.status} ({n.pause_reason}): the driver ignores work notices until it is "
+             "resumed; none was published", hint=f"`novelbus status {novel_id}` says why; "
+                                                 f"`novelbus novel resume {novel_id}` resumes it", code=2)
+    console.print(notice_id)
+
+
+# What the less obvious `status` figures count (the --json keys stay bare).
+_STATUS_NOTES = {
+    "characters": "  (committed prose: letters and digits)",
+    "writerOutputChars": "  (what the writer model produced in the runs that committed: text plus "
+                         "tool-call names and arguments — research queries and the prose as JSON — "
+                         "so more than `characters`)",
+}
 
 
 @app.command()
@@ -361,7 +427,8 @@ def status(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
         print_json(info)
         return
     for k, v in info.items():
-        console.print(f"{k:<20} {v}")
+        shown = _short(v) if k == "title" else v
+        console.print(f"{k:<20} {escape(str(shown))}{_STATUS_NOTES.get(k, '')}")
 
 
 @app.command()
@@ -369,13 +436,17 @@ def export(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
            namespace: NsOpt = "",
            out: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout)")] = None) -> None:
     """Export a novel's committed prose as Markdown."""
-    async def go(ctx: Any) -> str:
-        return export_markdown(await store.load_snapshot(ctx.pool, novel_id))
+    async def go(ctx: Any) -> tuple[str, int]:
+        snap = await store.load_snapshot(ctx.pool, novel_id)
+        return export_markdown(snap), len(snap.commits)
 
     try:
-        text = run(_with_ctx(home, nats_url, database_url, namespace, go))
+        text, commits = run(_with_ctx(home, nats_url, database_url, namespace, go))
     except store.StoreError as e:
         fail(f"{e.code}: {e}", code=2)
+    if commits == 0:
+        err_console.print(f"[yellow]note:[/] {novel_id} has no committed prose yet; the export holds only "
+                          f"its title (`novelbus status {novel_id}` shows its progress)")
     if out:
         out.write_text(text, encoding="utf-8")
         console.print(str(out))
@@ -385,31 +456,47 @@ def export(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
 
 @app.command()
 def monitor(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, namespace: NsOpt = "",
-            novel: Annotated[str | None, typer.Option("--novel", help="Only this novel")] = None,
+            novel: Annotated[str | None, typer.Option("--novel", help="Only this novel (its id)")] = None,
             new_only: Annotated[bool, typer.Option("--new", help="Skip history; only new events")] = False,
-            count: Annotated[int | None, typer.Option("--count", help="Exit after this many events")] = None,
+            count: Annotated[int | None, typer.Option("--count", min=1, help="Exit after this many events")] = None,
             as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False) -> None:
     """Tail the event stream live; starting late replays what was missed (BUS-3)."""
     from nats.js.api import DeliverPolicy
 
+    if novel is not None and not is_valid_id(novel):
+        fail(f"--novel {escape(repr(novel[:80]))} is not a novel id",
+             hint="a novel id is letters, digits, '-' and '_' (see `novelbus novel list`); "
+                  "leave --novel out to follow every novel", code=2)
+
     async def go(ctx: Any) -> None:
+        if novel is not None:
+            await store.get_novel(ctx.pool, novel)  # novel-not-found: say so rather than wait forever
         subject = ctx.subjects.events_of(novel)
         policy = DeliverPolicy.NEW if new_only else DeliverPolicy.ALL
         sub = await ctx.js.subscribe(subject, stream=ctx.subjects.events_stream, ordered_consumer=True,
                                      deliver_policy=policy)
         seen = 0
-        async for msg in sub.messages:
-            data = json.loads(msg.data)
-            if as_json:
-                typer.echo(json.dumps(data, ensure_ascii=False))
-            else:
-                rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("type", "novelId"))
-                console.print(f"[cyan]{data.get('novelId')}[/] [bold]{data.get('type')}[/] {rest}")
-            seen += 1
-            if count is not None and seen >= count:
-                break
+        try:
+            async for msg in sub.messages:
+                data = json.loads(msg.data)
+                if as_json:
+                    typer.echo(json.dumps(data, ensure_ascii=False))
+                else:
+                    rest = " ".join(f"{k}={v}" for k, v in data.items() if k not in ("type", "novelId"))
+                    console.print(f"[cyan]{data.get('novelId')}[/] [bold]{data.get('type')}[/] {escape(rest)}")
+                seen += 1
+                if count is not None and seen >= count:
+                    break
+        finally:
+            # Leave the ordered consumer before the connection drains: draining a subscription
+            # whose iterator was abandoned waits out the drain timeout (OPS-5).
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
-    run(_with_ctx(home, nats_url, database_url, namespace, go))
+    try:
+        run(_with_ctx(home, nats_url, database_url, namespace, go))
+    except store.StoreError as e:
+        fail(f"{e.code}: {e}", hint="see `novelbus novel list` for the novels there are", code=2)
 
 
 @app.command()
@@ -417,10 +504,14 @@ def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
           namespace: NsOpt = "", as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Recent usage samples (ring of 50) and totals per mode (USE-1..3)."""
     async def go(ctx: Any) -> dict[str, Any]:
+        await store.get_novel(ctx.pool, novel_id)  # an unknown novel is an error, not an empty table
         return {"recent": await store.recent_usage(ctx.pool, novel_id),
                 "totals": await store.usage_totals(ctx.pool, novel_id)}
 
-    data = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    try:
+        data = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    except store.StoreError as e:
+        fail(f"{e.code}: {e}", code=2)
     if as_json:
         print_json(data)
         return

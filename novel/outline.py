@@ -228,23 +228,119 @@ class OutlineError(ValueError):
     code = "bad-outline"
 
 
+# SPEC §7: the writer pack's per-field limits, in code points. A novel file whose field is longer is
+# refused at create, naming the field: the pack would truncate it, and the context's L0 layer (story,
+# chapter, scene, due foreshadowing), which is never trimmed, could outgrow its budget so that every
+# unit fails. novel.pack holds the same figures (a test keeps them equal).
+STORY_FIELD_LIMIT = 400  # title and each story field
+CHAPTER_FIELD_LIMIT = 300
+SCENE_FIELD_LIMIT = 300
+FORESHADOWING_LIMIT = 400
+
+_ID_RULE = "1–64 letters, digits, '_' or '-', starting with a letter or digit"
+
+
+def _field_length(value: str | list[str] | None) -> int:
+    """A list field (taboos, keyEvents) counts as one line: its items joined by "; "."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return len(value)
+    return sum(len(v) for v in value) + 2 * max(len(value) - 1, 0)
+
+
+def field_limit_errors(nf: NovelFile) -> list[str]:
+    """Every field over its SPEC §7 limit, as `path: N characters; at most L …`."""
+    found: list[tuple[str, str | list[str] | None, int]] = [("title", nf.title, STORY_FIELD_LIMIT)]
+    st = nf.outline.story
+    found += [(f"outline.story.{k}", getattr(st, k), STORY_FIELD_LIMIT)
+              for k in ("premise", "theme", "mainConflict", "endingDirection", "taboos", "style")]
+    for i, c in enumerate(nf.outline.chapters):
+        found += [(f"outline.chapters[{i}].{k}", getattr(c, k), CHAPTER_FIELD_LIMIT)
+                  for k in ("title", "purpose", "entryCondition", "exitCondition", "keyEvents")]
+    for i, sc in enumerate(nf.outline.scenes):
+        found += [(f"outline.scenes[{i}].{k}", getattr(sc, k), SCENE_FIELD_LIMIT)
+                  for k in ("goal", "timeLocation", "causality", "conflict", "expectedChange",
+                            "continuationAnchor")]
+    for i, f in enumerate(nf.outline.foreshadowing):
+        found.append((f"outline.foreshadowing[{i}].description", f.description, FORESHADOWING_LIMIT))
+    return [f"{path}: {_field_length(value):,} characters; at most {limit:,} (the writer pack's "
+            f"per-field limit, SPEC §7)" for path, value, limit in found if _field_length(value) > limit]
+
+
+def _loc(parts: tuple[int | str, ...]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(root)"
+
+
+def _shown_id(value: Any) -> str:
+    """An offending id, shown so the user can find it (ids are short; long ones are cut)."""
+    text = str(value)
+    return repr(text if len(text) <= 80 else text[:79] + "…")
+
+
+_KIND = {str: "a string", list: "a list", dict: "an object", bool: "a boolean", int: "a number",
+         float: "a number", type(None): "null"}
+
+
+def _model_fields(class_name: str) -> list[str]:
+    model = globals().get(class_name)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def _describe(e: Any) -> str:
+    loc, kind = _loc(tuple(e["loc"])), e["type"]
+    got = _KIND.get(type(e.get("input")), "something else")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        fields = _model_fields(str((e.get("ctx") or {}).get("class_name", "")))
+        shape = "{" + ", ".join(f'"{f}": …' for f in fields[:4]) + (", …" if len(fields) > 4 else "") + "}"
+        return f"{loc}: expected an object{' ' + shape if fields else ''}, got {got}"
+    if kind == "string_pattern_mismatch":  # only ids have a pattern here
+        return f"{loc}: {_shown_id(e.get('input'))} is not a valid id ({_ID_RULE})"
+    return f"{loc}: {e['msg']}"
+
+
 def describe_validation_error(err: ValidationError) -> str:
+    errors = err.errors()
+    layers = [str(e["loc"][0]) for e in errors
+              if e["type"] == "extra_forbidden" and len(e["loc"]) == 1 and e["loc"][0] in Outline.model_fields]
     lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-        lines.append(f"{loc}: {e['msg']}")
+    if layers:
+        # The outline's layers given at the top level of the file: one message, not one per layer.
+        lines.append(f"{', '.join(layers)}: not fields of a novel file; the outline layers belong under "
+                     f'"outline", as in {{"title": …, "config": …, "outline": {{"story": …, "chapters": […], …}}}}')
+    for e in errors:
+        if layers and ((e["type"] == "extra_forbidden" and len(e["loc"]) == 1 and str(e["loc"][0]) in layers)
+                       or (e["type"] == "missing" and tuple(e["loc"]) == ("outline",))):
+            continue
+        lines.append(_describe(e))
     return "; ".join(lines)
 
 
 def parse_novel_file(raw: bytes | str) -> NovelFile:
+    """Read a novel file; every error names the field (and shows an offending id)."""
+    if not raw.strip():
+        raise OutlineError('the file is empty: a novel file is one JSON object {"title": …, "config": …, '
+                           '"outline": …} (novel/samples/sample.json is a complete example)')
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
         raise OutlineError(f"not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise OutlineError(f'a novel file is one JSON object {{"title": …, "config": …, "outline": …}}, '
+                           f"not {_KIND.get(type(data), 'something else')}")
     try:
-        return NovelFile.model_validate(data)
+        nf = NovelFile.model_validate(data)
     except ValidationError as e:
         raise OutlineError(describe_validation_error(e)) from None
+    too_long = field_limit_errors(nf)
+    if too_long:
+        raise OutlineError("; ".join(too_long))
+    return nf
 
 
 def outline_revision(parent: str | None, reason: str, outline: Outline) -> str:
