@@ -23,6 +23,7 @@ from novelbus.actors.context import Settings
 from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import ACTOR_NAMES, connected, running
 from novelbus.bus.codec import decode
+from novelbus.cli import actions
 from novelbus.cli.bench import bench_app
 from novelbus.cli.common import (
     console,
@@ -35,6 +36,8 @@ from novelbus.cli.common import (
     started_servers,
 )
 from novelbus.cli.pack_cmd import pack as pack_command
+from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
+from novelbus.cli.panel_cmd import panel as panel_command
 from novelbus.cli.probe_cmd import probe as probe_command
 from novelbus.cli.probe_cmd import require_subagent_capable
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
@@ -51,6 +54,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(tools_app, name="tools")
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
+app.command("panel")(panel_command)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]
@@ -164,21 +168,33 @@ def up(
     writer_timeout: Annotated[float | None, typer.Option(
         "--writer-timeout", min=0.1, help="With --processes: seconds the driver waits for one writer run "
                                           "(default 30 offline, 900 with a model)")] = None,
+    panel: Annotated[bool, typer.Option("--panel", help="Also serve the web panel (see `novelbus panel`)")] = False,
+    panel_host: UpHostOpt = "127.0.0.1", panel_port: UpPortOpt = 8765,
     namespace: NsOpt = "",
 ) -> None:
     """Run all six actors and keep serving until Ctrl-C or SIGTERM."""
+    from novelbus.panel.serve import PanelError, PanelOptions, resolve_token
+
+    panel_options = PanelOptions(host=panel_host, port=panel_port, model=model, home=home) if panel else None
+    try:
+        if panel:
+            resolve_token(panel_host, None)  # refuse a bad bind before starting anything
+    except PanelError as e:
+        fail(str(e), code=2)
     if processes:
         from novelbus.cli.supervise import supervise
 
         run(supervise(home, nats_url, database_url, model=model, namespace=namespace,
                       claims_instances=claims_instances, request_timeout_s=request_timeout,
-                      writer_timeout_s=writer_timeout))
+                      writer_timeout_s=writer_timeout, panel=panel_options))
         return
 
     async def main() -> None:
+        from novelbus.panel.serve import maybe_panel
+
         async with servers(home, nats_url, database_url) as ep:
             async with running(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
-                               settings=_settings(model)):
+                               settings=_settings(model)) as rt, maybe_panel(rt.ctx, panel_options):
                 console.print(f"novelbus up: all actors running (NATS {ep.nats_url}); Ctrl-C to stop")
                 await asyncio.Event().wait()
 
@@ -257,9 +273,7 @@ def novel_create(
         require_subagent_capable(model, home)  # fails closed, before anything is created
 
     async def go(ctx: Any) -> tuple[str, bool]:
-        novel_id = await store.create_novel(ctx.pool, nf)
-        if start:
-            await publish_notice(ctx, novel_id, reason="created")
+        novel_id = await actions.create(ctx, nf, start=start)
         return novel_id, not started_servers() and await _driver_listening(ctx)
 
     try:
@@ -294,25 +308,11 @@ async def _driver_listening(ctx: Any, *, tries: int = 5, every_s: float = 0.3) -
     return False
 
 
-def _steer(action: str) -> Any:
+def _steer(action: actions.SteerAction) -> Any:
     def command(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
                 namespace: NsOpt = "") -> None:
         async def go(ctx: Any) -> str:
-            if action == "pause":
-                changed = await store.pause_novel(ctx.pool, novel_id, "user-request")
-                if changed:
-                    await ctx.emit(ev.NovelPaused(novel_id=novel_id, reason="user-request"))
-            elif action == "stop":
-                changed = await store.pause_novel(ctx.pool, novel_id, "stopped")
-                await store.recover_claims(ctx.pool, novel_ids=[novel_id])
-                if changed:
-                    await ctx.emit(ev.NovelPaused(novel_id=novel_id, reason="stopped"))
-            else:
-                changed = await store.resume_novel(ctx.pool, novel_id)
-                if changed:
-                    await ctx.emit(ev.NovelResumed(novel_id=novel_id))
-                await publish_notice(ctx, novel_id, reason="resume")
-            novel = await store.get_novel(ctx.pool, novel_id)
+            novel = await actions.steer(ctx, novel_id, action)
             return f"{novel_id}: {novel.status}" + (f" ({novel.pause_reason})" if novel.pause_reason else "")
 
         try:
@@ -320,12 +320,11 @@ def _steer(action: str) -> Any:
         except store.StoreError as e:
             fail(f"{e.code}: {e}", code=2)
 
-    command.__doc__ = {"pause": "Pause a novel (user-request).", "resume": "Resume a paused novel.",
-                       "stop": "Stop a novel: pause it and return claimed units to prepared."}[action]
+    command.__doc__ = actions.STEER_HELP[action]
     return command
 
 
-for _action in ("pause", "resume", "stop"):
+for _action in actions.STEER_ACTIONS:
     novel_app.command(_action)(_steer(_action))
 
 
@@ -338,8 +337,7 @@ def novel_mode(novel_id: str, mode: Annotated[str, typer.Argument(help="inline |
         fail(f"unknown writer mode {mode!r}", hint="use inline or subagent", code=2)
 
     async def go(ctx: Any) -> None:
-        await store.set_writer_mode(ctx.pool, novel_id, mode)
-        await ctx.emit(ev.ModeSwitched(novel_id=novel_id, writer_mode=mode))
+        await actions.switch_mode(ctx, novel_id, mode)
 
     try:
         run(_with_ctx(home, nats_url, database_url, namespace, go))

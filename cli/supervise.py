@@ -18,11 +18,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from novelbus.actors.runtime import ACTOR_NAMES
 from novelbus.cli.common import console, servers
 from novelbus.infra._process import deathsig_preexec
+
+if TYPE_CHECKING:
+    from novelbus.panel.serve import PanelOptions
 
 STOP_GRACE_S = 10.0
 
@@ -191,7 +194,7 @@ class Supervisor:
 
 async def supervise(home: Path | None, nats_url: str | None, database_url: str | None, *, model: str,
                     namespace: str, claims_instances: int = 1, request_timeout_s: float | None = None,
-                    writer_timeout_s: float | None = None) -> None:
+                    writer_timeout_s: float | None = None, panel: PanelOptions | None = None) -> None:
     # A process killed while serving a request is noticed when the request times out: with the
     # offline writer nothing legitimately takes long, so its defaults are short (REL-1).
     offline = model == "offline"
@@ -208,6 +211,15 @@ async def supervise(home: Path | None, nats_url: str | None, database_url: str |
             await sup.start()
             console.print(f"novelbus up --processes: {len(sup.children)} actor processes "
                           f"({', '.join(sup.children)}; logs in {log_dir}); Ctrl-C to stop")
-            await sup.watch()
+            if panel is None:
+                await sup.watch()
+            else:
+                from novelbus.actors.runtime import connected
+                from novelbus.messages.subjects import Subjects
+                from novelbus.panel.serve import maybe_panel
+
+                async with connected(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
+                                     name="novelbus-panel") as ctx, maybe_panel(ctx, panel):
+                    await sup.watch()
         finally:
             await sup.stop()

@@ -1,0 +1,310 @@
+// novelbus web panel (OPS-2). Plain JavaScript, no dependencies, no CDN.
+// Pages are HTML shells; this fills them from /api/... and keeps them live with server-sent
+// events (EventSource resumes after a reconnect with Last-Event-ID = the last stream sequence).
+"use strict";
+
+(function () {
+  const body = document.body;
+  const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  const page = body.dataset.page;
+  const novelId = body.dataset.novel;
+  const SPLIT_LABELS = {
+    historyChars: "history", toolResultChars: "tool results", packChars: "brief / pack",
+    proseEchoChars: "prose echo",
+  };
+
+  // --- helpers ------------------------------------------------------------------------------
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+    for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    return node;
+  }
+  const num = (v) => (v === null || v === undefined ? "n/a" : Number(v).toLocaleString("en"));
+  const $ = (id) => document.getElementById(id);
+
+  async function api(path, options) {
+    const opts = Object.assign({ headers: {} }, options || {});
+    if (opts.method === "POST") opts.headers["X-CSRF-Token"] = csrf;
+    const res = await fetch(path, opts);
+    let data = null;
+    try { data = await res.json(); } catch (e) { data = null; }
+    return { ok: res.ok, status: res.status, data };
+  }
+
+  function throttle(fn, ms) {
+    let timer = null, again = false;
+    return function run() {
+      if (timer) { again = true; return; }
+      fn();
+      timer = setTimeout(() => { timer = null; if (again) { again = false; run(); } }, ms);
+    };
+  }
+
+  function live(url, onEvent) {
+    const source = new EventSource(url);
+    const badge = $("live");
+    badge.hidden = false;
+    source.addEventListener("ready", () => { badge.textContent = "live"; badge.className = "live on"; });
+    source.addEventListener("novel", (e) => {
+      let data = null;
+      try { data = JSON.parse(e.data); } catch (err) { return; }
+      onEvent(data, e.lastEventId);
+    });
+    source.onerror = () => { badge.textContent = "reconnecting"; badge.className = "live off"; };
+    return source;
+  }
+
+  function statusBadge(node, status, reason) {
+    node.textContent = status + (reason ? " · " + reason : "");
+    node.className = "badge " + status;
+  }
+
+  function lengthBar(length) {
+    const wrap = el("div", { class: "length" });
+    if (!length.band) {
+      wrap.append(el("span", {}, num(length.characters) + " characters (unbounded)"));
+      return wrap;
+    }
+    const [lo, hi] = length.band;
+    const max = Math.max(hi, length.characters);
+    wrap.append(el("meter", { min: 0, max, low: lo, high: hi, optimum: length.target,
+      value: length.characters, title: `band ${num(lo)}–${num(hi)}` }));
+    wrap.append(el("span", { class: "small" },
+      `${num(length.characters)} / band ${num(lo)}–${num(hi)} (target ${num(length.target)})`));
+    return wrap;
+  }
+
+  // --- novels page --------------------------------------------------------------------------
+  function novelsPage() {
+    const tbody = document.querySelector("#novels tbody");
+    async function load() {
+      const res = await api("/api/novels");
+      if (!res.ok) return;
+      tbody.replaceChildren(...res.data.map((n) => el("tr", { "data-novel": n.novelId },
+        el("td", {}, el("a", { href: "/novels/" + encodeURIComponent(n.novelId) }, n.novelId)),
+        el("td", {}, n.title),
+        el("td", {}, el("span", { class: "badge " + n.status }, n.status)),
+        el("td", {}, `${n.writerMode} / ${n.writerShape}`),
+        el("td", {}, el("progress", { max: Math.max(1, n.scenes), value: n.scenesDone }),
+          el("span", { class: "small" }, ` ${n.scenesDone}/${n.scenes}`)),
+        el("td", {}, lengthBar(n.length)),
+        el("td", { class: "pausewhy" }, n.pauseReason ? [el("b", {}, n.pauseReason),
+          n.pauseDetail ? " " + n.pauseDetail : ""] : ""),
+      )));
+      $("empty").hidden = res.data.length > 0;
+    }
+    load();
+    live("/api/events", throttle(load, 400));
+  }
+
+  // --- create page --------------------------------------------------------------------------
+  function createPage() {
+    const form = $("create");
+    const box = $("errors");
+    form.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      box.hidden = true;
+      box.replaceChildren();
+      $("text").removeAttribute("aria-invalid");
+      $("submit").disabled = true;
+      try {
+        const res = await api("/api/novels", { method: "POST", body: new FormData(form) });
+        if (res.status === 201) {
+          window.location.assign("/novels/" + encodeURIComponent(res.data.novelId));
+          return;
+        }
+        const errors = (res.data && res.data.errors) ||
+          [{ field: null, message: (res.data && res.data.error) || "HTTP " + res.status }];
+        box.append(el("p", {}, "Nothing was created. Fix these and try again:"));
+        box.append(el("ul", {}, errors.map((x) => el("li", { class: "field-error", "data-field": x.field || "" },
+          x.field ? el("code", {}, x.field) : null, x.field ? ": " : null, x.message))));
+        box.hidden = false;
+        $("text").setAttribute("aria-invalid", "true");
+      } finally {
+        $("submit").disabled = false;
+      }
+    });
+  }
+
+  // --- novel page ---------------------------------------------------------------------------
+  function novelPage() {
+    const base = "/api/novels/" + encodeURIComponent(novelId);
+    let current = null;
+    let chapterShown = null;
+
+    function flash(text, bad) {
+      const f = $("flash");
+      f.textContent = text;
+      f.className = "flash" + (bad ? " bad" : "");
+    }
+
+    function renderChapters(d) {
+      $("length").replaceChildren(lengthBar(d.length),
+        el("p", { class: "small" }, `scenes ${d.scenesDone}/${d.scenes} finished · ${num(d.commits)} commits`),
+        el("progress", { max: Math.max(1, d.scenes), value: d.scenesDone, id: "scene-progress" }));
+      $("chapters").replaceChildren(...d.chapters.map((c) => el("div", { class: "chapter" + (c.done ? " done" : "") },
+        el("div", { class: "chapter-head" }, el("b", {}, `${c.order}. ${c.title || c.chapterId}`),
+          el("span", { class: "small" }, ` ${num(c.characters)} chars`)),
+        el("div", { class: "scenes" }, c.scenes.map((s) => el("span", {
+          class: "scene " + s.state, title: `${s.sceneId}: ${s.state}, ${s.commits} commit(s), ${num(s.characters)} chars`,
+        }, s.sceneId))))));
+    }
+
+    function renderCounters(d) {
+      const rows = [
+        ["turns", `${num(d.counters.turns)} of ${num(d.budgets.maxTurns)}`],
+        ["writerRuns", num(d.counters.writerRuns) + " successful delegations"],
+        ["writer runs recorded", num(d.writerRunsTotal)],
+        ["writerOutputChars", num(d.counters.writerOutputChars) + " (all writer output, incl. retries)"],
+        ["consecutive failures", `${d.counters.consecutiveFailures} of ${d.budgets.consecutiveFailureLimit}`],
+        ["stall count", `${d.counters.stallCount} of ${d.budgets.stallThresholdTurns}`],
+        ["max duration", num(d.budgets.maxDurationMs / 1000) + " s"],
+        ["writer dispatch limit", d.budgets.writerDispatchLimit],
+        ["external retry", `${d.budgets.externalRetry.maxAttempts} × ${num(d.budgets.externalRetry.backoffMs)} ms`],
+        ["outline revision", d.outlineRevision || "—"],
+      ];
+      $("counters").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))));
+      $("inflight").textContent = d.inFlight.length
+        ? d.inFlight.map((u) => `${u.unitId} (${u.mode}, attempt ${u.attempt})`).join(", ") : "nothing";
+      $("runs").querySelector("tbody").replaceChildren(...d.writerRunsRecent.slice().reverse().map((r) =>
+        el("tr", { class: r.status }, el("td", {}, el("code", {}, r.runId)), el("td", {}, r.unitId),
+          el("td", {}, r.dispatch), el("td", {}, r.mode), el("td", {}, r.status), el("td", {}, r.reason || ""),
+          el("td", {}, num(r.outputChars)))));
+    }
+
+    function renderChart(usage) {
+      const samples = usage.recent, keys = usage.split;
+      const W = 760, H = 220, L = 56, B = 28, T = 10;
+      const chart = svg("svg", { viewBox: `0 0 ${W} ${H + 30}`, role: "img", class: "usage",
+        "aria-label": "raw input per turn, split into history, tool results, brief/pack and prose echo" });
+      const max = Math.max(1, ...samples.map((s) => keys.reduce((a, k) => a + (s[k] || 0), 0)));
+      const plotW = W - L - 8, plotH = H - B - T;
+      for (let i = 0; i <= 4; i++) {
+        const y = T + plotH - (plotH * i) / 4;
+        chart.append(svg("line", { x1: L, x2: W - 8, y1: y, y2: y, class: "grid" }));
+        chart.append(svg("text", { x: L - 6, y: y + 4, class: "axis", "text-anchor": "end" },
+          Math.round((max * i) / 4).toLocaleString("en")));
+      }
+      const n = Math.max(samples.length, 1), slot = plotW / Math.max(n, 10), bw = Math.max(2, slot * 0.7);
+      samples.forEach((s, i) => {
+        let y = T + plotH;
+        const x = L + i * slot + (slot - bw) / 2;
+        const g = svg("g", { class: "bar" });
+        keys.forEach((k, j) => {
+          const h = (plotH * (s[k] || 0)) / max;
+          y -= h;
+          g.append(svg("rect", { x, y, width: bw, height: Math.max(0, h), class: "s" + j }));
+        });
+        g.append(svg("title", {}, `turn ${s.turn} ${s.unitId} (${s.mode}): ` +
+          keys.map((k) => `${SPLIT_LABELS[k] || k} ${num(s[k] || 0)}`).join(", ")));
+        chart.append(g);
+      });
+      chart.append(svg("text", { x: L, y: H - 6, class: "axis" },
+        samples.length ? `turns ${samples[0].turn}–${samples[samples.length - 1].turn} (raw input characters)` : "no usage samples yet"));
+      let lx = L;
+      keys.forEach((k, j) => {
+        chart.append(svg("rect", { x: lx, y: H + 10, width: 12, height: 12, class: "s" + j }));
+        chart.append(svg("text", { x: lx + 16, y: H + 21, class: "axis" }, SPLIT_LABELS[k] || k));
+        lx += 150;
+      });
+      $("chart").replaceChildren(chart);
+      $("totals").textContent = Object.entries(usage.totals).map(([mode, t]) =>
+        `${mode}: ${num(t.samples)} turns, raw input ${num(t.inputChars)} chars, est. ${num(t.estInputTokens)} tokens, ` +
+        `split: ` + keys.map((k) => `${SPLIT_LABELS[k] || k} ${num(t[k] || 0)}`).join(", ")).join(" · ");
+    }
+
+    function renderChapterSelect(d) {
+      const select = $("chapter");
+      const have = Array.from(select.options).map((o) => o.value).join(",");
+      const want = d.chapters.map((c) => c.chapterId).join(",");
+      if (have !== want) {
+        select.replaceChildren(...d.chapters.map((c) => el("option", { value: c.chapterId },
+          `${c.order}. ${c.title || c.chapterId}`)));
+      }
+    }
+
+    async function loadProse() {
+      const chapterId = $("chapter").value;
+      if (!chapterId) return;
+      const res = await api(base + "/chapters/" + encodeURIComponent(chapterId));
+      if (!res.ok) return;
+      chapterShown = chapterId;
+      const parts = [el("h3", {}, res.data.title || res.data.chapterId)];
+      for (const s of res.data.scenes) {
+        for (const p of s.paragraphs) parts.push(el("p", {}, p));
+      }
+      if (parts.length === 1) parts.push(el("p", { class: "muted" }, "nothing committed in this chapter yet"));
+      $("prose").replaceChildren(...parts);
+    }
+
+    async function load() {
+      const res = await api(base);
+      if (!res.ok) { flash((res.data && res.data.error) || "could not load", true); return; }
+      const d = res.data;
+      current = d;
+      $("title").textContent = d.title;
+      statusBadge($("status"), d.status, d.pauseReason);
+      $("modeinfo").textContent = `writer mode ${d.writerMode} · shape ${d.writerShape}`;
+      const pause = $("pause");
+      pause.hidden = !d.pauseReason;
+      pause.textContent = d.pauseReason ? `Paused: ${d.pauseReason}${d.pauseDetail ? " — " + d.pauseDetail : ""}` : "";
+      $("btn-pause").disabled = d.status !== "active";
+      $("btn-stop").disabled = d.status === "finished";
+      $("btn-resume").disabled = d.status !== "paused";
+      if (document.activeElement !== $("mode")) $("mode").value = d.writerMode;
+      renderChapters(d);
+      renderCounters(d);
+      renderChart(d.usage);
+      renderChapterSelect(d);
+      if (chapterShown === null || chapterShown === $("chapter").value) loadProse();
+    }
+
+    const refresh = throttle(load, 300);
+    const feed = $("feed");
+    live(base + "/events", (e, seq) => {
+      const rest = Object.entries(e).filter(([k]) => k !== "type" && k !== "novelId")
+        .map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join(" ");
+      feed.prepend(el("li", { "data-seq": seq, class: "ev " + String(e.type).replace(/\./g, "-") },
+        el("span", { class: "seq" }, "#" + seq), " ", el("b", {}, e.type), " ", el("span", { class: "small" }, rest)));
+      while (feed.children.length > 200) feed.lastChild.remove();
+      refresh();
+    });
+
+    document.querySelectorAll("#controls button[data-action]").forEach((b) => {
+      b.addEventListener("click", async () => {
+        const res = await api(`${base}/${b.dataset.action}`, { method: "POST" });
+        flash(res.ok ? `${b.dataset.action}: ${res.data.status}${res.data.pauseReason ? " (" + res.data.pauseReason + ")" : ""}`
+          : (res.data && res.data.error) || "HTTP " + res.status, !res.ok);
+        load();
+      });
+    });
+    $("btn-mode").addEventListener("click", async () => {
+      const mode = $("mode").value;
+      const res = await api(base + "/mode", { method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ mode }) });
+      flash(res.ok ? `writer mode ${mode} from the next unit` : (res.data && res.data.error) || "HTTP " + res.status, !res.ok);
+      load();
+    });
+    $("chapter").addEventListener("change", loadProse);
+    load();
+  }
+
+  if (page === "novels") novelsPage();
+  else if (page === "create") createPage();
+  else if (page === "novel") novelPage();
+})();
