@@ -298,14 +298,13 @@ async def api_create(request: Request) -> Response:
     except Exception as e:  # noqa: BLE001 - a malformed multipart body
         return _invalid([{"field": "file", "message": f"the form could not be read: {e}"}])
     upload, text = form.get("file"), form.get("text")
-    raw: bytes = b""
     if isinstance(upload, UploadFile) and upload.filename:
         raw = await upload.read()
-    elif isinstance(text, str):
+    elif isinstance(text, str) and text.strip():
         raw = text.encode()
-    if not raw.strip():
-        return _invalid([{"field": "file", "message": "empty: paste the novel JSON or choose a file"}])
-    try:
+    else:
+        return _invalid([{"field": None, "message": "nothing given: paste the novel JSON or choose a file"}])
+    try:  # the CLI's reading and checks (`novelbus novel create`), so the messages are the same
         nf = parse_novel_file(raw)
     except OutlineError as e:
         return _invalid(field_errors(str(e)))
