@@ -41,7 +41,7 @@ async def _pause_detail(pool: Any, novel: store.NovelRow) -> str | None:
 
 async def novel_summary(pool: Any, novel: store.NovelRow) -> dict[str, Any]:
     """One row of the novels page: status, progress against the length band, why it paused."""
-    snap = await store.load_snapshot(pool, novel.novel_id)
+    snap = await store.load_snapshot(pool, novel.novel_id, prose=False)
     done, total = _scene_counts(snap)
     return {"novelId": novel.novel_id, "title": novel.title, "status": novel.status,
             "pauseReason": novel.pause_reason, "pauseDetail": await _pause_detail(pool, novel),
@@ -85,7 +85,7 @@ def _sample(s: dict[str, Any]) -> dict[str, Any]:
 async def novel_detail(pool: Any, novel_id: str) -> dict[str, Any]:
     """Everything the novel page shows except prose (raises store.NovelNotFound)."""
     novel = await store.get_novel(pool, novel_id)
-    snap = await store.load_snapshot(pool, novel_id)
+    snap = await store.load_snapshot(pool, novel_id, prose=False)
     done, total = _scene_counts(snap)
     claimed = [u for u in await store.list_units(pool, novel_id) if u.state == "claimed"]
     runs = await store.list_writer_runs(pool, novel_id)

@@ -73,6 +73,14 @@ async def test_ops2_create_pause_switch_resume_follow_to_finished_in_a_browser(
     paused_at = (await store.get_novel(pool, novel_id)).turns
     await page.screenshot(path=str(shots / "novel-paused.png"), full_page=True)
     assert paused_at < 24, "the novel finished before the pause could land"
+    # Meanwhile, in another tab, the novels page says it is paused, and why.
+    tab = await context.new_page()
+    await tab.goto(panel.url)
+    row = tab.locator(f'#novels tr[data-novel="{novel_id}"]')
+    await row.locator(".badge.paused").wait_for()
+    assert "user-request" in await row.locator(".pausewhy").inner_text()
+    await tab.screenshot(path=str(shots / "novels-paused.png"), full_page=True)
+    await tab.close()
 
     # --- resume and follow it live to finished ---------------------------------------------------
     await page.locator("#btn-resume").click()

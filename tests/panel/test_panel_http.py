@@ -159,6 +159,35 @@ async def test_ops2_a_token_guards_the_panel_and_logs_in_by_post(panel: Panel) -
         assert (await http(base + "api/novels", headers=session))[0] == 200
 
 
+async def test_ops2_the_novels_api_says_why_a_novel_paused(panel: Panel) -> None:
+    """A budget pause by the driver: reason and detail, as `status` shows them."""
+    nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+    budgets = nf.config.budgets.model_copy(update={"maxTurns": 2})
+    config = nf.config.model_copy(update={"writerMode": "inline", "budgets": budgets})
+    paused = asyncio.get_running_loop().create_future()
+
+    async def on_event(msg: Any) -> None:
+        if b'"novel.paused"' in msg.data and not paused.done():
+            paused.set_result(True)
+
+    ctx = panel.rt.ctx
+    sub = await ctx.nc.subscribe(ctx.subjects.events_of(None), cb=on_event)
+    try:
+        novel_id = await actions.create(ctx, nf.model_copy(update={"config": config}))
+        await asyncio.wait_for(paused, 60)
+    finally:
+        await sub.unsubscribe()
+    status, _, body = await http(panel.url + "api/novels")
+    (row,) = json.loads(body)
+    assert status == 200 and row["novelId"] == novel_id and row["status"] == "paused"
+    assert (row["pauseReason"], row["pauseDetail"]) == ("budget", "maxTurns 2 reached")
+    assert row["scenesDone"] == 2 and row["scenes"] == 9 and row["length"]["band"] == [6300, 11700]
+    status, _, body = await http(f"{panel.url}api/novels/{novel_id}")
+    detail = json.loads(body)
+    assert [s["state"] for s in detail["chapters"][0]["scenes"]] == ["done", "done", "pending"]
+    assert len(detail["usage"]["recent"]) == 2 and detail["counters"]["turns"] == 2
+
+
 def test_ops2_create_errors_name_the_field() -> None:
     assert field_errors("outline: Value error, scenes[0].participants: unknown character 'x'") == [
         {"field": "outline.scenes[0].participants", "message": "unknown character 'x'"}]
