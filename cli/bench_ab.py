@@ -33,7 +33,7 @@ from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import running
 from novelbus.bus.codec import decode
 from novelbus.cli.bench import bench_app
-from novelbus.cli.common import err_console, fail, home_dir, print_json, run, servers
+from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.generate import generate_novel_file
@@ -66,8 +66,9 @@ def novel_dict(chapters: int, scenes: int, *, seed: int, unit_chars: int, cjk: b
 
 
 async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float, label: str,
-                      quiet: bool = False) -> tuple[str, float]:
-    """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds)."""
+                      quiet: bool = False, live: bool = True) -> tuple[str, float]:
+    """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds).
+    Progress: a live bar on a terminal (`live`), else a line every 10 units on stderr (not `quiet`)."""
     try:
         nf = parse_novel_file(json.dumps(data, ensure_ascii=False))
     except OutlineError as e:
@@ -76,6 +77,7 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
     total = len(nf.outline.scenes)
     done: asyncio.Future[ev.NovelEvent] = asyncio.get_running_loop().create_future()
     committed = 0
+    bar = Bar()
 
     async def on_event(msg: Any) -> None:
         nonlocal committed
@@ -85,7 +87,8 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
             return
         if isinstance(e, ev.UnitCommitted):
             committed += 1
-            if not quiet and (committed % 10 == 0 or committed == total):
+            bar.update(committed)
+            if not quiet and not bar.live and (committed % 10 == 0 or committed == total):
                 err_console.print(f"[dim]  {label}: {committed}/{total} units[/]")
         elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
             done.set_result(e)
@@ -93,8 +96,9 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
     sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
     started = time.monotonic()
     try:
-        await publish_notice(ctx, novel_id, reason="bench")
-        final = await asyncio.wait_for(done, timeout)
+        with progress(f"{label}: units", total, enabled=live and not quiet) as bar:
+            await publish_notice(ctx, novel_id, reason="bench")
+            final = await asyncio.wait_for(done, timeout)
     except TimeoutError:
         with contextlib.suppress(Exception):
             await store.pause_novel(ctx.pool, novel_id, "stopped")
@@ -217,8 +221,9 @@ def _mark(ok: bool) -> str:
     return "[green]✔[/]" if ok else "[red]✘[/]"
 
 
-def write_curve(path_base: Path, results: list[ModeResult]) -> tuple[Path, Path]:
-    """The per-unit input curve: a CSV (one row per unit index) and a PNG plot (Agg backend)."""
+def write_curve(path_base: Path, results: list[ModeResult]) -> tuple[Path, Path | None]:
+    """The per-unit input curve: a CSV (one row per unit index) and, with the `plot` extra
+    (matplotlib), a PNG plot (Agg backend)."""
     path_base.parent.mkdir(parents=True, exist_ok=True)
     csv_path, png_path = path_base.with_suffix(".csv"), path_base.with_suffix(".png")
     rows = max(len(r.units) for r in results)
@@ -238,7 +243,12 @@ def write_curve(path_base: Path, results: list[ModeResult]) -> tuple[Path, Path]
                     line += ["", "", "", ""]
             w.writerow(line)
 
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # an optional extra: the CSV holds the same figures
+        err_console.print("[yellow]note:[/] no plot drawn: matplotlib is not installed; "
+                          "`pip install 'novelbus\\[plot]'` adds it (the CSV holds the same curve)")
+        return csv_path, None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -334,7 +344,8 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                     data = novel_dict(n_chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk, mode=mode,
                                       label=f"bench ab {label}")
                     err_console.print(f"[dim]{label}: {n_chapters} chapters × {scenes} scenes in {mode} mode[/]")
-                    novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label)
+                    novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label,
+                                                          live=not as_json)
                     results[label] = await measure(ctx, label, mode, novel_id, seconds)
             finally:
                 await drop_namespace_streams(ctx)
@@ -347,7 +358,8 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
     if not as_json:
         print_table(inline, sub, flat, ratio, ratio_chars, provider, compact_tokens)
         console.print(f"curve: {csv_path}")
-        console.print(f"plot:  {png_path}")
+        if png_path is not None:
+            console.print(f"plot:  {png_path}")
     report: dict[str, Any] = {
         "units": len(inline.units),
         "inline_input_tokens": inline.input_tokens,
@@ -373,7 +385,7 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         "targets": {"ratio": TARGET_RATIO, "ratio_aim": AIM_RATIO, "w2_peak_tokens": TARGET_W2_PEAK_TOKENS,
                     "flat": TARGET_FLAT},
         "csv": str(csv_path),
-        "png": str(png_path),
+        "png": None if png_path is None else str(png_path),
         "seconds": round(time.monotonic() - started, 1),
     }
     if flat is not None:

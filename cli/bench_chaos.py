@@ -43,6 +43,7 @@ from novelbus.actors.runtime import connected
 from novelbus.bus.codec import decode
 from novelbus.cli.bench import bench_app
 from novelbus.cli.common import err_console, fail, run, servers
+from novelbus.cli.common import progress as progress_bar
 from novelbus.cli.supervise import Supervisor
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
@@ -103,9 +104,10 @@ async def run_chaos(
     nats_url: str, database_url: str, *, units: int = 30, kills: int = 20, seed: int = 1,
     claims_instances: int = 2, timeout: float = 300.0, namespace: str | None = None,
     min_gap_s: float = 0.1, max_gap_s: float = 0.6, request_timeout_s: float = 5.0, writer_timeout_s: float = 10.0,
-    keep_logs: bool = False, progress: Any = None,
+    keep_logs: bool = False, progress: Any = None, on_commit: Any = None,
 ) -> ChaosResult:
-    """Run one chaos experiment and return its figures (see the module docstring)."""
+    """Run one chaos experiment and return its figures (see the module docstring). `progress` gets
+    log lines; `on_commit(n)` the count of commits (for a live bar)."""
     say = progress or (lambda line: None)
     rng = random.Random(seed)
     subjects = Subjects(namespace or f"chaos{secrets.token_hex(4)}.")
@@ -132,7 +134,10 @@ async def run_chaos(
                     claimed.set()
                 elif isinstance(e, ev.UnitCommitted):
                     commits += 1
-                    say(f"  commit {commits}/{units}: {e.unit_id} ({e.commit_id})")
+                    if on_commit is not None:
+                        on_commit(commits)
+                    else:
+                        say(f"  commit {commits}/{units}: {e.unit_id} ({e.commit_id})")
                 elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
                     done.set_result(e)
 
@@ -267,9 +272,11 @@ def chaos(
 
     async def main() -> ChaosResult:
         async with servers(home, nats_url, database_url, announce=not as_json) as ep:
-            return await run_chaos(ep.nats_url, ep.database_url, units=units, kills=kills, seed=seed,
-                                   claims_instances=claims_instances, timeout=timeout, keep_logs=keep_logs,
-                                   progress=progress)
+            # On a terminal a live bar counts the commits (OPS-4); the kills are still logged.
+            with progress_bar("chaos: commits", units, enabled=not as_json) as bar:
+                return await run_chaos(ep.nats_url, ep.database_url, units=units, kills=kills, seed=seed,
+                                       claims_instances=claims_instances, timeout=timeout, keep_logs=keep_logs,
+                                       progress=progress, on_commit=bar.update if bar.live else None)
 
     try:
         r = run(main())

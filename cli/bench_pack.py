@@ -39,7 +39,8 @@ import typer
 
 from novelbus import store
 from novelbus.cli.bench import bench_app
-from novelbus.cli.common import err_console, fail, print_json, run
+from novelbus.cli.common import Bar, err_console, fail, print_json, run
+from novelbus.cli.common import progress as progress_bar
 from novelbus.novel.body import CommitBody
 from novelbus.novel.context import assemble_context
 from novelbus.novel.generate import generate_novel_file
@@ -189,7 +190,7 @@ def _verdicts(r: dict[str, Any]) -> dict[str, bool]:
 
 
 async def run_bench(database_url: str | None, *, units: int, chapters: int, seed: int, repeats: int,
-                    quiet: bool) -> dict[str, Any]:
+                    quiet: bool, live: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     variants: dict[str, dict[str, Any]] = {}
     async with private_database(database_url) as dsn:
@@ -197,12 +198,14 @@ async def run_bench(database_url: str | None, *, units: int, chapters: int, seed
         try:
             await store.migrate(pool)
             for name, cjk in (("latin", False), ("cjk", True)):
-                def progress(n: int, name: str = name) -> None:
-                    if not quiet and (n % 10 == 0 or n == units):
-                        err_console.print(f"[dim]{name}: {n}/{units} units[/]")
+                with progress_bar(f"{name}: units", units, enabled=live) as bar:
+                    def step(n: int, name: str = name, bar: Bar = bar) -> None:
+                        bar.update(n)
+                        if not quiet and not bar.live and (n % 10 == 0 or n == units):
+                            err_console.print(f"[dim]{name}: {n}/{units} units[/]")
 
-                variants[name] = await bench_variant(pool, cjk=cjk, units=units, chapters=chapters, seed=seed,
-                                                     repeats=repeats, progress=progress)
+                    variants[name] = await bench_variant(pool, cjk=cjk, units=units, chapters=chapters,
+                                                         seed=seed, repeats=repeats, progress=step)
         finally:
             await pool.close()
     keys = ("trimmed_tokens_max", "trimmed_tokens_p50", "full_tokens_max", "full_tokens_p50",
@@ -271,7 +274,7 @@ def pack(
     if units % chapters:
         fail(f"--units {units} is not a multiple of --chapters {chapters}", code=2)
     result = run(run_bench(database_url, units=units, chapters=chapters, seed=seed, repeats=repeats,
-                           quiet=as_json))
+                           quiet=as_json, live=not as_json))
     if as_json:
         print_json(result)
     else:

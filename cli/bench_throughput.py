@@ -64,7 +64,7 @@ from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
 from novelbus.cli.bench import bench_app
 from novelbus.cli.bench_ab import drop_namespace_streams, ledger, novel_dict
-from novelbus.cli.common import err_console, fail, home_dir, print_json, run, servers
+from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file
 
@@ -168,7 +168,7 @@ async def unit_timings(ctx: ActorContext, novel_id: str) -> list[UnitTiming]:
 
 
 async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout: float,
-                     label: str) -> tuple[list[str], float]:
+                     label: str, live: bool = False) -> tuple[list[str], float]:
     """Create novels, publish their first notices together, wait until all finished."""
     ids = [await store.create_novel(ctx.pool, parse_novel_file(json.dumps(data))) for data in datas]
     pending = set(ids)
@@ -179,6 +179,7 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
         novel_id = msg.subject[len(ctx.subjects.namespace):].split(".")[2]
         if novel_id in pending:
             pending.discard(novel_id)
+            bar.update(len(ids) - len(pending))
             if msg.subject.endswith(".novel.paused"):
                 failed.append(novel_id)
             if not pending:
@@ -187,10 +188,12 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
     subs = [await ctx.nc.subscribe(ctx.subjects.event("*", t), cb=on_event)
             for t in ("novel.finished", "novel.paused")]
     started = time.monotonic()
+    bar = Bar()
     try:
         await asyncio.gather(*(publish_notice(ctx, i, reason="bench") for i in ids))
         try:
-            await asyncio.wait_for(done.wait(), timeout)
+            with progress(f"{label}: novels finished", len(ids), enabled=live) as bar:
+                await asyncio.wait_for(done.wait(), timeout)
         except TimeoutError:
             for novel_id in pending:
                 with contextlib.suppress(Exception):
@@ -208,11 +211,11 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
 
 
 async def phase(ctx: ActorContext, name: str, novels: int, chapters: int, scenes: int, unit_chars: int,
-                seed: int, timeout: float) -> PhaseResult:
+                seed: int, timeout: float, live: bool = False) -> PhaseResult:
     datas = [novel_dict(chapters, scenes, seed=seed + i, unit_chars=unit_chars, cjk=False, mode="subagent",
                         label=f"bench throughput {name} {i + 1}") for i in range(novels)]
     err_console.print(f"[dim]{name}: {novels} novel(s) × {chapters * scenes} units[/]")
-    ids, seconds = await write_many(ctx, datas, timeout=timeout, label=name)
+    ids, seconds = await write_many(ctx, datas, timeout=timeout, label=name, live=live)
     result = PhaseResult(name=name, novels=novels, units=novels * chapters * scenes, seconds=seconds)
     for novel_id in ids:
         result.timings.extend(await unit_timings(ctx, novel_id))
@@ -409,7 +412,7 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
 
 async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, latency_units: int,
                 processes: bool, seed: int, timeout: float, home: Path | None, nats_url: str | None,
-                database_url: str | None) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts]:
+                database_url: str | None, live: bool = False) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts]:
     deploy = "processes" if processes else "one-process"
     async with servers(home, nats_url, database_url) as ep:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
@@ -420,12 +423,12 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 await measure_floor(ctx, floor)  # PERF-1: before and after the latency phase
                 lat_chapters = max(1, math.ceil(latency_units / scenes))
                 counted, stored = tally.snapshot(), await stream_messages(ctx)
-                latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout)
+                latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout, live)
                 counts = Counts(
                     per_unit=None if processes else tally.per_unit(counted, tally.snapshot(), latency.units),
                     stream_messages_per_unit=round((await stream_messages(ctx) - stored) / latency.units, 2))
                 await measure_floor(ctx, floor)
-                load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout)
+                load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout, live)
             finally:
                 await drop_namespace_streams(ctx)
     return deploy, latency, load, floor, counts
@@ -460,7 +463,7 @@ def bench_throughput(
         deploy, latency, load, floor, counts = run(bench(novels=novels, chapters=chapters, scenes=scenes, unit_chars=unit_chars,
                                           latency_units=latency_units, processes=processes, seed=seed,
                                           timeout=timeout, home=home, nats_url=nats_url,
-                                          database_url=database_url))
+                                          database_url=database_url, live=not as_json))
     except (RuntimeError, ValueError, TimeoutError) as e:
         fail(str(e))
     if not as_json:

@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -135,6 +135,48 @@ async def servers(home: Path | None, nats_url: str | None, database_url: str | N
             yield ep
         finally:
             clear_endpoints(h)
+
+
+class Bar:
+    """One line of live progress (OPS-4). `live` is False when nothing is drawn (stdout is not a
+    terminal, or the command prints JSON): callers then print what they printed before, if anything."""
+
+    def __init__(self, progress: Any = None, task: Any = None) -> None:
+        self._progress, self._task = progress, task
+        self.live = progress is not None
+
+    def update(self, completed: float | None = None, *, total: float | None = None, note: str | None = None,
+               advance: float | None = None) -> None:
+        if self._progress is None:
+            return
+        fields: dict[str, Any] = {}
+        if note is not None:
+            fields["note"] = note
+        self._progress.update(self._task, completed=completed, total=total, advance=advance, **fields)
+
+
+@contextlib.contextmanager
+def progress(description: str, total: float | None = None, *, enabled: bool = True) -> Iterator[Bar]:
+    """A Rich progress bar (or a spinner when `total` is None) with elapsed time, on stdout when it
+    is a terminal; removed when done. Piped or `--json` output gets nothing extra (OPS-4)."""
+    if not (enabled and console.is_terminal):
+        yield Bar()
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total is not None:
+        columns += [BarColumn(), MofNCompleteColumn()]
+    columns += [TimeElapsedColumn(), TextColumn("[dim]{task.fields[note]}")]
+    with Progress(*columns, console=console, transient=True) as p:
+        yield Bar(p, p.add_task(description, total=total, note=""))
 
 
 def print_json(obj: Any) -> None:

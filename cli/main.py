@@ -26,11 +26,13 @@ from novelbus.bus.codec import decode
 from novelbus.cli import actions
 from novelbus.cli.bench import bench_app
 from novelbus.cli.common import (
+    Bar,
     console,
     err_console,
     fail,
     home_dir,
     print_json,
+    progress,
     run,
     servers,
     started_servers,
@@ -103,17 +105,28 @@ def demo(
 
 
 async def _watch_until_done(ctx: Any, novel_id: str, scenes: int, timeout: float, *, publish: bool) -> bool:
-    """Follow the novel's events live and print one line per unit (OPS-4)."""
+    """Follow the novel's events live and print one line per unit; on a terminal a live bar shows
+    the unit in flight, its dispatch and tool calls, and the time so far (OPS-4)."""
     done = asyncio.get_running_loop().create_future()
-    counts = {"committed": 0}
+    counts = {"committed": 0, "tools": 0}
+    bar = Bar()
 
     async def on_event(msg: Any) -> None:
         try:
             e = decode(msg.data, ev.NovelEvent)
         except Exception:  # noqa: BLE001
             return
+        if isinstance(e, ev.UnitClaimed):
+            counts["tools"] = 0
+            bar.update(note=f"{e.unit_id}: claimed (attempt {e.attempt}, {e.mode})")
+        elif isinstance(e, ev.WriterDispatched):
+            bar.update(note=f"{e.unit_id}: writing (dispatch {e.dispatch})")
+        elif isinstance(e, ev.ToolStarted):
+            counts["tools"] += 1
+            bar.update(note=f"{e.tool} (tool call {counts['tools']})")
         if isinstance(e, ev.UnitCommitted):
             counts["committed"] += 1
+            bar.update(counts["committed"])
             console.print(f"  [green]✔[/] {e.unit_id:<14} {e.commit_id:<10} +{e.effective_characters:>5} chars "
                           f"(total {e.total_characters:,})  [{counts['committed']}/{scenes}]")
         elif isinstance(e, ev.UnitFailed):
@@ -128,9 +141,10 @@ async def _watch_until_done(ctx: Any, novel_id: str, scenes: int, timeout: float
 
     sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
     try:
-        if publish:
-            await publish_notice(ctx, novel_id, reason="demo")
-        return bool(await asyncio.wait_for(done, timeout))
+        with progress("writing", scenes) as bar:
+            if publish:
+                await publish_notice(ctx, novel_id, reason="demo")
+            return bool(await asyncio.wait_for(done, timeout))
     except TimeoutError:
         err_console.print(f"[red]the novel did not finish within {timeout:.0f} s[/]")
         return False

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from novelbus.cli.common import console, err_console, fail, home_dir, print_json, run
+from novelbus.cli.common import Bar, console, err_console, fail, home_dir, print_json, progress, run
 from novelbus.writers.probe import PROBE_IDS, REQUIRED_FOR_SUBAGENT, ProbeReport, run_probes
 from novelbus.writers.provider import (
     ENV_BASE_URL,
@@ -87,7 +87,25 @@ def cached_report(home: Path | None, model: str, *, max_age_s: float = CACHE_TTL
         return None
 
 
-def probe_model(model: str, *, timeout: float = 600.0) -> ProbeReport:
+def _count_model_calls(provider: Any, bar: Bar) -> None:
+    """Show each model reply on the live bar (OPS-4): a real model takes minutes for P1–P5."""
+    inner = provider.complete
+    calls = 0
+
+    async def complete(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        reply = await inner(*args, **kwargs)
+        calls += 1
+        bar.update(note=f"{calls} model repl{'y' if calls == 1 else 'ies'}")
+        return reply
+
+    try:
+        provider.complete = complete
+    except AttributeError:  # a provider that cannot be wrapped still gets the spinner
+        pass
+
+
+def probe_model(model: str, *, timeout: float = 600.0, live: bool = True) -> ProbeReport:
     """Build the provider for `model` and probe it (configuration errors exit with code 2)."""
     try:
         provider = make_provider(model)
@@ -97,7 +115,10 @@ def probe_model(model: str, *, timeout: float = 600.0) -> ProbeReport:
 
     async def go() -> ProbeReport:
         try:
-            return await run_probes(provider, model=model, writer_timeout_s=timeout)
+            with progress(f"probing {escape(provider.label)}", enabled=live) as bar:
+                if bar.live:
+                    _count_model_calls(provider, bar)
+                return await run_probes(provider, model=model, writer_timeout_s=timeout)
         finally:
             close = getattr(provider, "aclose", None)
             if close is not None:
@@ -132,7 +153,7 @@ def probe(
 ) -> None:
     """Probe a writer model: P1–P5 with evidence (SPEC §13); exit 1 unless P1–P3 pass."""
     started = time.monotonic()
-    report = probe_model(model, timeout=timeout)
+    report = probe_model(model, timeout=timeout, live=not as_json)
     save_report(home, report)
     if as_json:
         print_json(report.to_json())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -321,3 +322,116 @@ async def test_ops5_long_titles_are_cut_to_one_line_in_list_and_status(stack: Ru
     code, out, _ = await novelbus("status", novel_id, *_flags(stack, nats_url))
     title = next(li for li in out.splitlines() if li.startswith("title"))
     assert code == 0 and len(title) < 200 and title.endswith("…")
+
+
+# --- optional plot ------------------------------------------------------------------------------
+def test_ops5_matplotlib_is_an_optional_extra() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("matplotlib") for d in project["dependencies"])
+    assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["plot"])
+
+
+async def test_ops5_bench_ab_without_matplotlib_writes_the_csv_and_says_how_to_plot(
+        nats_url: str, new_database: Any, tmp_path: Path) -> None:
+    """Without the `plot` extra, `bench ab` still runs: the CSV is written, the PNG is skipped with
+    a word on how to get it, `--json` says `"png": null`."""
+    without = "import sys; sys.modules['matplotlib'] = None; from novelbus.cli.main import app; app()"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", without, "bench", "ab", "--chapters", "1", "--scenes", "2", "--unit-chars", "400",
+        "--json", "--nats-url", nats_url, "--database-url", await new_database(), "--out", str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO, env=_env())
+    out, err = await asyncio.wait_for(proc.communicate(), 240)
+    assert proc.returncode == 0, err.decode()
+    report = json.loads(out)
+    assert report["png"] is None and Path(report["csv"]).exists()
+    assert not list(tmp_path.glob("*.png"))
+    assert "matplotlib is not installed" in err.decode() and "novelbus[plot]" in err.decode()
+
+
+# --- progress on a terminal (OPS-4) -------------------------------------------------------------
+BAR = "━"  # Rich draws its bars with it; none of our plain output uses it
+CURSOR_HIDE = "\x1b[?25l"  # a live display hides the cursor while it draws
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int, str]:
+    """Run the CLI with stdout on a pseudo-terminal (as a user's shell has it); all it drew."""
+    import pty
+    import subprocess
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "novelbus.cli.main", *args], stdout=slave,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=REPO,
+                            env={**env, "TERM": "xterm-256color"})
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            assert time.monotonic() < deadline, "the command did not finish"
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=60)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, b"".join(chunks).decode(errors="replace")
+
+
+async def test_ops4_demo_shows_live_progress_on_a_terminal_and_none_when_piped(
+        nats_url: str, new_database: Any, tmp_path: Path) -> None:
+    """`demo` (with a real model it takes minutes) draws a live bar with the unit in flight on a
+    terminal; piped, its output is the same plain lines as before."""
+    flags = ["--nats-url", nats_url, "--database-url", await new_database(), "--namespace", "t-demo1.",
+             "--out", str(tmp_path)]
+    code, drawn = await asyncio.to_thread(_on_a_terminal, ["demo", *flags], _env())
+    assert code == 0, drawn[-2000:]
+    assert BAR in drawn and CURSOR_HIDE in drawn and "writing" in drawn and "/9" in drawn
+    assert "finished in" in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn)
+
+    flags = ["--nats-url", nats_url, "--database-url", await new_database(), "--namespace", "t-demo2.",
+             "--out", str(tmp_path)]
+    code, out, _ = await novelbus("demo", *flags, timeout=300)
+    assert code == 0 and "finished in" in out
+    assert BAR not in out and "\x1b[" not in out
+
+
+async def test_ops4_probe_shows_a_spinner_on_a_terminal_but_json_stays_json(tmp_path: Path) -> None:
+    code, drawn = await asyncio.to_thread(_on_a_terminal, ["probe", "--home", str(tmp_path)], _env())
+    assert code == 0, drawn[-2000:]
+    assert CURSOR_HIDE in drawn and "probing offline" in drawn and "model repl" in drawn
+    code, drawn = await asyncio.to_thread(_on_a_terminal, ["probe", "--json", "--home", str(tmp_path)], _env())
+    assert code == 0 and CURSOR_HIDE not in drawn
+    assert set(json.loads(drawn)) >= {"P1", "P2", "P3", "P4", "P5"}
+
+
+async def test_ops4_benches_show_progress_on_a_terminal_and_none_in_json(
+        nats_url: str, new_database: Any, pg_admin_dsn: str, tmp_path: Path) -> None:
+    """`bench pack`, `bench ab` and `bench throughput` draw live bars on a terminal; `--json` on a
+    terminal prints one JSON object and nothing else."""
+    pack = ["bench", "pack", "--units", "10", "--chapters", "2", "--repeats", "1", "--database-url", pg_admin_dsn]
+    code, drawn = await asyncio.to_thread(_on_a_terminal, pack, _env())
+    assert code in (0, 1), drawn[-2000:]  # a missed target exits 1; the progress is what is checked
+    assert BAR in drawn and "latin: units" in drawn and "cjk: units" in drawn
+    code, drawn = await asyncio.to_thread(_on_a_terminal, [*pack, "--json"], _env())
+    assert BAR not in drawn and CURSOR_HIDE not in drawn and isinstance(json.loads(drawn), dict)
+
+    ab = ["bench", "ab", "--chapters", "1", "--scenes", "2", "--unit-chars", "400", "--out", str(tmp_path),
+          "--nats-url", nats_url, "--database-url", await new_database()]
+    code, drawn = await asyncio.to_thread(_on_a_terminal, ab, _env())
+    assert BAR in drawn and "inline: units" in drawn and "subagent: units" in drawn, drawn[-2000:]
+
+    tp = ["bench", "throughput", "--novels", "2", "--chapters", "1", "--scenes", "2", "--latency-units", "2",
+          "--nats-url", nats_url, "--database-url", await new_database()]
+    code, drawn = await asyncio.to_thread(_on_a_terminal, tp, _env())
+    assert BAR in drawn and "load: novels finished" in drawn, drawn[-2000:]
+    code, drawn = await asyncio.to_thread(_on_a_terminal, [*tp, "--json"], _env())
+    assert code == 0 and BAR not in drawn and CURSOR_HIDE not in drawn and "units_per_s" in json.loads(drawn)
