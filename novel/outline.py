@@ -250,7 +250,7 @@ def _field_length(value: str | list[str] | None) -> int:
 
 
 def field_limit_errors(nf: NovelFile) -> list[str]:
-    """Every field over its SPEC §7 limit, as `path: N characters; at most L …`."""
+    """Every field over its SPEC §7 limit, as `path: N characters, over the limit of L …`."""
     found: list[tuple[str, str | list[str] | None, int]] = [("title", nf.title, STORY_FIELD_LIMIT)]
     st = nf.outline.story
     found += [(f"outline.story.{k}", getattr(st, k), STORY_FIELD_LIMIT)
@@ -264,7 +264,7 @@ def field_limit_errors(nf: NovelFile) -> list[str]:
                             "continuationAnchor")]
     for i, f in enumerate(nf.outline.foreshadowing):
         found.append((f"outline.foreshadowing[{i}].description", f.description, FORESHADOWING_LIMIT))
-    return [f"{path}: {_field_length(value):,} characters; at most {limit:,} (the writer pack's "
+    return [f"{path}: {_field_length(value):,} characters, over the limit of {limit:,} (the writer pack's "
             f"per-field limit, SPEC §7)" for path, value, limit in found if _field_length(value) > limit]
 
 
@@ -311,7 +311,7 @@ def describe_validation_error(err: ValidationError) -> str:
     lines = []
     if layers:
         # The outline's layers given at the top level of the file: one message, not one per layer.
-        lines.append(f"{', '.join(layers)}: not fields of a novel file; the outline layers belong under "
+        lines.append(f"{', '.join(layers)}: not fields of a novel file, the outline layers belong under "
                      f'"outline", as in {{"title": …, "config": …, "outline": {{"story": …, "chapters": […], …}}}}')
     for e in errors:
         if layers and ((e["type"] == "extra_forbidden" and len(e["loc"]) == 1 and str(e["loc"][0]) in layers)

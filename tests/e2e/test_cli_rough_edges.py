@@ -241,8 +241,9 @@ async def test_ops5_create_refuses_fields_over_the_pack_limits(stack: Runtime, n
     path = _write(tmp_path, "long.json", data)
     code, _, err = await novelbus("novel", "create", str(path), *_flags(stack, nats_url))
     assert code == 2
-    assert "title: 100,000 characters; at most 400" in err
-    assert "outline.scenes[2].goal: 301 characters; at most 300" in err
+    assert "title: 100,000 characters, over the limit of 400" in err
+    assert "outline.scenes[2].goal: 301 characters, over the limit of 300" in err
+    assert len(err.split("; ")) == 2  # one item per field: `path: what is wrong`
     assert "A" * 100 not in err  # the field is named, not printed
     assert await store.list_novels(stack.ctx.pool) == []
 
@@ -273,7 +274,7 @@ def _bad_chapter_id() -> dict[str, Any]:
 @pytest.mark.parametrize(("content", "expected", "not_expected"), [
     (_relations_as_strings, ['outline.characters[0].relations[0]: expected an object {"characterId": …, '
                              '"description": …}, got a string'], ["Mira's brother"]),
-    (_top_level_layers, ['story, chapters, scenes, characters, lore, foreshadowing: not fields of a novel file; '
+    (_top_level_layers, ['story, chapters, scenes, characters, lore, foreshadowing: not fields of a novel file, '
                          'the outline layers belong under "outline"'], ["Extra inputs", "Field required"]),
     (lambda: "", ["the file is empty"], ["line 1 column 1"]),
     (lambda: " \n", ["the file is empty"], ["line 1 column 1"]),
