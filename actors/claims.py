@@ -111,7 +111,9 @@ class ClaimManager(ServiceActor):
         novel = await store.get_novel(self.ctx.pool, req.novel_id)
         try:
             claim = await store.claim_unit(self.ctx.pool, req.novel_id, req.unit_id, req.intent_id,
-                                           mode=req.mode, claimed_by=self.state.instance)
+                                           mode=req.mode, claimed_by=self.state.instance,
+                                           expected_revision=req.outline_revision,
+                                           expected_watermark=req.requirement_watermark)
         except (store.UnitNotClaimable, store.UnitInFlight):
             # REL-2: a retried ClaimUnit whose first reply was lost gets the same delegation.
             for d in self.state.delegations.values():

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import asyncpg
+import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from novelbus import store
 from novelbus.actors.context import ActorContext
+from novelbus.actors.steering import Steering
 from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.bus.codec import MessageError, decode, encode
@@ -41,10 +43,12 @@ from novelbus.novel.next_work import (
     Finish,
     Inactive,
     InFlight,
+    RequirementConflict,
     WriteUnit,
     completed_chapters,
     next_work,
 )
+from novelbus.novel.planning import outline_request
 from novelbus.novel.snapshot import NovelSnapshot
 
 log = logging.getLogger(__name__)
@@ -112,6 +116,9 @@ class Driver:
         self._slots = asyncio.Semaphore(max_parallel_novels)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        # PLAN-1..5: the driver serves steering commands (revisions, config, directives)
+        self.steering = Steering(ctx, self.state.locks,
+                                 lambda novel_id, reason: publish_notice(ctx, novel_id, reason=reason))
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,11 +127,14 @@ class Driver:
         self._psub = await self.ctx.js.pull_subscribe(s.work_all, durable=cfg.durable_name, stream=s.work_stream,
                                                       config=cfg)
         await self.resume_active_novels()
+        await self.steering.service.start()
         self._loop_task = asyncio.create_task(self._pull_loop(), name="driver-pull")
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="driver-sweep")
 
     async def stop(self) -> None:
         self.state.running = False
+        with contextlib.suppress(Exception):
+            await self.steering.service.stop()
         for task in (self._loop_task, self._sweeper):
             if task is not None:
                 task.cancel()
@@ -290,7 +300,15 @@ class Driver:
         if isinstance(decision, (Inactive, InFlight)):
             return  # paused/finished, or another flow holds the unit
         if isinstance(decision, AwaitOutline):
-            await self.pause(snapshot.novel_id, "awaiting-outline", decision.reason)
+            # PLAN-2: planning needed is a conversation: whoever plans is asked, with why.
+            if await self.pause(snapshot.novel_id, "awaiting-outline", decision.reason):
+                request = outline_request(snapshot, decision)
+                await self.ctx.emit(ev.OutlineRequested(novel_id=snapshot.novel_id,
+                                                        **msgspec.structs.asdict(request)))
+            return
+        if isinstance(decision, RequirementConflict):
+            await self.pause(snapshot.novel_id, "requirement-conflict",
+                             f"{decision.blocked} requirement(s) blocked")
             return
         if isinstance(decision, Blocked):
             await self.pause(snapshot.novel_id, "awaiting-approval", "; ".join(decision.violations))
@@ -324,9 +342,11 @@ class Driver:
                                                   scene_id=scene_id, reason=reason))
         return await store.load_snapshot(pool, novel_id, prose=False) if changed else snapshot
 
-    async def pause(self, novel_id: str, reason: str, detail: str) -> None:
+    async def pause(self, novel_id: str, reason: str, detail: str) -> bool:
         if await store.pause_novel(self.ctx.pool, novel_id, reason):
             await self.ctx.emit(ev.NovelPaused(novel_id=novel_id, reason=reason, detail=detail[:300]))
+            return True
+        return False
 
     # --- one unit -------------------------------------------------------------------------
     async def write_unit(self, snapshot: NovelSnapshot, decision: WriteUnit, notice: WorkNotice,
@@ -347,12 +367,20 @@ class Driver:
         if not await store.hold_lease(pool, novel_id, unit_id, intent_id, self.instance, self.lease_s):
             return  # the unit moved on (claimed by another flow, committed); the state decides
         try:
+            # SPEC §16 Claim: the claim carries the outline revision and requirement watermark this
+            # decision was made on; a revision or directive in between refuses it (PLAN-1, PLAN-4).
             claim = await request(ctx.nc, ctx.subjects.claims,
-                                  cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id=intent_id, mode=mode),
+                                  cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id=intent_id, mode=mode,
+                                               outline_revision=snapshot.outline_revision,
+                                               requirement_watermark=snapshot.requirement_watermark),
                                   cm.UnitClaimed, timeout=ctx.settings.request_timeout_s, retries=2)
         except RemoteError as e:
             if e.code in ("unit-not-claimable", "unit-in-flight", "novel-not-active"):
                 return  # someone else moved it on; the state decides what comes next
+            if e.code in ("revision-conflict", "watermark-conflict", "requirements-open"):
+                # steered in between: look again at the new state
+                await publish_notice(ctx, novel_id, reason="steered", dedupe=f"steered-{intent_id}")
+                return
             raise
         self.state.driving.add(novel_id)
         keeper = asyncio.create_task(self._keep_lease(novel_id, unit_id, intent_id))

@@ -42,6 +42,7 @@ from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
 from novelbus.cli.panel_cmd import panel as panel_command
 from novelbus.cli.probe_cmd import probe as probe_command
 from novelbus.cli.probe_cmd import require_subagent_capable
+from novelbus.cli.steer_cmd import register as register_steering
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
@@ -57,6 +58,7 @@ app.add_typer(tools_app, name="tools")
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)
+register_steering(novel_app)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]
@@ -285,6 +287,10 @@ def novel_create(
         fail(f"{file}: {e}", code=2)
     if nf.config.writerMode == "subagent":
         require_subagent_capable(model, home)  # fails closed, before anything is created
+    from novelbus.novel.planning import preflight
+
+    for warning in preflight(nf.config, nf.outline):  # PLAN-5: it would not fit its budgets
+        err_console.print(f"[yellow]warning:[/] {warning}")
 
     async def go(ctx: Any) -> tuple[str, bool]:
         novel_id = await actions.create(ctx, nf, start=start)
@@ -555,20 +561,30 @@ def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
 
 @app.command()
 def schema(as_file: Annotated[Path | None, typer.Option("--out", help="Write to this file")] = None) -> None:
-    """Print the public schema (work notices and events) as JSON Schema (BUS-5)."""
+    """Print the public schema (work notices, events, steering commands) as JSON Schema (BUS-5)."""
+    from novelbus.messages import steer as sm
+    from novelbus.messages.errors import ErrorReply
     from novelbus.messages.work import WorkNotice
 
-    _, components = msgspec.json.schema_components([WorkNotice, ev.NovelEvent],
+    replies = (sm.OutlineState | sm.OutlineRevised | sm.Revisions | sm.NovelConfigured | sm.DirectiveReceived
+               | sm.RequirementsState | ErrorReply)
+    _, components = msgspec.json.schema_components([WorkNotice, ev.NovelEvent, sm.SteerRequest, replies],
                                                    ref_template="#/$defs/{name}")
     doc = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "novelbus public messages",
            "description": "Work notices go to `novel.work.<novelId>`; events come on "
-                          "`novel.events.<novelId>.<type>`. Each message carries its type in the "
+                          "`novel.events.<novelId>.<type>`. Steering commands are requests on "
+                          "`novelbus.cmd.steer` (reply: the matching steerReply, or an error with a "
+                          "stable code). Each message carries its type in the "
                           "`type` field and in the Novelbus-Type header, its schema version in "
                           "Novelbus-Schema.",
            "$defs": components,
            "properties": {"workNotice": {"$ref": "#/$defs/WorkNotice"},
                           "event": {"anyOf": [{"$ref": f"#/$defs/{t.__name__}"}
-                                              for t in ev.NovelEvent.__args__]}}}
+                                              for t in ev.NovelEvent.__args__]},
+                          "steerRequest": {"anyOf": [{"$ref": f"#/$defs/{t.__name__}"}
+                                                     for t in sm.SteerRequest.__args__]},
+                          "steerReply": {"anyOf": [{"$ref": f"#/$defs/{t.__name__}"}
+                                                   for t in replies.__args__]}}}
     text = json.dumps(doc, indent=2)
     if as_file:
         as_file.write_text(text)

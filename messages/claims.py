@@ -11,6 +11,9 @@ class ClaimUnit(Message, tag="claims.claim", frozen=True):
     unit_id: str
     intent_id: str
     mode: Literal["inline", "subagent"]
+    # SPEC §16 Claim: what the decision was made on; a mismatch refuses the claim (PLAN-1, PLAN-4)
+    outline_revision: str | None = None
+    requirement_watermark: int | None = None
 
 
 class UnitClaimed(Message, tag="claims.claimed", frozen=True):

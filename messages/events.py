@@ -154,9 +154,82 @@ class NovelFinished(Event, tag="novel.finished", frozen=True):
     characters: int
 
 
+class OutlineRevised(Event, tag="outline.revised", frozen=True):
+    """PLAN-1: counts and the new revision, never content (nor the reason, which is prose)."""
+
+    revision: str
+    parent: str | None
+    seq: int
+    chapters: int
+    scenes: int
+    superseded_units: int
+    requirements_applied: int
+    requirements_blocked: int
+    requirements_superseded: int
+
+
+class OutlineRequested(Event, tag="outline.requested", frozen=True):
+    """PLAN-2: the novel paused `awaiting-outline`; whoever plans (a person, an external planner)
+    is asked for a revision. `why`: no-outline | no-chapters | chapter-without-scenes |
+    requirement-pending | next-chapter. Characters are effective characters; `remaining…` is
+    null for an unbounded length budget."""
+
+    why: str
+    revision: str | None
+    chapter_id: str | None
+    committed_characters: int
+    remaining_characters: int | None
+    lower_remaining_characters: int | None
+    next_chapter_order: int
+    chapters: int
+    planned_chapters: int | None
+    pending_requirements: int
+
+
+class ConfigChanged(Event, tag="novel.config-changed", frozen=True):
+    """PLAN-5: which config fields changed (paths only; values are in `novelbus novel config`)."""
+
+    fields: list[str]
+
+
+class RequirementReceived(Event, tag="requirement.received", frozen=True):
+    """PLAN-4: a directive entered the ledger — its id, sequence and message id, the size and
+    SHA-256 of its text; never the text."""
+
+    requirement_id: str
+    sequence: int
+    message_id: str
+    chars: int
+    sha256: str
+
+
+class RequirementApplied(Event, tag="requirement.applied", frozen=True):
+    requirement_id: str
+    revision: str
+    watermark: int
+    resolved_by: str | None = None  # clarification | withdrawal, when it was blocked
+    resolved_message_id: str | None = None
+
+
+class RequirementBlocked(Event, tag="requirement.blocked", frozen=True):
+    requirement_id: str
+    revision: str
+
+
+class RequirementSuperseded(Event, tag="requirement.superseded", frozen=True):
+    requirement_id: str
+    superseded_by: str
+    revision: str
+    watermark: int
+    resolved_by: str | None = None
+    resolved_message_id: str | None = None
+
+
 NovelEvent = (
     NovelCreated | UnitPrepared | UnitClaimed | PackRendered | WriterDispatched | ToolStarted
     | WriterFinished | UnitCommitted | VerificationFailed | UnitFailed | UnitSuperseded | ClaimReleased
     | ClaimsRecovered | ScopeViolation | DelegationRefused | ToolRefused | UsageSampled
     | ChapterCompleted | NovelPaused | NovelResumed | ModeSwitched | NovelFinished
+    | OutlineRevised | OutlineRequested | ConfigChanged | RequirementReceived | RequirementApplied
+    | RequirementBlocked | RequirementSuperseded
 )

@@ -41,9 +41,14 @@ class Subjects:
     def usage(self) -> str:
         return f"{self.namespace}novelbus.cmd.usage"
 
+    @property
+    def steer(self) -> str:
+        # PLAN-1..5: outline revisions, config, directives; served by the driver
+        return f"{self.namespace}novelbus.cmd.steer"
+
     def command_subjects(self) -> dict[str, str]:
         return {"claims": self.claims, "commit": self.commit("*"), "packs": self.packs,
-                "runs": self.runs, "verify": self.verify, "usage": self.usage}
+                "runs": self.runs, "verify": self.verify, "usage": self.usage, "steer": self.steer}
 
     # --- durable work and events: JetStream (BUS-2, BUS-3) ---
     def work(self, novel_id: str) -> str:

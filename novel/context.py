@@ -69,6 +69,7 @@ from novelbus.novel.outline import (
     Story,
     is_valid_id,
 )
+from novelbus.novel.planning import unoutlined_scenes
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.novel.text import _CJK_CLASS, keywords, one_line, tail, truncate
 
@@ -1185,7 +1186,10 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         outstanding_goals=goals,
         foreshadowing_due=due,
         length=length_contract(
-            index.config.length, committed, _remaining_scenes(outline, live), bool(live)
+            index.config.length, committed,
+            # PLAN-2: chapters planned but not outlined yet still share the remaining book.
+            _remaining_scenes(outline, live) + unoutlined_scenes(index.config, outline),
+            bool(live),
         ),
     )
     for kind, source_id in (

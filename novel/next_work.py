@@ -7,7 +7,7 @@ later chapter looked finished. Superseded units, and commits of superseded units
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import msgspec
 
@@ -37,10 +37,25 @@ class InFlight(msgspec.Struct, frozen=True, tag="in-flight"):
     unit_id: str
 
 
+OutlineWhy = Literal[
+    "no-outline", "no-chapters", "chapter-without-scenes", "requirement-pending", "next-chapter"]
+
+
 class AwaitOutline(msgspec.Struct, frozen=True, tag="await-outline"):
-    """Planning needed: no outline, no chapters, or the current chapter has no scenes."""
+    """Planning needed: no outline, no chapters, the current chapter has no scenes, a requirement
+    is pending, or every outlined chapter is written but more are planned (`plannedChapters`).
+
+    ``why`` is the machine-readable cause (PLAN-2), ``reason`` the human one."""
 
     reason: str
+    why: OutlineWhy = "no-outline"
+    chapter_id: str | None = None
+
+
+class RequirementConflict(msgspec.Struct, frozen=True, tag="requirement-conflict"):
+    """A requirement is blocked: nothing is claimed until a clarification or withdrawal resolves it."""
+
+    blocked: int
 
 
 class Finish(msgspec.Struct, frozen=True, tag="finish"):
@@ -59,7 +74,9 @@ class Inactive(msgspec.Struct, frozen=True, tag="inactive"):
     status: NovelStatus
 
 
-WorkDecision: TypeAlias = WriteUnit | InFlight | AwaitOutline | Finish | Blocked | Inactive
+WorkDecision: TypeAlias = (
+    WriteUnit | InFlight | AwaitOutline | RequirementConflict | Finish | Blocked | Inactive
+)
 
 
 def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
@@ -144,13 +161,16 @@ def finish_violations(snapshot: NovelSnapshot) -> list[str]:
     """SPEC §16 finish guards, each a violation string; empty means the book may finish.
 
     Checked: outline missing; chapter incomplete; required foreshadowing unresolved; unit in
-    flight (prepared or claimed); total length outside the band (target budgets). The
-    requirement-ledger guard is not visible in a snapshot; the driver checks it.
+    flight (prepared or claimed); total length outside the band (target budgets); requirement
+    pending or blocked.
     """
     outline = snapshot.outline
     if outline is None:
         return ["outline missing"]
     violations: list[str] = []
+    if snapshot.requirements_pending or snapshot.requirements_blocked:
+        violations.append(f"requirements open ({snapshot.requirements_pending} pending,"
+                          f" {snapshot.requirements_blocked} blocked)")
     done = set(completed_chapters(snapshot))
     for chapter in outline.ordered_chapters():
         if chapter.chapterId not in done:
@@ -180,9 +200,11 @@ def _next_fragment(snapshot: NovelSnapshot, commits: list[CommitView]) -> int:
 def next_work(snapshot: NovelSnapshot) -> WorkDecision:
     """Pick what the driver does next for this novel (DRV-1, SPEC §16 nextWork).
 
-    Order: inactive → a claimed unit is in flight → no outline / no chapters → the first
-    unfinished scene by chapter order then scene order (a chapter without scenes reached before
-    it → await outline) → all scenes finished: finish, or blocked by finish guards.
+    Order: inactive → a claimed unit is in flight → a requirement blocked (requirement
+    conflict) or pending (await outline) → no outline / no chapters → the first unfinished scene
+    by chapter order then scene order (a chapter without scenes reached before it → await
+    outline) → all scenes finished: more chapters planned than outlined → await outline
+    (`next-chapter`); else finish, or blocked by finish guards.
     """
     if snapshot.status != "active":
         return Inactive(status=snapshot.status)
@@ -190,15 +212,21 @@ def next_work(snapshot: NovelSnapshot) -> WorkDecision:
     for unit in units:
         if unit.state == "claimed":
             return InFlight(unit_id=unit.unit_id)
+    if snapshot.requirements_blocked:
+        return RequirementConflict(blocked=snapshot.requirements_blocked)
+    if snapshot.requirements_pending:
+        return AwaitOutline(reason=f"{snapshot.requirements_pending} requirement(s) pending",
+                            why="requirement-pending")
     outline = snapshot.outline
     if outline is None:
-        return AwaitOutline(reason="no outline")
+        return AwaitOutline(reason="no outline", why="no-outline")
     if not outline.chapters:
-        return AwaitOutline(reason="outline has no chapters")
+        return AwaitOutline(reason="outline has no chapters", why="no-chapters")
     for chapter in outline.ordered_chapters():
         scenes = outline.scenes_of(chapter.chapterId)
         if not scenes:
-            return AwaitOutline(reason=f"chapter {chapter.chapterId} has no scenes")
+            return AwaitOutline(reason=f"chapter {chapter.chapterId} has no scenes",
+                                why="chapter-without-scenes", chapter_id=chapter.chapterId)
         for scene in scenes:
             commits = scene_commits(snapshot, chapter.chapterId, scene.sceneId)
             if commits and commits[-1].scene_completion.completed:
@@ -235,6 +263,10 @@ def next_work(snapshot: NovelSnapshot) -> WorkDecision:
                 fragment=_next_fragment(snapshot, commits),
                 continuation_anchor=commits[-1].scene_completion.next_anchor,
             )
+    planned = snapshot.config.plannedChapters
+    if planned is not None and len(outline.chapters) < planned:
+        return AwaitOutline(reason=f"{len(outline.chapters)} of {planned} planned chapters outlined",
+                            why="next-chapter")
     violations = finish_violations(snapshot)
     if violations:
         return Blocked(violations=violations)

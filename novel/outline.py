@@ -204,6 +204,10 @@ class NovelConfig(_Model):
     continuityProfile: Literal["bounded", "wide"] = "bounded"
     budgets: Budgets = Field(default_factory=Budgets)
     length: LengthBudget = Field(default_factory=LengthBudget)
+    # PLAN-2/3: the book is planned with this many chapters although the outline may hold fewer
+    # so far; once the outlined chapters are written the novel asks its planner for the next one
+    # (`outline.requested`, why `next-chapter`). None: the outline is the whole book.
+    plannedChapters: int | None = Field(default=None, gt=0, le=10_000)
 
 
 class NovelFile(_Model):

@@ -53,6 +53,10 @@ class NovelSnapshot(msgspec.Struct, frozen=True):
     commits: list[CommitView]  # in seq order; only commits visible at `as_of_seq`
     as_of_seq: int  # the last commit seq this snapshot includes (0 = none)
     notes: list[tuple[str, str]] = []  # author memory: (noteId, text)
+    # The requirements ledger as next_work needs it (PLAN-4): open counts and the watermark.
+    requirements_pending: int = 0
+    requirements_blocked: int = 0
+    requirement_watermark: int = 0
 
     @property
     def committed_characters(self) -> int:

@@ -18,10 +18,12 @@ from novelbus.store.context import load_context as load_context
 from novelbus.store.context import read_context_sources as read_context_sources
 from novelbus.store.errors import (
     CommitConflict,
+    ConfigInvalid,
     NovelExists,
     NovelNotActive,
     NovelNotFound,
     OutlineMissing,
+    RequirementsOpen,
     RevisionConflict,
     RevisionRefused,
     RunNotFound,
@@ -34,6 +36,7 @@ from novelbus.store.errors import (
     UnitNotClaimed,
     UnitNotFound,
     UnsafePayload,
+    WatermarkConflict,
 )
 from novelbus.store.events import (
     EventRow,
@@ -53,14 +56,20 @@ from novelbus.store.memory import (
 )
 from novelbus.store.novels import (
     NovelRow,
+    RevisionInfo,
+    RevisionResult,
+    configure_novel,
     create_novel,
     finish_novel,
     get_novel,
     get_outline,
     list_novels,
+    list_revisions,
     novel_exists,
+    outline_state,
     pause_novel,
     resume_novel,
+    revise_novel,
     revise_outline,
     set_writer_mode,
 )
@@ -76,6 +85,7 @@ from novelbus.store.recovery import (
     supersede_removed_units,
     unannounced_superseded_units,
 )
+from novelbus.store.requirements import RequirementRecord, list_requirements, receive_requirement
 from novelbus.store.runs import WriterRunRow, finish_writer_run, list_writer_runs, start_writer_run
 from novelbus.store.snapshots import load_snapshot
 from novelbus.store.units import (
@@ -171,4 +181,17 @@ __all__ = [
     "supersede_unit",
     "unannounced_superseded_units",
     "usage_totals",
+    # steering (PLAN-1..5)
+    "ConfigInvalid",
+    "RequirementRecord",
+    "RequirementsOpen",
+    "RevisionInfo",
+    "RevisionResult",
+    "WatermarkConflict",
+    "configure_novel",
+    "list_requirements",
+    "list_revisions",
+    "outline_state",
+    "receive_requirement",
+    "revise_novel",
 ]

@@ -67,6 +67,24 @@ class RevisionRefused(StoreError):
     code = "revision-refused"
 
 
+class ConfigInvalid(StoreError):
+    """A config change names an unknown field or an invalid value (PLAN-5); never clamped."""
+
+    code = "config-invalid"
+
+
+class RequirementsOpen(StoreError):
+    """A claim while a requirement is pending or blocked (SPEC §16 Claim, PLAN-4)."""
+
+    code = "requirements-open"
+
+
+class WatermarkConflict(StoreError):
+    """A claim carrying a requirement watermark that is not the ledger's (SPEC §16 Claim)."""
+
+    code = "watermark-conflict"
+
+
 class SupersedeRefused(StoreError):
     code = "supersede-refused"
 

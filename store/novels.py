@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
+from pydantic import ValidationError
 
-from novelbus.novel.outline import NovelConfig, NovelFile, Outline, outline_revision
+from novelbus.novel.outline import (
+    NovelConfig,
+    NovelFile,
+    Outline,
+    OutlineError,
+    describe_validation_error,
+    outline_revision,
+)
+from novelbus.novel.requirements import RequirementUpdate, Transition, plan_transitions
 from novelbus.store._db import Conn, Db, lock_novel, transaction
 from novelbus.store.errors import (
+    ConfigInvalid,
     NovelExists,
     NovelNotActive,
     NovelNotFound,
@@ -21,6 +32,7 @@ from novelbus.store.errors import (
     RevisionRefused,
     UnitInFlight,
 )
+from novelbus.store.requirements import ledger_views, write_transitions
 
 WRITER_MODES = ("inline", "subagent")
 OUTLINE_LAYERS = ("story", "chapters", "scenes", "characters", "lore", "foreshadowing")
@@ -43,6 +55,9 @@ class NovelRow(msgspec.Struct, frozen=True):
     duration_window_start: datetime
     created_at: datetime
     finished_at: datetime | None
+    requirements_pending: int = 0
+    requirements_blocked: int = 0
+    requirement_watermark: int = 0
 
 
 def novel_row(r: asyncpg.Record) -> NovelRow:
@@ -63,6 +78,9 @@ def novel_row(r: asyncpg.Record) -> NovelRow:
         duration_window_start=r["duration_window_start"],
         created_at=r["created_at"],
         finished_at=r["finished_at"],
+        requirements_pending=r["requirements_pending"],
+        requirements_blocked=r["requirements_blocked"],
+        requirement_watermark=r["requirement_watermark"],
     )
 
 
@@ -239,10 +257,28 @@ def _overlay(current: Outline | None, revision: Outline | Mapping[str, Any]) -> 
         return revision
     unknown = set(revision) - set(OUTLINE_LAYERS)
     if unknown:
-        raise ValueError(f"outline overlay: unknown layers {sorted(unknown)}")
+        raise OutlineError(f"outline overlay: unknown layers {sorted(unknown)}; layers are"
+                           f" {', '.join(OUTLINE_LAYERS)}")
     base: dict[str, Any] = current.model_dump(mode="json") if current is not None else {}
     base.update(revision)
-    return Outline.model_validate(base)
+    try:
+        return Outline.model_validate(base)
+    except ValidationError as e:
+        raise OutlineError(describe_validation_error(e)) from None
+
+
+class RevisionResult(msgspec.Struct, frozen=True):
+    """What a revision did (PLAN-1): ids and counts, never content."""
+
+    revision: str
+    parent: str | None
+    seq: int
+    chapters: int
+    scenes: int
+    superseded_units: list[str]
+    transitions: list[Transition]
+    watermark: int
+    outline: Outline
 
 
 async def revise_outline(
@@ -253,14 +289,30 @@ async def revise_outline(
     expected_revision: str | None,
     reason: str,
 ) -> str:
-    """Compare-and-set a new outline revision; return the new revision id (SPEC §16 Outline).
+    """Compare-and-set a new outline revision; return the new revision id (see revise_novel)."""
+    result = await revise_novel(pool, novel_id, outline, expected_revision=expected_revision, reason=reason)
+    return result.revision
+
+
+async def revise_novel(
+    pool: Db,
+    novel_id: str,
+    outline: Outline | Mapping[str, Any],
+    *,
+    expected_revision: str | None,
+    reason: str,
+    requirements: Sequence[RequirementUpdate] = (),
+) -> RevisionResult:
+    """Compare-and-set a new outline revision (SPEC §16 Outline, PLAN-1, PLAN-4), one transaction.
 
     Refused while a unit is claimed (UnitInFlight), on a stale expected revision
-    (RevisionConflict), and when a chapter that has commits disappears or changes its
-    relative order (RevisionRefused). Prepared units whose (chapter, scene) the revision
-    removed are superseded in the same transaction.
+    (RevisionConflict, naming the current one), and when a chapter that has commits disappears
+    or changes its relative order (RevisionRefused). A mapping is an overlay: omitted layers are
+    carried forward. Prepared units whose (chapter, scene) the revision removed are superseded
+    in the same transaction, and the requirement transitions it cites are checked and applied
+    (`appliedRevision` = the new revision), all or nothing.
     """
-    if not reason:
+    if not reason or not reason.strip():
         raise ValueError("revision reason must not be empty")
     async with transaction(pool) as conn:
         novel = await lock_novel(conn, novel_id)
@@ -281,6 +333,7 @@ async def revise_outline(
             )
         current = await fetch_outline(conn, novel_id, current_revision)
         new_outline = _overlay(current, outline)
+        transitions = plan_transitions(await ledger_views(conn, novel_id), list(requirements))
 
         committed_chapters = {
             r["chapter_id"]
@@ -296,32 +349,149 @@ async def revise_outline(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM outline_revisions WHERE novel_id = $1",
             novel_id,
         )
-        await conn.execute(
-            "INSERT INTO outline_revisions (novel_id, revision, parent, reason, outline, seq)"
-            " VALUES ($1, $2, $3, $4, $5, $6)",
-            novel_id,
-            revision,
-            current_revision,
-            reason,
-            new_outline.model_dump(mode="json"),
-            seq,
-        )
+        try:
+            await conn.execute(
+                "INSERT INTO outline_revisions (novel_id, revision, parent, reason, outline, seq)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
+                novel_id,
+                revision,
+                current_revision,
+                reason,
+                new_outline.model_dump(mode="json"),
+                seq,
+            )
+        except asyncpg.UniqueViolationError:
+            # Same parent, reason and content as an earlier revision of this novel (it was
+            # reverted to the parent since): the content-derived id is taken.
+            raise RevisionRefused(
+                f"novel {novel_id!r}: revision {revision} already exists; give another reason"
+            ) from None
         await conn.execute(
             "UPDATE novels SET outline_revision = $2 WHERE novel_id = $1", novel_id, revision
         )
         # SPEC §16 finish guards: prepared units whose scene was removed are superseded.
         scenes = [(s.chapterId, s.sceneId) for s in new_outline.scenes]
-        await conn.execute(
+        superseded = await conn.fetch(
             "UPDATE units SET state = 'superseded', updated_at = now(),"
             " last_error = 'scene removed by outline revision'"
             " WHERE novel_id = $1 AND state = 'prepared'"
             " AND (chapter_id, scene_id) NOT IN"
-            "  (SELECT * FROM unnest($2::text[], $3::text[]))",
+            "  (SELECT * FROM unnest($2::text[], $3::text[])) RETURNING unit_id",
             novel_id,
             [c for c, _ in scenes],
             [s for _, s in scenes],
         )
-    return revision
+        mark = novel["requirement_watermark"]
+        if transitions:
+            mark = await write_transitions(conn, novel_id, transitions, revision)
+    return RevisionResult(
+        revision=revision, parent=current_revision, seq=seq, chapters=len(new_outline.chapters),
+        scenes=len(new_outline.scenes), superseded_units=sorted(r["unit_id"] for r in superseded),
+        transitions=transitions, watermark=mark, outline=new_outline)
+
+
+class RevisionInfo(msgspec.Struct, frozen=True):
+    seq: int
+    revision: str
+    parent: str | None
+    reason: str
+    created_at: datetime
+    chapters: int
+    scenes: int
+
+
+async def list_revisions(pool: Db, novel_id: str) -> list[RevisionInfo]:
+    """Every outline revision of a novel, oldest first (PLAN-1)."""
+    async with transaction(pool, readonly=True) as conn:
+        if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM novels WHERE novel_id = $1)", novel_id):
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        rows = await conn.fetch(
+            "SELECT seq, revision, parent, reason, created_at,"
+            " jsonb_array_length(outline -> 'chapters') AS chapters,"
+            " jsonb_array_length(outline -> 'scenes') AS scenes"
+            " FROM outline_revisions WHERE novel_id = $1 ORDER BY seq",
+            novel_id,
+        )
+    return [RevisionInfo(**dict(r)) for r in rows]
+
+
+async def outline_state(pool: Db, novel_id: str) -> tuple[NovelRow, Outline | None, int]:
+    """The novel row, its current outline and that revision's seq, read together."""
+    async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
+        row = await conn.fetchrow("SELECT * FROM novels WHERE novel_id = $1", novel_id)
+        if row is None:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        outline = await fetch_outline(conn, novel_id, row["outline_revision"])
+        seq = await conn.fetchval(
+            "SELECT seq FROM outline_revisions WHERE novel_id = $1 AND revision = $2",
+            novel_id, row["outline_revision"]) or 0
+    return novel_row(row), outline, seq
+
+
+async def configure_novel(pool: Db, novel_id: str, changes: Mapping[str, Any]) -> tuple[NovelRow, list[str]]:
+    """PLAN-5: set config fields by dotted path (`budgets.maxTurns`), validated like create:
+    an unknown path or an invalid value raises ConfigInvalid naming the field (never clamped).
+    Returns the new row and the paths whose value changed."""
+    async with transaction(pool) as conn:
+        novel = await lock_novel(conn, novel_id)
+        if novel["status"] == "finished" and changes:
+            raise NovelNotActive(f"novel {novel_id!r} is finished; its config is closed")
+        before = NovelConfig.model_validate(novel["config"]).model_dump(mode="json")
+        data = json.loads(json.dumps(before))
+        for path, value in changes.items():
+            _set_path(data, path, value)
+        try:
+            config = NovelConfig.model_validate(data)
+        except ValidationError as e:
+            raise ConfigInvalid(describe_validation_error(e)) from None
+        after = config.model_dump(mode="json")
+        changed = sorted(p for p in _leaf_paths(after) | _leaf_paths(before)
+                         if _get_path(after, p) != _get_path(before, p))
+        if not changed:
+            return novel_row(novel), []
+        row = await conn.fetchrow(
+            "UPDATE novels SET config = $2, writer_mode = $3 WHERE novel_id = $1 RETURNING *",
+            novel_id, after, config.writerMode)
+    assert row is not None
+    return novel_row(row), changed
+
+
+_MISSING = object()
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    if not path or any(not p for p in parts):
+        raise ConfigInvalid(f"{path!r}: not a config field path (use e.g. budgets.maxTurns)")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if child is _MISSING or child is None:
+            child = {}
+            node[part] = child
+        if not isinstance(child, dict):
+            raise ConfigInvalid(f"{'.'.join(parts[:i + 1])}: is not a group of settings")
+        node = child
+    node[parts[-1]] = value
+
+
+def _get_path(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return _MISSING
+        data = data[part]
+    return data
+
+
+def _leaf_paths(data: dict[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in data.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out |= _leaf_paths(v, path + ".")
+        else:
+            out.add(path)
+    return out
 
 
 def _check_committed_chapters(

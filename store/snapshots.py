@@ -116,4 +116,7 @@ async def load_snapshot(
         commits=commit_views,
         as_of_seq=commit_views[-1].seq if commit_views else 0,
         notes=[(n["note_id"], n["text"]) for n in notes],
+        requirements_pending=novel["requirements_pending"],
+        requirements_blocked=novel["requirements_blocked"],
+        requirement_watermark=novel["requirement_watermark"],
     )

@@ -14,12 +14,14 @@ from novelbus.novel.outline import is_valid_id
 from novelbus.store._db import Conn, Db, lock_novel, transaction
 from novelbus.store.errors import (
     NovelNotActive,
+    RequirementsOpen,
     RevisionConflict,
     SceneNotFound,
     SupersedeRefused,
     UnitInFlight,
     UnitNotClaimable,
     UnitNotFound,
+    WatermarkConflict,
 )
 from novelbus.store.novels import WRITER_MODES, require_outline
 
@@ -159,11 +161,13 @@ async def claim_unit(
     mode: str,
     claimed_by: str | None = None,
     expected_revision: str | None = None,
+    expected_watermark: int | None = None,
 ) -> Claim:
     """STORE-1: prepared → claimed with a fresh 256-bit token; only its SHA-256 is stored.
 
     Preconditions in SPEC §16 order: novel active; outline present; expected outline revision
-    (when given) matches; no other unit of the novel claimed; unit exists and is prepared.
+    (when given) matches; requirement watermark (when given) matches; no requirement pending or
+    blocked (PLAN-4); no other unit of the novel claimed; unit exists and is prepared.
     `claimed_by` names the claim-manager instance (CLM-5) so it can recover its own claims.
     """
     if mode not in WRITER_MODES:
@@ -179,6 +183,16 @@ async def claim_unit(
             raise RevisionConflict(
                 f"novel {novel_id!r}: expected outline revision {expected_revision!r},"
                 f" current is {novel['outline_revision']!r}"
+            )
+        if expected_watermark is not None and expected_watermark != novel["requirement_watermark"]:
+            raise WatermarkConflict(
+                f"novel {novel_id!r}: expected requirement watermark {expected_watermark},"
+                f" current is {novel['requirement_watermark']}"
+            )
+        if novel["requirements_pending"] or novel["requirements_blocked"]:
+            raise RequirementsOpen(
+                f"novel {novel_id!r}: {novel['requirements_pending']} requirement(s) pending,"
+                f" {novel['requirements_blocked']} blocked; no claim until a revision settles them"
             )
         other = await conn.fetchval(
             "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed' AND unit_id <> $2",

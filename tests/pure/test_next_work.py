@@ -136,7 +136,8 @@ def test_await_outline_when_current_chapter_has_no_scenes() -> None:
     o2 = o.model_copy(update={"scenes": [s for s in o.scenes if s.chapterId != "b"]})
     s = base_snapshot(o2, UNBOUNDED)
     s = write(write(s, done()), done())  # chapter a is written before chapter b is reached
-    assert next_work(s) == AwaitOutline(reason="chapter b has no scenes")
+    assert next_work(s) == AwaitOutline(reason="chapter b has no scenes", why="chapter-without-scenes",
+                                        chapter_id="b")
 
 
 def test_scene_completion_is_keyed_by_chapter_and_scene() -> None:
