@@ -22,13 +22,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from novelbus import store
 from novelbus.actors.context import ActorContext
 from novelbus.bus.service import CommandService
 from novelbus.messages import events as ev
 from novelbus.messages import steer as m
-from novelbus.novel.next_work import scene_finished
-from novelbus.novel.planning import budget_exceeded, pause_resolved, preflight
+from novelbus.novel.next_work import AwaitOutline, next_work, scene_finished
+from novelbus.novel.planning import budget_exceeded, outline_request, pause_resolved, preflight
 from novelbus.novel.snapshot import NovelSnapshot
 
 MAX_HOLD_MS = 120_000
@@ -62,7 +64,16 @@ class Steering:
     # --- outline (PLAN-1, PLAN-2) -------------------------------------------------------------
     async def on_outline(self, req: m.GetOutline) -> m.OutlineState:
         novel, outline, seq = await store.outline_state(self.ctx.pool, req.novel_id)
+        awaiting, next_order = None, 1
+        if novel.status != "finished":
+            snapshot = await store.load_snapshot(self.ctx.pool, req.novel_id, prose=False)
+            decision = next_work(msgspec.structs.replace(snapshot, status="active", units=[
+                u for u in snapshot.units if u.state != "claimed"]))
+            if isinstance(decision, AwaitOutline):
+                asked = outline_request(snapshot, decision)
+                awaiting, next_order = asked.why, asked.next_chapter_order
         return m.OutlineState(
+            awaiting=awaiting, next_chapter_order=next_order,
             novel_id=novel.novel_id, revision=novel.outline_revision, seq=seq,
             outline=None if outline is None else outline.model_dump(mode="json"),
             status=novel.status, pause_reason=novel.pause_reason,
@@ -127,6 +138,10 @@ class Steering:
                     novel_id=req.novel_id, requirement_id=t.requirement_id, superseded_by=t.superseded_by or "",
                     revision=result.revision, watermark=result.watermark, resolved_by=by.kind if by else None,
                     resolved_message_id=by.message_id if by else None))
+        if moved["blocked"] and await store.repause_novel(pool, req.novel_id, "requirement-conflict",
+                                                          from_reasons=("awaiting-outline",)):
+            await ctx.emit(ev.NovelPaused(novel_id=req.novel_id, reason="requirement-conflict",
+                                          detail=f"blocked: {', '.join(moved['blocked'])}"))
         snapshot = await store.load_snapshot(pool, req.novel_id, prose=False)
         resumed = await self._resume_if_resolved(snapshot)
         novel = await store.get_novel(pool, req.novel_id)

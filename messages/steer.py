@@ -31,6 +31,9 @@ class OutlineState(Message, tag="steer.outline-state", frozen=True):
     requirement_watermark: int
     requirements_pending: int
     requirements_blocked: int
+    # what planning the novel needs now (the `why` of outline.requested), or null
+    awaiting: str | None = None
+    next_chapter_order: int = 1
 
 
 class ReviseOutline(Message, tag="steer.revise", frozen=True):

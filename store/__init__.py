@@ -68,6 +68,7 @@ from novelbus.store.novels import (
     novel_exists,
     outline_state,
     pause_novel,
+    repause_novel,
     resume_novel,
     revise_novel,
     revise_outline,
@@ -193,5 +194,6 @@ __all__ = [
     "list_revisions",
     "outline_state",
     "receive_requirement",
+    "repause_novel",
     "revise_novel",
 ]

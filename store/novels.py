@@ -169,6 +169,16 @@ async def pause_novel(pool: Db, novel_id: str, reason: str) -> bool:
     return True
 
 
+async def repause_novel(pool: Db, novel_id: str, reason: str, *, from_reasons: Sequence[str]) -> bool:
+    """A paused novel's reason changes (e.g. awaiting-outline → requirement-conflict when a
+    revision blocks a requirement); False unless it was paused for one of `from_reasons`."""
+    async with transaction(pool) as conn:
+        done = await conn.execute(
+            "UPDATE novels SET pause_reason = $2 WHERE novel_id = $1 AND status = 'paused'"
+            " AND pause_reason = ANY($3::text[])", novel_id, reason, list(from_reasons))
+    return bool(done == "UPDATE 1")
+
+
 async def resume_novel(pool: Db, novel_id: str) -> bool:
     """Paused → active, resetting the duration window and the stall counter (SPEC §16 Budgets).
 
