@@ -127,6 +127,7 @@ class Driver:
         self._psub = await self.ctx.js.pull_subscribe(s.work_all, durable=cfg.durable_name, stream=s.work_stream,
                                                       config=cfg)
         await self.resume_active_novels()
+        await self.steering.reconcile()
         await self.steering.service.start()
         self._loop_task = asyncio.create_task(self._pull_loop(), name="driver-pull")
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="driver-sweep")

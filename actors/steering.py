@@ -61,6 +61,29 @@ class Steering:
             m.ListRequirements: self.on_requirements,
         }, queue="steer")
 
+    async def reconcile(self) -> None:
+        """At driver start: a steering handler killed between its store transaction and the resume
+        that should follow leaves a novel paused although nothing holds it any more. Paused
+        `awaiting-outline`/`requirement-conflict` novels whose state resolves the pause, and
+        `budget` novels whose budgets allow another unit, are resumed (PLAN-6, REL)."""
+        for novel in await store.list_novels(self.ctx.pool):
+            if novel.status == "paused" and novel.pause_reason in ("awaiting-outline", "requirement-conflict"):
+                await self._resume_if_resolved(await store.load_snapshot(self.ctx.pool, novel.novel_id, prose=False))
+            elif novel.status == "paused" and novel.pause_reason == "budget":
+                await self._resume_if_budget_allows(novel)
+
+    async def _resume_if_budget_allows(self, novel: store.NovelRow) -> bool:
+        if novel.status != "paused" or novel.pause_reason != "budget":
+            return False
+        elapsed_ms = (time.time() - novel.duration_window_start.timestamp()) * 1000
+        if budget_exceeded(novel.config.budgets, novel.turns, elapsed_ms) is not None:
+            return False
+        resumed = await store.resume_novel(self.ctx.pool, novel.novel_id)
+        if resumed:
+            await self.ctx.emit(ev.NovelResumed(novel_id=novel.novel_id))
+        await self.notify(novel.novel_id, "config-changed")
+        return resumed
+
     # --- outline (PLAN-1, PLAN-2) -------------------------------------------------------------
     async def on_outline(self, req: m.GetOutline) -> m.OutlineState:
         novel, outline, seq = await store.outline_state(self.ctx.pool, req.novel_id)
@@ -175,18 +198,12 @@ class Steering:
     async def on_config(self, req: m.ConfigureNovel) -> m.NovelConfigured:
         ctx, pool = self.ctx, self.ctx.pool
         novel, changed = await store.configure_novel(pool, req.novel_id, req.set)
-        resumed = False
         if changed:
             await ctx.emit(ev.ConfigChanged(novel_id=req.novel_id, fields=changed))
-            if novel.status == "paused" and novel.pause_reason == "budget":
-                elapsed_ms = (time.time() - novel.duration_window_start.timestamp()) * 1000
-                if budget_exceeded(novel.config.budgets, novel.turns, elapsed_ms) is None:
-                    if await store.resume_novel(pool, req.novel_id):
-                        await ctx.emit(ev.NovelResumed(novel_id=req.novel_id))
-                        resumed = True
-                    await self.notify(req.novel_id, "config-changed")
+        # also without a change: a retried request whose first reply was lost resumes all the same
+        resumed = await self._resume_if_budget_allows(novel) if req.set else False
         snapshot = await store.load_snapshot(pool, req.novel_id, prose=False)
-        if changed and not resumed:
+        if req.set and not resumed:
             resumed = await self._resume_if_resolved(snapshot)
         return m.NovelConfigured(novel_id=req.novel_id, config=novel.config.model_dump(mode="json"),
                                  changed=changed, warnings=_preflight(snapshot, novel.turns), resumed=resumed)
