@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from novelbus import store
+from novelbus.actors.accounting import USAGE_RETRY_S, Accounting
 from novelbus.actors.context import ActorContext
 from novelbus.actors.steering import Steering
 from novelbus.bus import tally
@@ -103,7 +104,7 @@ class Driver:
 
     def __init__(self, ctx: ActorContext, *, max_parallel_novels: int = 64, instance: str = "driver-0",
                  redelivery_backoff_s: float = 0.5, writer_timeout_s: float | None = None,
-                 lease_s: float = LEASE_S) -> None:
+                 lease_s: float = LEASE_S, usage_retry_s: float = USAGE_RETRY_S) -> None:
         self.ctx = ctx
         self.state = DriverState()
         # Stable per driver process slot (like a claim-manager instance): a restarted driver gives
@@ -119,6 +120,9 @@ class Driver:
         # PLAN-1..5: the driver serves steering commands (revisions, config, directives)
         self.steering = Steering(ctx, self.state.locks,
                                  lambda novel_id, reason: publish_notice(ctx, novel_id, reason=reason))
+        # REL-7: settles what a dead process left half done; sends usage off the unit's path.
+        self.accounting = Accounting(ctx, self.instance, publish_notice, lease_s=lease_s,
+                                     usage_retry_s=usage_retry_s)
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -145,6 +149,7 @@ class Driver:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.accounting.stop()
         with contextlib.suppress(Exception):
             await self._psub.unsubscribe()
 
@@ -157,6 +162,8 @@ class Driver:
             await store.release_held_claims(pool, self.instance, reason="driver-restart"), "driver-restart")
         await self._announce_released(
             await store.release_lapsed_claims(pool, grace_s=self.lease_s, reason="lease-expired"), "lease-expired")
+        # REL-7: what the previous incarnation (or any dead flow) committed but did not account.
+        await self.accounting.reconcile(restarted=True)
         for novel in await store.list_novels(pool):
             if novel.status == "active":
                 await publish_notice(self.ctx, novel.novel_id, reason="driver-start")
@@ -179,6 +186,7 @@ class Driver:
                 await self._announce_released(released, "lease-expired")
                 for novel_id in sorted({n for n, _ in released}):
                     await publish_notice(self.ctx, novel_id, reason="lease-expired")
+                await self.accounting.reconcile(exclude_novel_ids=sorted(self.state.driving))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the store or NATS away: next sweep (REL-6)
@@ -315,6 +323,7 @@ class Driver:
             await self.pause(snapshot.novel_id, "awaiting-approval", "; ".join(decision.violations))
             return
         if isinstance(decision, Finish):
+            await self.accounting.announce_chapters(snapshot.novel_id)  # REL-7: none lost to a death
             if await store.finish_novel(pool, snapshot.novel_id):
                 await self.ctx.emit(ev.NovelFinished(novel_id=snapshot.novel_id, units=len(snapshot.units),
                                                      commits=len(snapshot.commits),
@@ -384,7 +393,18 @@ class Driver:
                 return
             raise
         self.state.driving.add(novel_id)
+        # The lease is kept until the turn is accounted: reconciliation leaves a live flow's
+        # commit to the flow (REL-7).
         keeper = asyncio.create_task(self._keep_lease(novel_id, unit_id, intent_id))
+        try:
+            await self._drive_claim(novel, snapshot, claim, mode)
+        finally:
+            keeper.cancel()
+            self.state.driving.discard(novel_id)
+
+    async def _drive_claim(self, novel: store.NovelRow, snapshot: NovelSnapshot, claim: cm.UnitClaimed,
+                           mode: str) -> None:
+        ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
         try:
             outcome = await self.run_claim(novel, snapshot, claim, mode)
         except ClaimLost:
@@ -409,9 +429,6 @@ class Driver:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._settle(novel_id, unit_id, claim, "driver-stopped"), 5)
             raise
-        finally:
-            keeper.cancel()
-            self.state.driving.discard(novel_id)
         # The turn is accounted exactly once (turn ledger), so waiting out an outage here is safe.
         await self._until_available(
             lambda: self.account(novel_id, unit_id, claim, outcome, snapshot, mode, novel))
@@ -434,7 +451,13 @@ class Driver:
             try:
                 if not await store.hold_lease(self.ctx.pool, novel_id, unit_id, intent_id, self.instance,
                                               self.lease_s):
-                    log.warning("lease on %s/%s lost; the store will refuse a stale commit", novel_id, unit_id)
+                    # Say what happened: the unit left this claim (released, recovered or lapsed).
+                    outcome = await store.claim_outcome(self.ctx.pool, novel_id, unit_id, intent_id)
+                    if outcome == "committed":
+                        log.info("lease on %s/%s ended: the unit committed under this claim", novel_id, unit_id)
+                    else:
+                        log.warning("lease on %s/%s lost: the claim was released elsewhere; a commit under it"
+                                    " will be refused", novel_id, unit_id)
                     return
             except asyncio.CancelledError:
                 raise
@@ -496,7 +519,7 @@ class Driver:
                 ctx.nc, ctx.subjects.runs,
                 rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=claim.delegation_id,
                              instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
-                             context_sha256=pack.context_sha256),
+                             context_sha256=pack.context_sha256, claim_id=claim.claim_id),
                 rm.WriterFinished, timeout=self.writer_timeout_s)
             runs.append(result)
             last_output = result.output_chars
@@ -564,9 +587,11 @@ class Driver:
         counters, first = await store.account_turn(
             pool, novel_id, claim.claim_id, outcome=kind,
             writer_output_chars=outcome.output_chars if outcome.ok else 0,
-            failure_signature=signature if kind == "failed" else None)
+            failure_signature=signature if kind == "failed" else None, unit_id=unit_id, holder=self.instance)
         if first and outcome.runs:  # USE-1: every call of every dispatch of this turn, in the claimed mode
-            await self._record_usage(novel_id, unit_id, claim, outcome, mode or novel.writer_mode, counters.turns)
+            self._record_usage(novel_id, unit_id, claim, outcome, mode or novel.writer_mode, counters.turns)
+        elif first:  # REL-7: one sample or marker per turn; this one made no model call to sample
+            await self.accounting.mark_missing(novel_id, unit_id, claim.claim_id, counters.turns, "no-writer-run")
         if outcome.ok:
             if first:
                 self.state.units_done += 1
@@ -609,24 +634,20 @@ class Driver:
             await asyncio.sleep(budgets.externalRetry.backoffMs / 1000 * min(counters.consecutive_failures, 3))
             await publish_notice(ctx, novel_id, reason="retry")
 
-    async def _record_usage(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
-                            mode: str, turn: int) -> None:
-        ctx = self.ctx
+    def _record_usage(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
+                      mode: str, turn: int) -> None:
+        """USE-2: usage is observation — sent from a task the driver owns, never awaited by the
+        flow, so a sampler that is away delays no unit; recorded exactly once (the turn's key)."""
         tool_bytes: dict[str, int] = {}
         for r in outcome.runs:
             for tool, n in r.tool_bytes.items():
                 tool_bytes[tool] = tool_bytes.get(tool, 0) + n
-        try:  # USE-2: usage is observation; a sampler that is away never blocks the novel
-            record = um.RecordTurn(
-                novel_id=novel_id, unit_id=unit_id, mode=mode, turn=turn,
-                provider=outcome.runs[-1].provider, calls=[c for r in outcome.runs for c in r.calls],
-                tool_bytes=tool_bytes, writer_output_chars=outcome.output_chars, committed=outcome.ok,
-                claim_id=claim.claim_id, dispatches=len(outcome.runs),
-                model_ms=sum(r.model_ms for r in outcome.runs))
-            await request(ctx.nc, ctx.subjects.usage, record, um.TurnRecorded,
-                          timeout=ctx.settings.request_timeout_s, retries=2)
-        except (RemoteError, BusUnavailable) as e:
-            log.warning("usage of %s turn %s not recorded (%s)", unit_id, turn, getattr(e, "code", e))
+        self.accounting.record_usage_later(um.RecordTurn(
+            novel_id=novel_id, unit_id=unit_id, mode=mode, turn=turn,
+            provider=outcome.runs[-1].provider, calls=[c for r in outcome.runs for c in r.calls],
+            tool_bytes=tool_bytes, writer_output_chars=outcome.output_chars, committed=outcome.ok,
+            claim_id=claim.claim_id, dispatches=len(outcome.runs),
+            model_ms=sum(r.model_ms for r in outcome.runs)))
 
 
 def _removed_scene_units(snapshot: NovelSnapshot) -> list[str]:

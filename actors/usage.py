@@ -3,7 +3,8 @@
 A turn is one unit's flow: every model call of every dispatch. Each call arrives measured as the
 service built it (raw characters, their four-way split, an estimate of tokens) plus what the
 provider reported, if anything (USE-2: fail-open — missing usage lowers precision, never blocks).
-A redelivered `RecordTurn` (same novel, unit, turn and claim) is recorded once.
+A redelivered `RecordTurn` (same novel, unit, turn and claim) is recorded once; a turn whose usage
+was already settled (sampled, or marked `usage.missing` by reconciliation) is not sampled again.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ class UsageSampler(ServiceActor):
         # One transaction: a sample that fails to record (unknown novel, database away) leaves no
         # mark behind, so nothing is written (REL-3) and a retry is not mistaken for a duplicate.
         async with store.transaction(self.ctx.pool) as conn:
-            if not await store.mark_processed(conn, key):
+            # REL-7: one sample or `usage.missing` marker per accounted turn (keyed by its claim).
+            settled = await store.mark_turn_usage(conn, req.novel_id, req.claim_id, "sampled") if req.claim_id else None
+            if settled is False or not await store.mark_processed(conn, key):
                 self.state.duplicates += 1
                 return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)
             await store.record_usage(conn, req.novel_id, req.mode, sample)

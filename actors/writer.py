@@ -69,7 +69,7 @@ class WriterRunner(ServiceActor):
     async def on_run(self, req: m.RunWriter) -> m.WriterFinished:
         provider = TimedProvider(self.state.provider)  # model time, for benchmarks to subtract
         await store.start_writer_run(self.ctx.pool, run_id=req.run_id, novel_id=req.novel_id, unit_id=req.unit_id,
-                                     claim_id=None, dispatch=req.dispatch, mode=req.shape, provider=provider.label)
+                                     claim_id=req.claim_id or None, dispatch=req.dispatch, mode=req.shape, provider=provider.label)
         await self.ctx.emit(ev.WriterDispatched(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
                                                 dispatch=req.dispatch, provider=provider.label))
         self.state.runs += 1

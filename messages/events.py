@@ -131,6 +131,24 @@ class UsageSampled(Event, tag="usage.sampled", frozen=True):
     calls: int
 
 
+class UsageMissing(Event, tag="usage.missing", frozen=True):
+    """REL-7: this turn's usage sample was not recorded (the sampler was away past the retry
+    window, or the turn was accounted by reconciliation after its flow died); the turn counts."""
+
+    unit_id: str
+    claim_id: str
+    turn: int
+    reason: str
+
+
+class WriterAbandoned(Event, tag="writer.abandoned", frozen=True):
+    """REL-7: a writer run left `running` (its writer or driver died) was closed as `abandoned`."""
+
+    unit_id: str
+    run_id: str
+    reason: str
+
+
 class ChapterCompleted(Event, tag="chapter.completed", frozen=True):
     chapter_id: str
 
@@ -228,7 +246,8 @@ class RequirementSuperseded(Event, tag="requirement.superseded", frozen=True):
 NovelEvent = (
     NovelCreated | UnitPrepared | UnitClaimed | PackRendered | WriterDispatched | ToolStarted
     | WriterFinished | UnitCommitted | VerificationFailed | UnitFailed | UnitSuperseded | ClaimReleased
-    | ClaimsRecovered | ScopeViolation | DelegationRefused | ToolRefused | UsageSampled
+    | ClaimsRecovered | ScopeViolation | DelegationRefused | ToolRefused | UsageSampled | UsageMissing
+    | WriterAbandoned
     | ChapterCompleted | NovelPaused | NovelResumed | ModeSwitched | NovelFinished
     | OutlineRevised | OutlineRequested | ConfigChanged | RequirementReceived | RequirementApplied
     | RequirementBlocked | RequirementSuperseded

@@ -20,6 +20,7 @@ class RunWriter(Message, tag="runs.run", frozen=True):
     # `rewrite` starts it afresh. None: a fresh writer that stores nothing.
     session_id: str | None = None
     rewrite: bool = False
+    claim_id: str = ""  # REL-7: recorded with the run, so a run its claim outlived can be closed
 
 
 class CallSample(Message, tag="runs.call", frozen=True):

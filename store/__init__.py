@@ -41,6 +41,8 @@ from novelbus.store.errors import (
 from novelbus.store.events import (
     EventRow,
     append_event,
+    append_event_once,
+    has_event,
     list_events,
     mark_processed,
     record_intent,
@@ -75,6 +77,19 @@ from novelbus.store.novels import (
     set_writer_mode,
 )
 from novelbus.store.pool import connect, migrate
+from novelbus.store.reconcile import (
+    AbandonedRun,
+    CommitEventMissing,
+    PendingUsage,
+    UnaccountedCommit,
+    abandon_writer_runs,
+    claim_outcome,
+    commits_without_event,
+    finished_without_event,
+    mark_turn_usage,
+    pending_usage,
+    unaccounted_commits,
+)
 from novelbus.store.recovery import (
     TurnOutcome,
     account_turn,
@@ -105,6 +120,19 @@ from novelbus.store.usage import RING_SIZE, recent_usage, record_usage, usage_to
 
 __all__ = [
     "transaction",
+    "AbandonedRun",
+    "CommitEventMissing",
+    "PendingUsage",
+    "UnaccountedCommit",
+    "abandon_writer_runs",
+    "claim_outcome",
+    "commits_without_event",
+    "finished_without_event",
+    "mark_turn_usage",
+    "pending_usage",
+    "unaccounted_commits",
+    "append_event_once",
+    "has_event",
     "RING_SIZE",
     "Claim",
     "CommitConflict",

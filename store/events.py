@@ -57,6 +57,48 @@ async def append_event(pool: Db, novel_id: str | None, type: str, payload: dict[
     return int(seq)
 
 
+async def append_event_once(
+    pool: Db, novel_id: str | None, type: str, payload: dict[str, Any], once_key: str
+) -> tuple[int, bool, float]:
+    """Append an event that must exist once (REL-7): (seq, first, age in seconds).
+
+    A second call with the same `once_key` writes nothing and returns the first row's seq and
+    age, so its publisher can re-publish it under the same NATS message id (de-duplicated while
+    the stream's window lasts) or leave it be."""
+    if not type:
+        raise ValueError("event type must not be empty")
+    if not once_key:
+        raise ValueError("once_key must not be empty")
+    bad = _forbidden_key(payload, "payload")
+    if bad is not None:
+        raise UnsafePayload(f"event {type!r}: {bad} is a reserved key (no prose or tokens)")
+    async with transaction(pool) as conn:
+        seq = await conn.fetchval(
+            "INSERT INTO events (novel_id, type, payload, once_key) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq",
+            novel_id,
+            type,
+            payload,
+            once_key,
+        )
+        if seq is not None:
+            return int(seq), True, 0.0
+        row = await conn.fetchrow(
+            "SELECT seq, extract(epoch FROM now() - created_at)::float8 AS age"
+            " FROM events WHERE once_key = $1",
+            once_key,
+        )
+    assert row is not None
+    return int(row["seq"]), False, float(row["age"])
+
+
+async def has_event(pool: Db, once_key: str) -> bool:
+    """Whether an event with this once-key was recorded (REL-7)."""
+    async with transaction(pool) as conn:
+        found = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM events WHERE once_key = $1)", once_key)
+    return bool(found)
+
+
 async def list_events(
     pool: Db, novel_id: str | None = None, after_seq: int = 0, limit: int = 1000
 ) -> list[EventRow]:

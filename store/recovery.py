@@ -26,9 +26,12 @@ _CLEAR_LEASE = "lease_holder = NULL, lease_intent_id = NULL, lease_until = NULL"
 async def hold_lease(
     pool: Db, novel_id: str, unit_id: str, intent_id: str, holder: str, seconds: float
 ) -> bool:
-    """Take (before the claim) or renew (while claimed under `intent_id`) a unit's lease.
+    """Take (before the claim) or renew (while claimed, or committed, under `intent_id`) a
+    unit's lease. A committed unit stays leased until its flow has accounted the turn, so
+    reconciliation (REL-7) leaves a live flow's commit to that flow.
 
-    False when the unit is neither prepared nor claimed under this intent — the flow lost it.
+    False when the unit is neither prepared nor claimed/committed under this intent — the flow
+    lost it (`store.claim_outcome` says how).
     """
     if seconds <= 0:
         raise ValueError(f"lease seconds must be > 0, got {seconds}")
@@ -39,7 +42,7 @@ async def hold_lease(
             "UPDATE units SET lease_holder = $4, lease_intent_id = $3,"
             " lease_until = now() + make_interval(secs => $5)"
             " WHERE novel_id = $1 AND unit_id = $2"
-            " AND (state = 'prepared' OR (state = 'claimed' AND intent_id = $3))"
+            " AND (state = 'prepared' OR (state IN ('claimed', 'committed') AND intent_id = $3))"
             " RETURNING unit_id",
             novel_id,
             unit_id,
@@ -104,6 +107,8 @@ async def account_turn(
     outcome: TurnOutcome,
     writer_output_chars: int = 0,
     failure_signature: str | None = None,
+    unit_id: str | None = None,
+    holder: str | None = None,
 ) -> tuple[NovelRow, bool]:
     """Account one unit turn once per `turn_key` (the claim id); returns (counters, first).
 
@@ -112,6 +117,8 @@ async def account_turn(
     same signature (restarted at 1 for a new one), external counter cleared. `external` (the
     provider was unavailable, not the unit's fault): turns + 1, external failures + 1 only.
     A repeated call with the same key changes nothing and returns `first=False`.
+    `unit_id` and `holder` (the accounting driver instance) let reconciliation settle the
+    turn's usage sample later (REL-7).
     """
     if outcome not in ("committed", "failed", "external"):
         raise ValueError(f"outcome must be committed, failed or external, got {outcome!r}")
@@ -122,12 +129,15 @@ async def account_turn(
     async with novel_must_exist(novel_id), transaction(pool) as conn:
         current = await lock_novel(conn, novel_id)
         inserted = await conn.fetchval(
-            "INSERT INTO turn_ledger (novel_id, turn_key, outcome, turn) VALUES ($1, $2, $3, $4)"
+            "INSERT INTO turn_ledger (novel_id, turn_key, outcome, turn, unit_id, holder)"
+            " VALUES ($1, $2, $3, $4, $5, $6)"
             " ON CONFLICT (novel_id, turn_key) DO NOTHING RETURNING turn",
             novel_id,
             turn_key,
             outcome,
             current["turns"] + 1,
+            unit_id,
+            holder,
         )
         if inserted is None:
             return novel_row(current), False

@@ -44,4 +44,13 @@ async def run_novel(rt: Runtime, nf: NovelFile, *, timeout: float = 120.0) -> tu
     finally:
         await sub.unsubscribe()
     assert isinstance(final, ev.NovelFinished), f"novel did not finish: {final}"
+    await settled_usage(rt)
     return novel_id, events
+
+
+async def settled_usage(rt: Runtime) -> None:
+    """Usage samples travel off the unit's path (REL-7): wait for those still in flight."""
+    for actor in rt.actors:
+        accounting = getattr(actor, "accounting", None)
+        if accounting is not None:
+            await accounting.idle()

@@ -1,0 +1,171 @@
+"""The driver's accounting that no death can lose (REL-7), and usage that never delays a unit.
+
+A unit's flow accounts its own turn. What a dead process left half done, the store still shows,
+and `Accounting.reconcile` settles it — on driver start and in every sweep — with the same
+once-only keys as the normal path, so running both changes nothing twice:
+
+- a commit whose claim has no turn row and whose flow is gone gets its turn (with a
+  `usage.missing` marker: the calls it made died with the flow), then the novel a notice;
+- a turn whose usage sample never came gets one `usage.missing` marker;
+- a writer run left `running` after its claim ended is closed `abandoned` (`writer.abandoned`);
+- a commit without `unit.committed`, a completed chapter without `chapter.completed`, a finished
+  novel without `novel.finished` get their event (each exists exactly once: `ActorContext.emit`).
+
+Usage samples go to the sampler from a task the driver owns, never awaited by the flow: a
+sampler that is away delays nothing; the sample is retried for `usage_retry_s`, then the turn is
+marked `usage.missing`. Either way the turn gets exactly one (the turn ledger's `usage` column).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from novelbus import store
+from novelbus.actors.context import ActorContext, once_key
+from novelbus.bus.client import RemoteError, request
+from novelbus.messages import events as ev
+from novelbus.messages import usage as um
+from novelbus.novel.next_work import completed_chapters
+
+log = logging.getLogger(__name__)
+
+USAGE_RETRY_S = 30.0  # a sample is retried this long, then its turn is marked usage.missing
+USAGE_GRACE_S = 60.0  # reconciliation marks a turn's usage missing this long after it (> retry)
+COMMIT_EVENT_GRACE_S = 10.0  # a commit this old without `unit.committed`: its claim manager died
+
+Notify = Callable[..., Awaitable[str]]  # publish_notice(ctx, novel_id, reason=…, dedupe=…)
+
+
+@dataclass
+class ReconcileReport:
+    turns: list[tuple[str, str]] = field(default_factory=list)  # (novel, unit) accounted here
+    usage_missing: int = 0
+    abandoned_runs: int = 0
+    events: list[str] = field(default_factory=list)  # once-keys of events emitted here
+
+    def __bool__(self) -> bool:
+        return bool(self.turns or self.usage_missing or self.abandoned_runs or self.events)
+
+
+class Accounting:
+    def __init__(self, ctx: ActorContext, instance: str, notify: Notify, *, lease_s: float,
+                 usage_retry_s: float = USAGE_RETRY_S, usage_grace_s: float = USAGE_GRACE_S,
+                 commit_event_grace_s: float = COMMIT_EVENT_GRACE_S) -> None:
+        self.ctx = ctx
+        self.instance = instance
+        self.notify = notify
+        self.lease_s = lease_s
+        self.usage_retry_s = usage_retry_s
+        self.usage_grace_s = usage_grace_s
+        self.commit_event_grace_s = commit_event_grace_s
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def stop(self) -> None:
+        """Cancel samples still being retried; reconciliation marks their turns later."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def idle(self) -> None:
+        """Wait for every usage sample in flight (tests, an orderly stop)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # --- usage, off the unit's path --------------------------------------------------------
+    def record_usage_later(self, record: um.RecordTurn) -> None:
+        task = asyncio.create_task(self._send_usage(record), name=f"usage-{record.claim_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_usage(self, record: um.RecordTurn) -> None:
+        ctx, deadline, attempt = self.ctx, time.monotonic() + self.usage_retry_s, 0
+        while True:
+            try:
+                await request(ctx.nc, ctx.subjects.usage, record, um.TurnRecorded,
+                              timeout=min(ctx.settings.request_timeout_s, 10.0))
+                return
+            except asyncio.CancelledError:
+                raise
+            except RemoteError as e:
+                reason = f"sampler-error:{e.code}"
+                if e.code not in ("internal", "bus-unavailable"):
+                    break  # refused for good (e.g. bad input): retrying changes nothing
+            except Exception as e:  # noqa: BLE001 - the sampler or NATS away: retry, then mark
+                reason = f"sampler-unavailable:{type(e).__name__}"
+            attempt += 1
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(5.0, 0.2 * 2 ** min(attempt, 5)))
+        log.warning("usage of %s turn %s not recorded (%s); marked missing", record.unit_id, record.turn, reason)
+        with contextlib.suppress(Exception):  # the store away too: reconciliation marks it later
+            await self.mark_missing(record.novel_id, record.unit_id, record.claim_id, record.turn, reason)
+
+    async def mark_missing(self, novel_id: str, unit_id: str, claim_id: str, turn: int, reason: str) -> bool:
+        """The turn's usage marker, once: True when this call set it."""
+        if not await store.mark_turn_usage(self.ctx.pool, novel_id, claim_id, "missing"):
+            return False
+        await self.ctx.emit(ev.UsageMissing(novel_id=novel_id, unit_id=unit_id, claim_id=claim_id, turn=turn,
+                                            reason=reason[:120]))
+        return True
+
+    # --- once-only events -------------------------------------------------------------------
+    async def _emit_once(self, event: ev.Event, report: ReconcileReport | None = None) -> None:
+        key = once_key(event)
+        if key is not None and await store.has_event(self.ctx.pool, key):
+            return
+        await self.ctx.emit(event)
+        if report is not None and key is not None:
+            report.events.append(key)
+
+    async def announce_chapters(self, novel_id: str, report: ReconcileReport | None = None) -> None:
+        """Every completed chapter has its `chapter.completed` (DRV-5), recomputed from the store."""
+        snapshot = await store.load_snapshot(self.ctx.pool, novel_id, prose=False)
+        for chapter_id in completed_chapters(snapshot):
+            await self._emit_once(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id), report)
+
+    # --- reconciliation ---------------------------------------------------------------------
+    async def reconcile(self, *, restarted: bool = False, exclude_novel_ids: list[str] | None = None
+                        ) -> ReconcileReport:
+        """Settle what dead processes left half done (module docstring). `restarted`: this driver
+        instance is starting, so whatever its previous incarnation held is settled at once."""
+        pool, report = self.ctx.pool, ReconcileReport()
+        holder = self.instance if restarted else None
+        touched: set[str] = set()
+        for c in await store.unaccounted_commits(pool, grace_s=self.lease_s, restarted_holder=holder,
+                                                 exclude_novel_ids=exclude_novel_ids):
+            counters, first = await store.account_turn(pool, c.novel_id, c.claim_id, outcome="committed",
+                                                       unit_id=c.unit_id, holder=self.instance)
+            if first:
+                log.info("turn of %s/%s (committed, its flow gone) accounted", c.novel_id, c.unit_id)
+                report.turns.append((c.novel_id, c.unit_id))
+                if await self.mark_missing(c.novel_id, c.unit_id, c.claim_id, counters.turns, "turn-reconciled"):
+                    report.usage_missing += 1
+            touched.add(c.novel_id)
+            await self.notify(self.ctx, c.novel_id, reason="next-unit", dedupe=f"after-{c.unit_id}-{c.claim_id}")
+        for p in await store.pending_usage(pool, older_than_s=self.usage_grace_s, restarted_holder=holder):
+            if await self.mark_missing(p.novel_id, p.unit_id, p.claim_id, p.turn, "sample-not-recorded"):
+                report.usage_missing += 1
+        for r in await store.abandon_writer_runs(pool):
+            report.abandoned_runs += 1
+            await self.ctx.emit(ev.WriterAbandoned(novel_id=r.novel_id, unit_id=r.unit_id, run_id=r.run_id,
+                                                   reason=r.reason))
+        for m in await store.commits_without_event(pool, older_than_s=0 if restarted else self.commit_event_grace_s):
+            await self._emit_once(ev.UnitCommitted(
+                novel_id=m.novel_id, unit_id=m.unit_id, commit_id=m.commit_id,
+                effective_characters=m.effective_characters, total_characters=m.total_characters,
+                body_sha256=m.body_sha256, context_sha256=m.context_sha256), report)
+        if restarted:
+            touched.update(n.novel_id for n in await store.list_novels(pool) if n.status in ("active", "finished"))
+        for novel_id in sorted(touched):
+            await self.announce_chapters(novel_id, report)
+        for novel_id in await store.finished_without_event(pool):
+            snapshot = await store.load_snapshot(pool, novel_id, prose=False)
+            await self._emit_once(ev.NovelFinished(novel_id=novel_id, units=len(snapshot.units),
+                                                   commits=len(snapshot.commits),
+                                                   characters=snapshot.committed_characters), report)
+        return report

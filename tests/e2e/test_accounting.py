@@ -1,0 +1,257 @@
+"""REL-7: every commit accounted exactly once — turn, usage sample or marker, writer run closed,
+chapter completion, the finish — whoever dies when; usage never delays a unit.
+
+The lost-turn scenario of issue 11, reproduced in one process with the real actors: the writer
+is "killed" right after its commit landed (it never replies and never closes its run), then the
+driver is stopped while waiting for it; a restarted driver must account that turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from novelbus import store
+from novelbus.actors import writer as writer_module
+from novelbus.actors.driver import Driver, publish_notice
+from novelbus.actors.runtime import connected, running
+from novelbus.bus.client import request
+from novelbus.messages import claims as cm
+from novelbus.messages import usage as um
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.sample import sample_novel_bytes
+from tests.e2e.conftest import settled_usage
+
+SERVERS = ("claims", "packer", "writer", "verifier", "usage")
+
+
+async def wait_for(check: Any, timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def ledger(pool: Any, novel_id: str) -> dict[str, Any]:
+    """What the checks of REL-7/REL-8 count, straight from PostgreSQL."""
+    q = pool.fetchval
+    return {
+        "units": await q("SELECT count(*) FROM units WHERE novel_id = $1 AND state <> 'superseded'", novel_id),
+        "commits": await q("SELECT count(*) FROM commits WHERE novel_id = $1", novel_id),
+        "turns": await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1", novel_id),
+        "novel_turns": await q("SELECT turns FROM novels WHERE novel_id = $1", novel_id),
+        "commits_without_turn": await q(
+            "SELECT count(*) FROM commits c WHERE novel_id = $1 AND NOT EXISTS (SELECT 1 FROM turn_ledger t"
+            " WHERE t.novel_id = c.novel_id AND t.turn_key = c.claim_id)", novel_id),
+        "usage_unsettled": await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage IS NULL",
+                                   novel_id),
+        "usage_events": await q("SELECT count(*) FROM events WHERE novel_id = $1"
+                                " AND type IN ('usage.sampled', 'usage.missing')", novel_id),
+        "open_writer_runs": await q("SELECT count(*) FROM writer_runs WHERE novel_id = $1 AND status = 'running'",
+                                    novel_id),
+        "unit_committed": await q("SELECT count(*) FROM events WHERE novel_id = $1 AND type = 'unit.committed'",
+                                  novel_id),
+        "chapter_completed": await q("SELECT count(*) FROM events WHERE novel_id = $1"
+                                     " AND type = 'chapter.completed'", novel_id),
+        "chapters": await q("SELECT count(DISTINCT chapter_id) FROM units WHERE novel_id = $1", novel_id),
+        "novel_finished": await q("SELECT count(*) FROM events WHERE novel_id = $1 AND type = 'novel.finished'",
+                                  novel_id),
+        "status": await q("SELECT status FROM novels WHERE novel_id = $1", novel_id),
+    }
+
+
+def assert_accounted_once(c: dict[str, Any]) -> None:
+    assert c["status"] == "finished", c
+    assert c["turns"] == c["commits"] == c["units"] == c["novel_turns"], c
+    assert c["commits_without_turn"] == 0 and c["usage_unsettled"] == 0, c
+    assert c["usage_events"] == c["turns"], c  # one sample or marker per turn
+    assert c["open_writer_runs"] == 0, c
+    assert c["unit_committed"] == c["commits"], c
+    assert c["chapter_completed"] == c["chapters"] and c["novel_finished"] == 1, c
+
+
+class CommitThenDie:
+    """Test instrumentation: the writer's first commit lands, then the writer never answers
+    again for that run (as if SIGKILLed right after the commit: no reply, run left `running`)."""
+
+    def __init__(self) -> None:
+        self.real = writer_module.request
+        self.armed = True
+        self.landed = asyncio.Event()
+        self.end = asyncio.Event()  # set when the test is done with the "dead" handler
+
+    async def __call__(self, nc: Any, subject: str, msg: Any, reply: Any, **kw: Any) -> Any:
+        result = await self.real(nc, subject, msg, reply, **kw)
+        if isinstance(msg, cm.CommitUnit) and self.armed:
+            self.armed = False
+            self.landed.set()
+            await self.end.wait()  # dead: never answers while the test runs
+            raise ConnectionResetError("this writer died")
+        return result
+
+
+@pytest.mark.parametrize("reconcile", [True, False], ids=["with-reconcile", "without-reconcile"])
+async def test_rel7_writer_killed_after_commit_then_driver_killed_turn_accounted_once(
+        nats_url: str, new_database: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, reconcile: bool) -> None:
+    """REL-7: the lost turn of issue 11. Without reconciliation (the check made to fail) the
+    committed unit's turn, its usage and its writer run stay unaccounted forever."""
+    if not reconcile:
+        async def no_reconcile(self: Any, **kw: Any) -> Any:
+            from novelbus.actors.accounting import ReconcileReport
+            return ReconcileReport()
+        monkeypatch.setattr("novelbus.actors.accounting.Accounting.reconcile", no_reconcile)
+    dying = CommitThenDie()
+    monkeypatch.setattr(writer_module, "request", dying)
+    dsn, subjects = await new_database(), Subjects(namespace)
+    async with running(nats_url, dsn, names=SERVERS, subjects=subjects) as servers:
+        try:
+            await _lost_turn(servers.ctx.pool, nats_url, dsn, subjects, dying, reconcile)
+        finally:
+            dying.end.set()
+
+
+async def _lost_turn(pool: Any, nats_url: str, dsn: str, subjects: Subjects, dying: CommitThenDie,
+                     reconcile: bool) -> None:
+    nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+    novel_id = await store.create_novel(pool, nf)
+    driver_kwargs = {"driver": {"writer_timeout_s": 300.0, "lease_s": 3.0}}
+    async with running(nats_url, dsn, names=("driver",), subjects=subjects, actor_kwargs=driver_kwargs) as d1:
+        await publish_notice(d1.ctx, novel_id, reason="test")
+        await asyncio.wait_for(dying.landed.wait(), 60)
+        await asyncio.sleep(0.5)  # the driver is waiting for the writer's reply
+    # The driver is gone too. Nobody accounted the committed unit:
+    before = await ledger(pool, novel_id)
+    assert before["commits"] == 1 and before["commits_without_turn"] == 1, before
+    assert before["open_writer_runs"] == 1, before
+
+    async with running(nats_url, dsn, names=("driver",), subjects=subjects, actor_kwargs=driver_kwargs) as d2:
+        if not reconcile:
+            # Nothing settles the lost turn: the novel goes on, the turn stays missing.
+            await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
+            await settled_usage(d2)
+            after = await ledger(pool, novel_id)
+            with pytest.raises(AssertionError):
+                assert_accounted_once(after)
+            assert after["commits_without_turn"] == 1 and after["open_writer_runs"] == 1
+            return
+        await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
+        await settled_usage(d2)
+        missing = await pool.fetch("SELECT payload FROM events WHERE novel_id = $1 AND type = 'usage.missing'",
+                                   novel_id)
+        assert [m["payload"]["reason"] for m in missing] == ["turn-reconciled"]
+        abandoned = await pool.fetch("SELECT status, reason FROM writer_runs WHERE novel_id = $1"
+                                     " AND status = 'abandoned'", novel_id)
+        assert len(abandoned) == 1 and "committed" in abandoned[0]["reason"]
+        # A second reconciliation, and the normal path replayed for the same claim, change nothing.
+        driver = d2.actor("driver")
+        assert isinstance(driver, Driver)
+        assert not await driver.accounting.reconcile(restarted=True)
+        claim_id = await pool.fetchval("SELECT claim_id FROM commits WHERE novel_id = $1 AND seq = 1", novel_id)
+        _, first = await store.account_turn(pool, novel_id, claim_id, outcome="committed")
+        assert not first
+    assert_accounted_once(await ledger(pool, novel_id))
+
+
+async def _status(pool: Any, novel_id: str, status: str) -> bool:
+    return bool(await pool.fetchval("SELECT status FROM novels WHERE novel_id = $1", novel_id) == status)
+
+
+async def test_rel7_usage_sampler_down_delays_nothing_and_each_turn_is_sampled_once(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """Usage sampling never delays a unit: with the sampler away the novel finishes; the samples
+    land once the sampler is back (exactly once per turn: the turn ledger's key), and a sample
+    re-sent for an already-sampled turn is a duplicate."""
+    dsn, subjects = await new_database(), Subjects(namespace)
+    names = tuple(n for n in SERVERS if n != "usage") + ("driver",)
+    async with running(nats_url, dsn, names=names, subjects=subjects,
+                       actor_kwargs={"driver": {"usage_retry_s": 120.0}}) as rt:
+        pool = rt.ctx.pool
+        nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+        novel_id = await store.create_novel(pool, nf)
+        await publish_notice(rt.ctx, novel_id, reason="test")
+        await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish without a sampler")
+        c = await ledger(pool, novel_id)
+        assert c["turns"] == c["commits"] >= 9 and c["usage_unsettled"] == c["turns"], c
+        async with running(nats_url, dsn, names=("usage",), subjects=subjects):
+            await settled_usage(rt)
+            c = await ledger(pool, novel_id)
+            assert c["usage_unsettled"] == 0 and c["usage_events"] == c["turns"], c
+            sampled = await pool.fetchval("SELECT count(*) FROM events WHERE novel_id = $1 AND type = 'usage.sampled'",
+                                          novel_id)
+            assert sampled == c["turns"]
+            claim_id, unit_id, turn = await pool.fetchrow(
+                "SELECT turn_key, unit_id, turn FROM turn_ledger WHERE novel_id = $1 ORDER BY turn LIMIT 1", novel_id)
+            again = await request(rt.ctx.nc, subjects.usage, um.RecordTurn(
+                novel_id=novel_id, unit_id=unit_id, mode="subagent", turn=turn + 1000, provider="offline", calls=[],
+                tool_bytes={}, writer_output_chars=0, committed=True, claim_id=claim_id), um.TurnRecorded, timeout=10)
+            assert again.duplicate
+
+
+async def test_rel7_sampler_away_past_the_retry_window_marks_usage_missing_once(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """A sampler away longer than the retry window: each turn gets exactly one `usage.missing`
+    marker, and a late sample for it is not recorded."""
+    dsn, subjects = await new_database(), Subjects(namespace)
+    names = tuple(n for n in SERVERS if n != "usage") + ("driver",)
+    async with running(nats_url, dsn, names=names, subjects=subjects,
+                       actor_kwargs={"driver": {"usage_retry_s": 0.5}}) as rt:
+        pool = rt.ctx.pool
+        nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+        novel_id = await store.create_novel(pool, nf)
+        await publish_notice(rt.ctx, novel_id, reason="test")
+        await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
+        await settled_usage(rt)
+        c = await ledger(pool, novel_id)
+        assert c["usage_unsettled"] == 0 and c["usage_events"] == c["turns"] >= 9, c
+        assert await pool.fetchval("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage = 'missing'",
+                                   novel_id) == c["turns"]
+        async with running(nats_url, dsn, names=("usage",), subjects=subjects):
+            claim_id, unit_id, turn = await pool.fetchrow(
+                "SELECT turn_key, unit_id, turn FROM turn_ledger WHERE novel_id = $1 ORDER BY turn LIMIT 1", novel_id)
+            late = await request(rt.ctx.nc, subjects.usage, um.RecordTurn(
+                novel_id=novel_id, unit_id=unit_id, mode="subagent", turn=turn, provider="offline", calls=[],
+                tool_bytes={}, writer_output_chars=0, committed=True, claim_id=claim_id), um.TurnRecorded, timeout=10)
+            assert late.duplicate
+        assert await store.usage_totals(pool, novel_id) == {}
+
+
+async def test_rel7_reconcile_settles_a_commit_whose_claim_manager_died_before_its_event(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """A commit with no `unit.committed` (the claim manager died in between) and a finished novel
+    without `novel.finished` (the driver died in between) get their event exactly once."""
+    dsn, subjects = await new_database(), Subjects(namespace)
+    async with connected(nats_url, dsn, subjects=subjects, name="test") as ctx:
+        nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+        novel_id = await store.create_novel(ctx.pool, nf)
+        first = nf.outline.scenes_of(nf.outline.ordered_chapters()[0].chapterId)[0]
+        unit_id = await store.prepare_unit(ctx.pool, novel_id, first.chapterId, first.sceneId, fragment=1,
+                                           continuation_anchor=None)
+        assert await store.hold_lease(ctx.pool, novel_id, unit_id, "intent-1", "driver-9", 30)
+        claim = await store.claim_unit(ctx.pool, novel_id, unit_id, "intent-1", mode="subagent")
+        from tests.e2e.test_recovery_claims import BODY
+        await store.commit_body(ctx.pool, novel_id, unit_id, claim.token, BODY, run_id="run-1", context_hash=None)
+        from novelbus.actors.accounting import Accounting
+        acc = Accounting(ctx, "driver-9", publish_notice, lease_s=30, commit_event_grace_s=0)
+        # A live flow holds the lease: the sweep leaves its commit to it (but announces the commit).
+        report = await acc.reconcile()
+        assert report.turns == [] and report.events == [f"unit.committed:{novel_id}:{unit_id}"]
+        # The flow's driver instance restarts: its previous incarnation's commit is accounted now.
+        report = await acc.reconcile(restarted=True)
+        assert report.turns == [(novel_id, unit_id)] and report.usage_missing == 1
+        assert not await acc.reconcile(restarted=True)  # idempotent
+        await ctx.pool.execute("UPDATE novels SET status = 'finished', finished_at = now() WHERE novel_id = $1",
+                               novel_id)
+        report = await acc.reconcile()
+        assert report.events == [f"novel.finished:{novel_id}"]
+        assert not await acc.reconcile()
+        counts = await ctx.pool.fetch("SELECT type, count(*) AS n FROM events WHERE novel_id = $1 GROUP BY 1", novel_id)
+        by_type = {r["type"]: r["n"] for r in counts}
+        assert by_type["unit.committed"] == 1 and by_type["novel.finished"] == 1 and by_type["usage.missing"] == 1
