@@ -14,6 +14,7 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.bus import outbox
 from novelbus.bus.client import BusUnavailable, request
 from novelbus.bus.codec import encode
 from novelbus.bus.routes import check_instance, claims_instance_subject, delegation_instance
@@ -104,6 +105,7 @@ class ClaimManager(ServiceActor):
             notice = WorkNotice(novel_id=novel_id, notice_id=f"recover-{secrets.token_hex(6)}",
                                 reason="recovered")
             data, headers = encode(notice)
+            await outbox.settle()
             await self.ctx.js.publish(self.ctx.subjects.work(novel_id), data, headers=headers)
 
     # --- handlers -------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -12,7 +11,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from novelbus import store
-from novelbus.bus import tally
+from novelbus.bus import outbox
 from novelbus.bus.codec import encode, type_tag
 from novelbus.bus.service import CommandService
 from novelbus.bus.streams import DUPLICATE_WINDOW_S
@@ -90,6 +89,8 @@ class ActorContext:
         repeat re-publishes the first row under its message id only while the stream's
         de-duplication window still covers it (so a publish lost with a dying process is made
         good, and a late repeat adds nothing).
+        PERF-2: the publish does not wait for its ack here; the task's next command, reply or
+        work notice waits for all of them first (`bus.outbox`), so events stay ordered per novel.
         """
         tag = type_tag(event)
         payload = msgspec.to_builtins(event)
@@ -102,15 +103,5 @@ class ActorContext:
                 return
         data, headers = encode(event)
         headers["Nats-Msg-Id"] = f"{self.subjects.namespace}ev-{seq}"
-        subject = self.subjects.event(event.novel_id, tag)
-        for attempt in range(5):
-            try:
-                tally.count("publishes")
-                tally.count("publish_waits")
-                await self.js.publish(subject, data, headers=headers, timeout=5)
-                return
-            except Exception as e:  # noqa: BLE001 - NATS away: retry, then keep the ledger row
-                if attempt == 4:
-                    log.warning("event %s seq %s kept in the ledger only (%s)", tag, seq, type(e).__name__)
-                else:
-                    await asyncio.sleep(0.2 * (attempt + 1))
+        await outbox.publish(self.js, self.subjects.event(event.novel_id, tag), data, headers,
+                             what=f"event {tag} seq {seq}")

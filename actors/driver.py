@@ -26,7 +26,7 @@ from novelbus import store
 from novelbus.actors.accounting import USAGE_RETRY_S, Accounting
 from novelbus.actors.context import ActorContext
 from novelbus.actors.steering import Steering
-from novelbus.bus import tally
+from novelbus.bus import outbox, tally
 from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.bus.codec import MessageError, decode, encode
 from novelbus.bus.routes import check_instance, claims_instance_subject
@@ -240,6 +240,7 @@ class Driver:
         finally:
             heartbeat.cancel()
         with contextlib.suppress(Exception):  # NATS away: the notice is redelivered, and changes nothing twice
+            await outbox.settle()  # the flow's last events are stored before its notice is done
             await msg.ack()
 
     async def _advance_until_done(self, notice: WorkNotice) -> None:
@@ -673,6 +674,7 @@ async def publish_notice(ctx: ActorContext, novel_id: str, *, reason: str, dedup
     notice_id = dedupe or f"notice-{secrets.token_hex(8)}"
     data, headers = encode(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason=reason))
     headers["Nats-Msg-Id"] = f"{novel_id}:{notice_id}"
+    await outbox.settle()  # the flow's events are stored before the notice that follows them
     tally.count("publishes")
     tally.count("publish_waits")
     await ctx.js.publish(ctx.subjects.work(novel_id), data, headers=headers)

@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from novelbus.bus import tally
+from novelbus.bus import outbox, tally
 from novelbus.bus.codec import decode_reply, encode
 from novelbus.messages.errors import ErrorReply
 
@@ -60,7 +60,10 @@ async def request(
     nc: NATS, subject: str, msg: msgspec.Struct, reply: type[T], *,
     timeout: float = 30.0, retries: int = 0, retry_delay: float = 0.5,
 ) -> T:
-    """Send a command and decode its reply; an ErrorReply raises RemoteError."""
+    """Send a command and decode its reply; an ErrorReply raises RemoteError.
+
+    The calling task's events are stored first (bus.outbox): the command cannot overtake them."""
+    await outbox.settle()
     data, headers = encode(msg)
     attempt = 0
     while True:

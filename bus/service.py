@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from novelbus.bus import tally
+from novelbus.bus import outbox, tally
 from novelbus.bus.codec import MessageError, decode, encode
 from novelbus.messages.errors import INTERNAL, ErrorReply
 
@@ -94,6 +94,7 @@ class CommandService:
                 self.stats[reply.code] += 1
                 if reply.code == INTERNAL:
                     log.exception("handler failed on %s", self.subject)
+            await outbox.settle()  # the handler's events are stored before its reply leaves
             if msg.reply:
                 data, headers = encode(reply)
                 await self.nc.publish(msg.reply, data, headers=headers)

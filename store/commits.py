@@ -13,7 +13,7 @@ from novelbus.novel.commitcheck import business_hash, check_body, rewrite_source
 from novelbus.novel.guard import guard_prose
 from novelbus.novel.outline import NovelConfig
 from novelbus.novel.text import effective_characters
-from novelbus.store._db import Conn, Db, lock_novel, transaction
+from novelbus.store._db import Conn, Db, lock_novel, statement, transaction
 from novelbus.store.errors import CommitConflict, TokenMismatch, UnitNotClaimed, UnitNotFound
 from novelbus.store.units import hash_token
 
@@ -264,7 +264,7 @@ async def commit_body(
 
 async def get_commit_for_unit(pool: Db, novel_id: str, unit_id: str) -> CommitRow | None:
     """The unit's commit with its body, or None (VER-1 reads this, never the model's report)."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         row = await conn.fetchrow(
             f"SELECT {_COMMIT_COLUMNS}, body FROM commits WHERE novel_id = $1 AND unit_id = $2",
             novel_id,
@@ -275,7 +275,7 @@ async def get_commit_for_unit(pool: Db, novel_id: str, unit_id: str) -> CommitRo
 
 async def list_commits(pool: Db, novel_id: str) -> list[CommitRow]:
     """The novel's commits in seq order, without bodies."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_COMMIT_COLUMNS} FROM commits WHERE novel_id = $1 ORDER BY seq", novel_id
         )
@@ -284,7 +284,7 @@ async def list_commits(pool: Db, novel_id: str) -> list[CommitRow]:
 
 async def count_commits_per_unit(pool: Db, novel_id: str) -> dict[str, int]:
     """unit id → number of commit rows (REL-1 checks every value is exactly 1)."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT unit_id, count(*) AS n FROM commits WHERE novel_id = $1 GROUP BY unit_id",
             novel_id,
@@ -294,7 +294,7 @@ async def count_commits_per_unit(pool: Db, novel_id: str) -> dict[str, int]:
 
 async def commit_paragraph_counts(pool: Db, novel_id: str) -> dict[str, int]:
     """commit id → paragraph count: the `known_commits` that check_body validates sources with."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         return await _paragraph_counts(conn, novel_id)
 
 

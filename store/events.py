@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from novelbus.store._db import Db, novel_must_exist, transaction
+from novelbus.store._db import Db, novel_must_exist, statement, transaction
 from novelbus.store.errors import UnsafePayload
 
 # BUS-6: keys that would carry prose, prompts or tokens never enter an event payload.
@@ -47,7 +47,7 @@ async def append_event(pool: Db, novel_id: str | None, type: str, payload: dict[
     bad = _forbidden_key(payload, "payload")
     if bad is not None:
         raise UnsafePayload(f"event {type!r}: {bad} is a reserved key (no prose or tokens)")
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         seq = await conn.fetchval(
             "INSERT INTO events (novel_id, type, payload) VALUES ($1, $2, $3) RETURNING seq",
             novel_id,
@@ -94,7 +94,7 @@ async def append_event_once(
 
 async def has_event(pool: Db, once_key: str) -> bool:
     """Whether an event with this once-key was recorded (REL-7)."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         found = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM events WHERE once_key = $1)", once_key)
     return bool(found)
 
@@ -103,7 +103,7 @@ async def list_events(
     pool: Db, novel_id: str | None = None, after_seq: int = 0, limit: int = 1000
 ) -> list[EventRow]:
     """Events after `after_seq` in ledger order, for one novel or all."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT seq, novel_id, type, payload, created_at FROM events"
             " WHERE seq > $1 AND ($2::text IS NULL OR novel_id = $2) ORDER BY seq LIMIT $3",
@@ -118,7 +118,7 @@ async def record_intent(
     pool: Db, novel_id: str, intent_id: str, unit_id: str, notice_id: str | None
 ) -> bool:
     """Persist the driver's intent (DRV-1); False when it was already recorded."""
-    async with novel_must_exist(novel_id), transaction(pool) as conn:
+    async with novel_must_exist(novel_id), statement(pool) as conn:
         inserted = await conn.fetchval(
             "INSERT INTO intents (intent_id, novel_id, unit_id, notice_id)"
             " VALUES ($1, $2, $3, $4) ON CONFLICT (intent_id) DO NOTHING RETURNING intent_id",
@@ -132,7 +132,7 @@ async def record_intent(
 
 async def mark_processed(pool: Db, message_id: str) -> bool:
     """REL-2: True the first time a message id is seen, False on every redelivery."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         inserted = await conn.fetchval(
             "INSERT INTO processed_messages (message_id) VALUES ($1)"
             " ON CONFLICT (message_id) DO NOTHING RETURNING message_id",

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from novelbus.store._db import Db, novel_must_exist, transaction
+from novelbus.store._db import Db, novel_must_exist, statement
 
 
 class SessionRow(msgspec.Struct, frozen=True):
@@ -28,7 +28,7 @@ async def save_context_freeze(
     manifest: dict[str, Any],
 ) -> bool:
     """CTX-6: append-only, idempotent on the manifest hash; False when it was already saved."""
-    async with novel_must_exist(novel_id), transaction(pool) as conn:
+    async with novel_must_exist(novel_id), statement(pool) as conn:
         inserted = await conn.fetchval(
             "INSERT INTO context_freeze (manifest_hash, novel_id, unit_id, context_hash, manifest)"
             " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (manifest_hash) DO NOTHING"
@@ -44,7 +44,7 @@ async def save_context_freeze(
 
 async def get_context_freeze(pool: Db, manifest_hash: str) -> dict[str, Any] | None:
     """The frozen manifest with its ids and context hash, or None."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         row = await conn.fetchrow(
             "SELECT manifest_hash, novel_id, unit_id, context_hash, manifest FROM context_freeze"
             " WHERE manifest_hash = $1",
@@ -55,7 +55,7 @@ async def get_context_freeze(pool: Db, manifest_hash: str) -> dict[str, Any] | N
 
 async def add_note(pool: Db, novel_id: str, note_id: str, text: str) -> None:
     """Add or replace an author note (memory); notes appear in snapshots."""
-    async with novel_must_exist(novel_id), transaction(pool) as conn:
+    async with novel_must_exist(novel_id), statement(pool) as conn:
         await conn.execute(
             "INSERT INTO notes (novel_id, note_id, text) VALUES ($1, $2, $3)"
             " ON CONFLICT (novel_id, note_id) DO UPDATE SET text = EXCLUDED.text,"
@@ -67,7 +67,7 @@ async def add_note(pool: Db, novel_id: str, note_id: str, text: str) -> None:
 
 
 async def list_notes(pool: Db, novel_id: str) -> list[tuple[str, str]]:
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT note_id, text FROM notes WHERE novel_id = $1 ORDER BY created_at, note_id",
             novel_id,
@@ -79,7 +79,7 @@ async def save_session(
     pool: Db, session_id: str, novel_id: str, chapter_id: str | None, history: list[Any]
 ) -> None:
     """Create or replace a writer session's history (RUN-5 session reuse)."""
-    async with novel_must_exist(novel_id), transaction(pool) as conn:
+    async with novel_must_exist(novel_id), statement(pool) as conn:
         await conn.execute(
             "INSERT INTO sessions (session_id, novel_id, chapter_id, history)"
             " VALUES ($1, $2, $3, $4) ON CONFLICT (session_id) DO UPDATE SET"
@@ -93,7 +93,7 @@ async def save_session(
 
 
 async def load_session(pool: Db, session_id: str) -> SessionRow | None:
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         row = await conn.fetchrow(
             "SELECT session_id, novel_id, chapter_id, history, updated_at FROM sessions"
             " WHERE session_id = $1",

@@ -21,7 +21,7 @@ from novelbus.novel.outline import (
     outline_revision,
 )
 from novelbus.novel.requirements import RequirementUpdate, Transition, plan_transitions
-from novelbus.store._db import Conn, Db, lock_novel, transaction
+from novelbus.store._db import Conn, Db, lock_novel, statement, transaction
 from novelbus.store.errors import (
     ConfigInvalid,
     NovelExists,
@@ -112,7 +112,7 @@ async def create_novel(pool: Db, nf: NovelFile) -> str:
 
 
 async def get_novel(pool: Db, novel_id: str) -> NovelRow:
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         row = await conn.fetchrow("SELECT * FROM novels WHERE novel_id = $1", novel_id)
     if row is None:
         raise NovelNotFound(f"novel {novel_id!r} not found")
@@ -120,7 +120,7 @@ async def get_novel(pool: Db, novel_id: str) -> NovelRow:
 
 
 async def list_novels(pool: Db) -> list[NovelRow]:
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch("SELECT * FROM novels ORDER BY created_at, novel_id")
     return [novel_row(r) for r in rows]
 
@@ -143,7 +143,7 @@ async def set_writer_mode(pool: Db, novel_id: str, mode: str) -> NovelRow:
 
 
 async def novel_exists(pool: Db, novel_id: str) -> bool:
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         return bool(
             await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM novels WHERE novel_id = $1)", novel_id

@@ -31,10 +31,17 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Releasing a connection to the pool sends no reset query (PERF-2: one round trip fewer per
+    store call). The store changes no session state — no SET, LISTEN, cursors, prepared
+    transactions, nor session advisory locks outside `migrate`, which unlocks in `finally` — and
+    asyncpg itself still rolls back a transaction left open before this runs."""
+
+
 async def connect(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """A pool whose json/jsonb columns take and return plain Python objects (and msgspec Structs)."""
     pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session
     )
     assert pool is not None
     return pool

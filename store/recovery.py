@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from novelbus.store._db import Db, lock_novel, novel_must_exist, transaction
+from novelbus.store._db import Db, lock_novel, novel_must_exist, statement, transaction
 from novelbus.store.novels import NovelRow, fetch_outline, novel_row
 from novelbus.store.units import _RELEASE
 
@@ -37,7 +37,7 @@ async def hold_lease(
         raise ValueError(f"lease seconds must be > 0, got {seconds}")
     if not intent_id or not holder:
         raise ValueError("intent_id and holder must not be empty")
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         held = await conn.fetchval(
             "UPDATE units SET lease_holder = $4, lease_intent_id = $3,"
             " lease_until = now() + make_interval(secs => $5)"
@@ -66,7 +66,7 @@ async def release_lapsed_claims(
     client that does not lease) and is older than `grace_s`. Novels in `exclude_novel_ids`
     (driven by the caller right now) are left alone.
     """
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             f"UPDATE units SET {_RELEASE}, {_CLEAR_LEASE}, last_error = $3"
             " WHERE state = 'claimed' AND NOT (novel_id = ANY($1::text[]))"
@@ -86,7 +86,7 @@ async def release_held_claims(
 ) -> list[tuple[str, str]]:
     """A restarting driver instance gives back the claims its previous incarnation leased (or,
     with `novel_id`, a driver its claim on a novel it no longer drives)."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             f"UPDATE units SET {_RELEASE}, {_CLEAR_LEASE}, last_error = $2"
             " WHERE state = 'claimed' AND lease_holder = $1 AND lease_intent_id = intent_id"
@@ -171,7 +171,7 @@ async def account_turn(
 
 async def external_failures(pool: Db, novel_id: str) -> int:
     """Consecutive turns lost to an unavailable provider (DRV-4 externalRetry)."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         value = await conn.fetchval(
             "SELECT external_failures FROM novels WHERE novel_id = $1", novel_id
         )
@@ -205,7 +205,7 @@ async def supersede_removed_units(pool: Db, novel_id: str) -> list[str]:
 async def unannounced_superseded_units(pool: Db, novel_id: str) -> list[tuple[str, str, str, str]]:
     """Superseded units no `unit.superseded` event names yet: (unit, chapter, scene, reason), in
     creation order. Reason `scene-removed` for a unit an outline revision retired, else `explicit`."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT unit_id, chapter_id, scene_id, last_error FROM units u"
             " WHERE novel_id = $1 AND state = 'superseded' AND NOT EXISTS ("
@@ -227,7 +227,7 @@ async def unannounced_superseded_units(pool: Db, novel_id: str) -> list[tuple[st
 
 async def last_event_payload(pool: Db, novel_id: str, event_type: str) -> dict[str, Any] | None:
     """The payload of the novel's newest event of `event_type` (e.g. why it paused), or None."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         payload: dict[str, Any] | None = await conn.fetchval(
             "SELECT payload FROM events WHERE novel_id = $1 AND type = $2 ORDER BY seq DESC LIMIT 1",
             novel_id,

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from novelbus.store._db import Db, novel_must_exist, transaction
+from novelbus.store._db import Db, novel_must_exist, statement
 from novelbus.store.errors import RunNotFound
 
 
@@ -39,7 +39,7 @@ async def start_writer_run(
     provider: str,
 ) -> bool:
     """Record a dispatch as `running`; False when the run id was already recorded."""
-    async with novel_must_exist(novel_id), transaction(pool) as conn:
+    async with novel_must_exist(novel_id), statement(pool) as conn:
         inserted = await conn.fetchval(
             "INSERT INTO writer_runs (run_id, novel_id, unit_id, claim_id, dispatch, mode,"
             " provider) VALUES ($1, $2, $3, $4, $5, $6, $7)"
@@ -70,7 +70,7 @@ async def finish_writer_run(
     """
     if status == "running":
         raise ValueError("a finished run needs a final status, not 'running'")
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         updated = await conn.fetchval(
             "UPDATE writer_runs SET status = $2, reason = $3, output_chars = $4, manifest = $5,"
             " ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING run_id",
@@ -91,7 +91,7 @@ async def finish_writer_run(
 
 
 async def list_writer_runs(pool: Db, novel_id: str) -> list[WriterRunRow]:
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT run_id, novel_id, unit_id, claim_id, dispatch, mode, provider, status,"
             " reason, output_chars, manifest, started_at, ended_at FROM writer_runs"

@@ -11,7 +11,7 @@ import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from novelbus.novel.outline import is_valid_id
-from novelbus.store._db import Conn, Db, lock_novel, transaction
+from novelbus.store._db import Conn, Db, lock_novel, statement, transaction
 from novelbus.store.errors import (
     NovelNotActive,
     RequirementsOpen,
@@ -249,7 +249,7 @@ async def release_claim(
     Returns False when the unit is not claimed (or, with `claim_id`, claimed under another
     claim), so a redelivered release changes nothing twice.
     """
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         released = await conn.fetchval(
             f"UPDATE units SET {_RELEASE}, last_error = $3"
             " WHERE novel_id = $1 AND unit_id = $2 AND state = 'claimed'"
@@ -278,7 +278,7 @@ async def recover_claims(
     Filters: `novel_ids` (None: every novel) and `claimed_by` (None: every instance; a
     restarting claim-manager instance recovers only the claims it held).
     """
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             f"UPDATE units SET {_RELEASE}, last_error = $3"
             " WHERE state = 'claimed' AND ($1::text[] IS NULL OR novel_id = ANY($1::text[]))"
@@ -336,7 +336,7 @@ async def supersede_unit(pool: Db, novel_id: str, unit_id: str) -> bool:
 
 
 async def get_unit(pool: Db, novel_id: str, unit_id: str) -> UnitRow:
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         row = await conn.fetchrow(
             f"SELECT {_UNIT_COLUMNS} FROM units WHERE novel_id = $1 AND unit_id = $2",
             novel_id,
@@ -349,7 +349,7 @@ async def get_unit(pool: Db, novel_id: str, unit_id: str) -> UnitRow:
 
 async def list_units(pool: Db, novel_id: str) -> list[UnitRow]:
     """The novel's units in creation order."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             f"SELECT {_UNIT_COLUMNS} FROM units WHERE novel_id = $1 ORDER BY created_seq",
             novel_id,
@@ -359,7 +359,7 @@ async def list_units(pool: Db, novel_id: str) -> list[UnitRow]:
 
 async def claimed_units(pool: Db, novel_id: str) -> list[str]:
     """Ids of the novel's claimed units (at most one by construction)."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed' ORDER BY unit_id",
             novel_id,

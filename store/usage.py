@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from novelbus.store._db import Db, novel_must_exist, transaction
+from novelbus.store._db import Db, novel_must_exist, statement, transaction
 
 RING_SIZE = 50
 
@@ -67,7 +67,7 @@ async def record_usage(pool: Db, novel_id: str, mode: str, sample: dict[str, Any
 
 async def recent_usage(pool: Db, novel_id: str) -> list[dict[str, Any]]:
     """The ring, oldest first: each item is the sample as recorded plus its `mode`."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT mode, sample FROM usage_samples WHERE novel_id = $1 ORDER BY seq", novel_id
         )
@@ -76,7 +76,7 @@ async def recent_usage(pool: Db, novel_id: str) -> list[dict[str, Any]]:
 
 async def usage_totals(pool: Db, novel_id: str) -> dict[str, dict[str, Any]]:
     """mode → summed numeric fields, plus `samples` (how many samples were added)."""
-    async with transaction(pool) as conn:
+    async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT mode, samples, totals FROM usage_totals WHERE novel_id = $1 ORDER BY mode",
             novel_id,
