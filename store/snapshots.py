@@ -20,6 +20,37 @@ CANON_COLUMNS = (
 )
 
 
+def _snapshot_sql(body: str) -> str:
+    """The novel row with its units, commits (up to seq $2), their canon facts and its notes as
+    JSON arrays, in the orders the snapshot needs: one statement, so one consistent read."""
+    return (
+        "SELECT n.*,"
+        " (SELECT coalesce(jsonb_agg(jsonb_build_object('unit_id', u.unit_id, 'chapter_id', u.chapter_id,"
+        "   'scene_id', u.scene_id, 'fragment', u.fragment, 'state', u.state, 'attempt', u.attempt,"
+        "   'continuation_anchor', u.continuation_anchor, 'last_error', u.last_error)"
+        "   ORDER BY u.created_seq), '[]'::jsonb) FROM units u WHERE u.novel_id = n.novel_id) AS snap_units,"
+        " (SELECT coalesce(jsonb_agg(jsonb_build_object('seq', c.seq, 'commit_id', c.commit_id,"
+        "   'unit_id', c.unit_id, 'chapter_id', c.chapter_id, 'scene_id', c.scene_id,"
+        f"   'body', {body}, 'effective_chars', c.effective_chars, 'body_hash', c.body_hash)"
+        "   ORDER BY c.seq), '[]'::jsonb) FROM commits c WHERE c.novel_id = n.novel_id AND c.seq <= $2) AS snap_commits,"
+        " (SELECT coalesce(jsonb_agg(jsonb_build_object('commit_id', f.commit_id, 'kind', f.kind,"
+        "   'summary', f.summary, 'detail', f.detail, 'sources', f.sources, 'character_ids', f.character_ids,"
+        "   'foreshadowing_id', f.foreshadowing_id, 'foreshadowing_status', f.foreshadowing_status)"
+        "   ORDER BY c.seq, f.idx), '[]'::jsonb)"
+        "   FROM canon_facts f JOIN commits c ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
+        "   WHERE f.novel_id = n.novel_id AND c.seq <= $2) AS snap_facts,"
+        " (SELECT coalesce(jsonb_agg(jsonb_build_array(o.note_id, o.text) ORDER BY o.created_at, o.note_id),"
+        "   '[]'::jsonb) FROM notes o WHERE o.novel_id = n.novel_id) AS snap_notes"
+        " FROM novels n WHERE n.novel_id = $1"
+    )
+
+
+_SNAPSHOT_PROSE = _snapshot_sql("c.body")
+_SNAPSHOT_STRUCTURE = _snapshot_sql(
+    "jsonb_build_object('sceneCompletion', c.body -> 'sceneCompletion', 'paragraphs', '[]'::jsonb)"
+)
+
+
 def canon_by_commit(facts: Iterable[Mapping[str, Any]]) -> dict[str, list[CanonChange]]:
     """Canon fact rows (selected with CANON_COLUMNS) as each commit's canon changes, in order."""
     canon: dict[str, list[CanonChange]] = {}
@@ -52,37 +83,14 @@ async def load_snapshot(
     if as_of_seq is not None and as_of_seq < 0:
         raise ValueError(f"as_of_seq must be >= 0, got {as_of_seq}")
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
-        novel = await conn.fetchrow("SELECT * FROM novels WHERE novel_id = $1", novel_id)
+        # PERF-2: one statement (one round trip) inside the read-only snapshot transaction.
+        novel = await conn.fetchrow(_SNAPSHOT_PROSE if prose else _SNAPSHOT_STRUCTURE, novel_id,
+                                    (1 << 31) - 1 if as_of_seq is None else as_of_seq)
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
-        units = await conn.fetch(
-            "SELECT unit_id, chapter_id, scene_id, fragment, state, attempt,"
-            " continuation_anchor, last_error FROM units WHERE novel_id = $1"
-            " ORDER BY created_seq",
-            novel_id,
-        )
-        limit = (1 << 31) - 1 if as_of_seq is None else as_of_seq
-        commits = await conn.fetch(
-            "SELECT seq, commit_id, unit_id, chapter_id, scene_id,"
-            + (" body," if prose else " jsonb_build_object('sceneCompletion', body -> 'sceneCompletion',"
-               " 'paragraphs', '[]'::jsonb) AS body,")
-            + " effective_chars, body_hash FROM commits WHERE novel_id = $1 AND seq <= $2 ORDER BY seq",
-            novel_id,
-            limit,
-        )
-        facts = await conn.fetch(
-            f"SELECT {CANON_COLUMNS}"
-            " FROM canon_facts f JOIN commits c"
-            "  ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
-            " WHERE f.novel_id = $1 AND c.seq <= $2 ORDER BY c.seq, f.idx",
-            novel_id,
-            limit,
-        )
-        notes = await conn.fetch(
-            "SELECT note_id, text FROM notes WHERE novel_id = $1 ORDER BY created_at, note_id",
-            novel_id,
-        )
+    units, commits = novel["snap_units"], novel["snap_commits"]
+    facts, notes = novel["snap_facts"], novel["snap_notes"]
 
     canon = canon_by_commit(facts)
     commit_views = []
@@ -115,7 +123,7 @@ async def load_snapshot(
         units=[UnitView(**dict(u)) for u in units],
         commits=commit_views,
         as_of_seq=commit_views[-1].seq if commit_views else 0,
-        notes=[(n["note_id"], n["text"]) for n in notes],
+        notes=[(n[0], n[1]) for n in notes],
         requirements_pending=novel["requirements_pending"],
         requirements_blocked=novel["requirements_blocked"],
         requirement_watermark=novel["requirement_watermark"],
