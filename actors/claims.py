@@ -127,13 +127,17 @@ class ClaimManager(ServiceActor):
         for stale in [k for k, d in self.state.delegations.items() if d.novel_id == req.novel_id]:
             del self.state.delegations[stale]
         delegation_id = f"dlg-{self.state.instance}-{secrets.token_hex(12)}"
+        limit = novel.config.budgets.writerDispatchLimit
+        # PERF-2: the first dispatch granted with the claim, counted like a BeginDispatch (DRV-4).
+        first = 1 if req.begin_dispatch and limit >= 1 else None
         reply = m.UnitClaimed(claim_id=claim.claim_id, unit_id=claim.unit_id, attempt=claim.attempt,
-                              delegation_id=delegation_id, instance=self.state.instance)
+                              delegation_id=delegation_id, instance=self.state.instance,
+                              dispatch=first, dispatch_limit=limit if first else None)
         # CLM-3: registered before the reply leaves, so no writer can ever call first.
         self.state.delegations[delegation_id] = Delegation(
             novel_id=req.novel_id, unit_id=claim.unit_id, claim_id=claim.claim_id,
             intent_id=req.intent_id, execution_token=claim.token, granted_at=time.time(),
-            dispatch_limit=novel.config.budgets.writerDispatchLimit, reply=reply,
+            dispatch_limit=limit, dispatches=first or 0, reply=reply,
         )
         await self.ctx.emit(ev.UnitClaimed(novel_id=req.novel_id, unit_id=claim.unit_id,
                                            claim_id=claim.claim_id, attempt=claim.attempt, mode=req.mode))

@@ -383,7 +383,8 @@ class Driver:
             claim = await request(ctx.nc, ctx.subjects.claims,
                                   cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id=intent_id, mode=mode,
                                                outline_revision=snapshot.outline_revision,
-                                               requirement_watermark=snapshot.requirement_watermark),
+                                               requirement_watermark=snapshot.requirement_watermark,
+                                               begin_dispatch=True),
                                   cm.UnitClaimed, timeout=ctx.settings.request_timeout_s, retries=2)
         except RemoteError as e:
             if e.code in ("unit-not-claimable", "unit-in-flight", "novel-not-active"):
@@ -491,20 +492,24 @@ class Driver:
         runs: list[rm.WriterFinished] = []
         dispatches = 0
         last_output = 0
+        granted = claim.dispatch  # PERF-2: the claim reply carries the first dispatch grant
         while True:
-            try:  # CLM-5: to the claim-manager instance holding the delegation
-                grant = await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
-                                      cm.BeginDispatch(delegation_id=claim.delegation_id),
-                                      cm.DispatchGranted, timeout=ctx.settings.request_timeout_s, retries=2)
-            except RemoteError as e:
-                if e.code == "dispatch-limit":
-                    break
-                if e.code == "delegation-not-found":  # CLM-4: the instance restarted and recovered it
-                    raise ClaimLost(e.detail) from None
-                raise
-            except BusUnavailable:
-                raise ClaimLost(f"claim-manager instance {claim.instance} not reachable") from None
-            dispatches = grant.dispatch
+            if granted is not None:
+                dispatches, granted = granted, None
+            else:
+                try:  # CLM-5: to the claim-manager instance holding the delegation
+                    grant = await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
+                                          cm.BeginDispatch(delegation_id=claim.delegation_id),
+                                          cm.DispatchGranted, timeout=ctx.settings.request_timeout_s, retries=2)
+                except RemoteError as e:
+                    if e.code == "dispatch-limit":
+                        break
+                    if e.code == "delegation-not-found":  # CLM-4: the instance restarted and recovered it
+                        raise ClaimLost(e.detail) from None
+                    raise
+                except BusUnavailable:
+                    raise ClaimLost(f"claim-manager instance {claim.instance} not reachable") from None
+                dispatches = grant.dispatch
             try:
                 pack = await request(ctx.nc, ctx.subjects.packs,
                                      pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape=pack_shape,

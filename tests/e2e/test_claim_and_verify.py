@@ -7,7 +7,7 @@ import pytest
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime
-from novelbus.bus.client import request
+from novelbus.bus.client import RemoteError, request
 from novelbus.bus.codec import encode
 from novelbus.messages import claims as cm
 from novelbus.messages import verify as vm
@@ -42,6 +42,38 @@ async def test_clm1_claim_reply_has_ids_and_never_the_token(stack: Runtime) -> N
     for field in ('"claimId"', '"unitId"', '"attempt"', '"delegationId"'):
         assert field in reply
     assert delegation_id in reply
+
+
+async def test_perf2_claim_reply_carries_the_first_dispatch_grant_counted_against_the_limit(
+    stack: Runtime,
+) -> None:
+    """PERF-2 with CLM-3 and DRV-4: asked for it, the claim reply grants dispatch 1 (registered before
+    the reply leaves); it counts against writerDispatchLimit like any BeginDispatch, and a retried
+    claim of the same intent replays the same grant instead of granting another."""
+    ctx = stack.ctx
+    novel_id, unit_id = await _prepared(stack)
+    limit = (await store.get_novel(ctx.pool, novel_id)).config.budgets.writerDispatchLimit
+    ask = cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-1", mode="subagent", begin_dispatch=True)
+    claim = await request(ctx.nc, ctx.subjects.claims, ask, cm.UnitClaimed)
+    assert (claim.dispatch, claim.dispatch_limit) == (1, limit)
+    again = await request(ctx.nc, ctx.subjects.claims, ask, cm.UnitClaimed)
+    assert again == claim
+    grants = [claim.dispatch]
+    for _ in range(limit + 1):
+        try:
+            grant = await request(ctx.nc, ctx.subjects.claims, cm.BeginDispatch(delegation_id=claim.delegation_id),
+                                  cm.DispatchGranted)
+        except RemoteError as e:
+            assert e.code == "dispatch-limit"
+            break
+        grants.append(grant.dispatch)
+    assert grants == list(range(1, limit + 1))
+    # Not asked for: no grant rides on the reply (the first BeginDispatch is dispatch 1).
+    await store.release_claim(ctx.pool, novel_id, unit_id, reason="test")
+    plain = await request(ctx.nc, ctx.subjects.claims,
+                          cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-2", mode="subagent"),
+                          cm.UnitClaimed)
+    assert plain.dispatch is None and plain.dispatch_limit is None
 
 
 async def test_ver3_receipt_from_the_store_with_envelope(stack: Runtime) -> None:
