@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from novelbus.store._db import Db, novel_must_exist, statement, transaction
+from novelbus.store._db import Db, novel_must_exist, statement
 from novelbus.store.errors import UnsafePayload
 
 # BUS-6: keys that would carry prose, prompts or tokens never enter an event payload.
@@ -40,13 +40,18 @@ def _forbidden_key(value: Any, path: str) -> str | None:
     return None
 
 
-async def append_event(pool: Db, novel_id: str | None, type: str, payload: dict[str, Any]) -> int:
-    """Append an event; return its ledger seq. Payload keys are checked at any depth."""
+def check_event(type: str, payload: dict[str, Any]) -> None:
+    """Refuse an event before anything is written: an empty type, or a reserved key at any depth."""
     if not type:
         raise ValueError("event type must not be empty")
     bad = _forbidden_key(payload, "payload")
     if bad is not None:
         raise UnsafePayload(f"event {type!r}: {bad} is a reserved key (no prose or tokens)")
+
+
+async def append_event(pool: Db, novel_id: str | None, type: str, payload: dict[str, Any]) -> int:
+    """Append an event; return its ledger seq. Payload keys are checked at any depth."""
+    check_event(type, payload)
     async with statement(pool) as conn:
         seq = await conn.fetchval(
             "INSERT INTO events (novel_id, type, payload) VALUES ($1, $2, $3) RETURNING seq",
@@ -72,7 +77,9 @@ async def append_event_once(
     bad = _forbidden_key(payload, "payload")
     if bad is not None:
         raise UnsafePayload(f"event {type!r}: {bad} is a reserved key (no prose or tokens)")
-    async with transaction(pool) as conn:
+    # Two statements, no transaction needed: the INSERT is atomic, and the read after a conflict
+    # reads the committed first row (PERF-2: no BEGIN/COMMIT round trips).
+    async with statement(pool) as conn:
         seq = await conn.fetchval(
             "INSERT INTO events (novel_id, type, payload, once_key) VALUES ($1, $2, $3, $4)"
             " ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq",
@@ -97,6 +104,34 @@ async def has_event(pool: Db, once_key: str) -> bool:
     async with statement(pool) as conn:
         found = await conn.fetchval("SELECT EXISTS (SELECT 1 FROM events WHERE once_key = $1)", once_key)
     return bool(found)
+
+
+# Rows go in in the given order (ORDER BY ord), so their seqs ascend in that order too.
+_APPEND_MANY = (
+    "WITH src AS (SELECT e ->> 0 AS novel_id, e ->> 1 AS type, e -> 2 AS payload, ord"
+    " FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(e, ord)),"
+    " added AS (INSERT INTO events (novel_id, type, payload)"
+    " SELECT novel_id, type, payload FROM src ORDER BY ord RETURNING seq)"
+    " SELECT seq FROM added ORDER BY seq"
+)
+
+
+async def append_events(
+    pool: Db, events: list[tuple[str | None, str, dict[str, Any]]]
+) -> list[int]:
+    """Append several events in ONE statement (all or none); their seqs in the given order.
+
+    PERF-2: concurrent flows' events share one round trip (see ActorContext.emit)."""
+    for _, type, payload in events:
+        check_event(type, payload)
+    if not events:
+        return []
+    async with statement(pool) as conn:
+        rows = await conn.fetch(_APPEND_MANY, [[n, t, p] for n, t, p in events])
+    seqs = [int(r["seq"]) for r in rows]
+    if len(seqs) != len(events):  # pragma: no cover - the INSERT writes every row or fails
+        raise RuntimeError(f"appended {len(seqs)} of {len(events)} events")
+    return seqs
 
 
 async def list_events(

@@ -10,7 +10,7 @@ import msgspec
 from novelbus.novel.body import CanonChange, SceneCompletion
 from novelbus.novel.outline import NovelConfig
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
-from novelbus.store._db import Db, transaction
+from novelbus.store._db import Db, statement, transaction
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline
 
@@ -72,7 +72,8 @@ def canon_by_commit(facts: Iterable[Mapping[str, Any]]) -> dict[str, list[CanonC
 async def load_snapshot(
     pool: Db, novel_id: str, *, as_of_seq: int | None = None, prose: bool = True
 ) -> NovelSnapshot:
-    """Everything the pure functions need, read in ONE `REPEATABLE READ READ ONLY` transaction.
+    """Everything the pure functions need, read in ONE statement (with prose: inside a
+    `REPEATABLE READ READ ONLY` transaction).
 
     CTX-4: commits (and their canon facts) with seq > `as_of_seq` are excluded in SQL, so no
     future source leaks into a context. Units and notes are their current state. Canon sources
@@ -82,8 +83,11 @@ async def load_snapshot(
     """
     if as_of_seq is not None and as_of_seq < 0:
         raise ValueError(f"as_of_seq must be >= 0, got {as_of_seq}")
-    async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
-        # PERF-2: one statement (one round trip) inside the read-only snapshot transaction.
+    # PERF-2: one statement, so one consistent read whatever the isolation. With prose (the read
+    # tools' snapshot, TOOL-5/INFRA-4) it runs inside a REPEATABLE READ READ ONLY transaction;
+    # the driver's structural read (prose=False) is that lone SELECT, without BEGIN and COMMIT.
+    reader = transaction(pool, isolation="repeatable_read", readonly=True) if prose else statement(pool)
+    async with reader as conn:
         novel = await conn.fetchrow(_SNAPSHOT_PROSE if prose else _SNAPSHOT_STRUCTURE, novel_id,
                                     (1 << 31) - 1 if as_of_seq is None else as_of_seq)
         if novel is None:

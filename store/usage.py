@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from novelbus.store._db import Db, novel_must_exist, statement, transaction
+from novelbus.store._db import Db, joined, novel_must_exist, statement
 
 RING_SIZE = 50
 
@@ -35,20 +35,19 @@ def add_totals(totals: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str
 
 async def record_usage(pool: Db, novel_id: str, mode: str, sample: dict[str, Any]) -> None:
     """Append a sample, trim the novel's ring to the last 50, and add it to the mode's totals."""
-    async with novel_must_exist(novel_id), transaction(pool) as conn:
+    async with novel_must_exist(novel_id), joined(pool) as conn:
         # Serialise writers of one novel's ring so a concurrent pair cannot leave 51 rows.
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('usage:' || $1))", novel_id)
+        # One statement: the DELETE reads the ring as it was before this INSERT, so it keeps the
+        # 49 newest older samples and the new one is the 50th.
         await conn.execute(
-            "INSERT INTO usage_samples (novel_id, mode, sample) VALUES ($1, $2, $3)",
+            "WITH kept AS (SELECT seq FROM usage_samples WHERE novel_id = $1 ORDER BY seq DESC LIMIT $4),"
+            " added AS (INSERT INTO usage_samples (novel_id, mode, sample) VALUES ($1, $2, $3))"
+            " DELETE FROM usage_samples WHERE novel_id = $1 AND seq NOT IN (SELECT seq FROM kept)",
             novel_id,
             mode,
             sample,
-        )
-        await conn.execute(
-            "DELETE FROM usage_samples WHERE novel_id = $1 AND seq NOT IN"
-            " (SELECT seq FROM usage_samples WHERE novel_id = $1 ORDER BY seq DESC LIMIT $2)",
-            novel_id,
-            RING_SIZE,
+            RING_SIZE - 1,
         )
         current = await conn.fetchval(
             "SELECT totals FROM usage_totals WHERE novel_id = $1 AND mode = $2",

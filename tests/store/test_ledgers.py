@@ -27,6 +27,23 @@ async def test_events_append_and_list_in_order(pool: asyncpg.Pool, novel_id: str
     assert [e.seq for e in await store.list_events(pool, limit=1)] == [first]
 
 
+async def test_perf2_events_appended_together_keep_their_order_all_or_nothing(
+    pool: asyncpg.Pool, novel_id: str
+) -> None:
+    """PERF-2: one statement appends many events; seqs ascend in the given order (BUS-3 replay
+    order), a null novel id stays null, and a bad event refuses the whole batch (BUS-6)."""
+    rows = [(novel_id, f"t.{i}", {"i": i, "nested": {"k": [i]}}) for i in range(40)]
+    rows.insert(7, (None, "service.started", {"actor": "x"}))
+    seqs = await store.append_events(pool, rows)
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(rows)
+    listed = {e.seq: e for e in await store.list_events(pool, after_seq=seqs[0] - 1)}
+    assert [(listed[s].novel_id, listed[s].type, listed[s].payload) for s in seqs] == rows
+    before = len(await store.list_events(pool))
+    with pytest.raises(store.UnsafePayload):
+        await store.append_events(pool, [(novel_id, "ok", {}), (novel_id, "bad", {"text": "prose"})])
+    assert len(await store.list_events(pool)) == before and await store.append_events(pool, []) == []
+
+
 @pytest.mark.parametrize(
     "payload",
     [
