@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 from collections import Counter
 
-KINDS = ("request_reply", "transactions", "publishes", "publish_waits")
+KINDS = ("request_reply", "transactions", "db_round_trips", "publishes", "publish_waits")
 
 actor: contextvars.ContextVar[str] = contextvars.ContextVar("novelbus_actor", default="other")
 

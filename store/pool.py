@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
+from novelbus.bus import tally
 from novelbus.store._db import Db, acquire
 
 # Arbitrary but fixed: every novelbus process serialises migrations on this key.
@@ -31,6 +32,27 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+class CountingConnection(asyncpg.Connection):  # type: ignore[misc]
+    """Counts every statement sent — BEGIN, COMMIT and reset queries included — as one database
+    round trip of the actor running (bus.tally kind `db_round_trips`, PERF-1)."""
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> Any:
+        tally.count("db_round_trips")
+        return await super().execute(query, *args, timeout=timeout)
+
+    async def fetch(self, query: str, *args: Any, timeout: float | None = None, record_class: Any = None) -> Any:
+        tally.count("db_round_trips")
+        return await super().fetch(query, *args, timeout=timeout, record_class=record_class)
+
+    async def fetchval(self, query: str, *args: Any, column: int = 0, timeout: float | None = None) -> Any:
+        tally.count("db_round_trips")
+        return await super().fetchval(query, *args, column=column, timeout=timeout)
+
+    async def fetchrow(self, query: str, *args: Any, timeout: float | None = None, record_class: Any = None) -> Any:
+        tally.count("db_round_trips")
+        return await super().fetchrow(query, *args, timeout=timeout, record_class=record_class)
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Releasing a connection to the pool sends no reset query (PERF-2: one round trip fewer per
     store call). The store changes no session state — no SET, LISTEN, cursors, prepared
@@ -41,7 +63,8 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 async def connect(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """A pool whose json/jsonb columns take and return plain Python objects (and msgspec Structs)."""
     pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
+        connection_class=CountingConnection,
     )
     assert pool is not None
     return pool
