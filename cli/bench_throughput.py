@@ -353,6 +353,10 @@ class Counts:
 
     per_unit: dict[str, dict[str, float]] | None
     stream_messages_per_unit: float
+    # CPU time of this process per unit (all six actors, one process): what bounds units per
+    # second on one core, and far less disturbed by neighbours than wall-clock figures.
+    cpu_ms_per_unit: float | None = None
+    load_cpu_ms_per_unit: float | None = None
 
 
 def _mark(ok: bool) -> str:
@@ -391,6 +395,10 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
         console.print(f"{label:30} {fp[key]:>8.3f} {FLOOR_COUNTS[key]:>11} "
                       f"{'n/a' if got is None else f'{got:.1f}':>17}")
     console.print(f"{'unit floor, ms':30} {floor_ms:>8.2f}")
+    if counts.cpu_ms_per_unit is not None and counts.load_cpu_ms_per_unit:
+        console.print(f"CPU of this process per unit: {counts.cpu_ms_per_unit:.2f} ms alone, "
+                      f"{counts.load_cpu_ms_per_unit:.2f} ms under load — at most "
+                      f"{1000 / counts.load_cpu_ms_per_unit:.0f} units/s on one core")
     if measured:
         console.print(f"published per unit: {measured['publishes']['total']:.1f} messages "
                       f"({counts.stream_messages_per_unit:.1f} stored in the streams)")
@@ -423,12 +431,18 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 await measure_floor(ctx, floor)  # PERF-1: before and after the latency phase
                 lat_chapters = max(1, math.ceil(latency_units / scenes))
                 counted, stored = tally.snapshot(), await stream_messages(ctx)
+                cpu = time.process_time()
                 latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout, live)
+                cpu = time.process_time() - cpu
                 counts = Counts(
                     per_unit=None if processes else tally.per_unit(counted, tally.snapshot(), latency.units),
-                    stream_messages_per_unit=round((await stream_messages(ctx) - stored) / latency.units, 2))
+                    stream_messages_per_unit=round((await stream_messages(ctx) - stored) / latency.units, 2),
+                    cpu_ms_per_unit=None if processes else round(cpu * 1000 / latency.units, 2))
                 await measure_floor(ctx, floor)
+                cpu = time.process_time()
                 load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout, live)
+                if not processes:
+                    counts.load_cpu_ms_per_unit = round((time.process_time() - cpu) * 1000 / load.units, 2)
             finally:
                 await drop_namespace_streams(ctx)
     return deploy, latency, load, floor, counts
@@ -485,6 +499,8 @@ def bench_throughput(
                   "per_unit": dict(FLOOR_COUNTS), "samples": len(floor.request_reply)},
         "per_unit": counts.per_unit,
         "stream_messages_per_unit": counts.stream_messages_per_unit,
+        "cpu_ms_per_unit": counts.cpu_ms_per_unit,
+        "load_cpu_ms_per_unit": counts.load_cpu_ms_per_unit,
         "deployment": deploy,
         "hops": latency.hop_p50(),
         "load_overhead_p50_ms": round(load.overhead(50), 3),
