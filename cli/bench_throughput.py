@@ -4,15 +4,17 @@ Two phases over the real actors, NATS and PostgreSQL (all actors in this process
 own process with `--processes`):
 
 1. **latency** — one novel alone: the orchestration overhead per unit, i.e. the time from one
-   unit's usage sample to the next one's minus the time spent inside the model provider
+   unit's `unit.prepared` to the next one's minus the time spent inside the model provider
    (measured by the writer runner around every provider call). Its hop-by-hop split comes from
-   the event ledger's timestamps (the database clock, so processes agree): notice → prepared →
-   claimed → pack → dispatched → committed → writer finished → usage sampled.
+   the event ledger's timestamps (the database clock, so processes agree): prepared → claimed →
+   pack → dispatched → committed → writer finished → the next unit prepared (verify, account,
+   next notice, driver, prepare). The usage sample is sent off the unit's path (REL-7), so it
+   marks no hop.
 2. **load** — `--novels` novels written at once: units per second from the first notice to the
    last novel finished, and the same per-unit split under load (which then includes queueing).
 
-The first unit of each novel has no previous unit to measure from and is left out of the
-per-unit figures (it is in the units-per-second figure).
+The last unit of each novel has no next unit to measure to and is left out of the per-unit
+figures (it is in the units-per-second figure).
 
 **The floor (PERF-1).** Around the latency phase, on the same servers and connections, the
 benchmark times the three primitives a unit cannot do without, with raw nats-py and asyncpg:
@@ -78,18 +80,20 @@ MAX_UNITS_PER_NOVEL = 50  # the usage ring (which carries each turn's model time
 
 console = Console(highlight=False, soft_wrap=True)
 
-# Hops in flow order: (name, event that ends it). "model" is cut out of the writer hop.
+# A unit's cycle starts at its `unit.prepared`; hops in flow order: (name, event that ends it).
+# "model" is cut out of the writer hop; the last hop ends at the NEXT unit's `unit.prepared`.
+START_EVENT = "unit.prepared"
+NEXT_UNIT = "next"
 HOP_EVENTS = (
-    ("notice", "unit.prepared"),  # account → next notice → JetStream → driver → next_work → prepare
-    ("claim", "unit.claimed"),
-    ("pack", "pack.rendered"),  # dispatch grant + pack render
+    ("claim", "unit.claimed"),  # the claim reply carries the first dispatch grant
+    ("pack", "pack.rendered"),
     ("dispatch", "writer.dispatched"),
     ("writer", "unit.committed"),  # tool reads + commit through the claim manager, model excluded
     ("finish", "writer.finished"),
-    ("verify+usage", "usage.sampled"),
+    ("verify+notice", NEXT_UNIT),  # verify, account, next notice → JetStream → driver → prepare
 )
 HOP_NAMES = tuple(name for name, _ in HOP_EVENTS) + ("model",)
-UNIT_EVENTS = {ev for _, ev in HOP_EVENTS}
+UNIT_EVENTS = {START_EVENT} | {ev for _, ev in HOP_EVENTS if ev != NEXT_UNIT}
 
 
 @dataclass
@@ -150,20 +154,21 @@ async def unit_timings(ctx: ActorContext, novel_id: str) -> list[UnitTiming]:
             order.append(unit)
         per_unit[unit].setdefault(row.type, row.created_at)  # the first dispatch's events
     out: list[UnitTiming] = []
-    for prev, unit in zip(order, order[1:], strict=False):
-        stamps = per_unit[unit]
-        start = per_unit[prev].get("usage.sampled")
-        if start is None or any(ev not in stamps for ev in UNIT_EVENTS):
-            continue  # a retried or unfinished unit: not a clean cycle
-        model = model_ms.get(unit, 0.0)
+    for unit, following in zip(order, order[1:], strict=False):
+        stamps = dict(per_unit[unit])
+        if any(ev not in stamps for ev in UNIT_EVENTS) or START_EVENT not in per_unit[following] \
+                or unit not in model_ms:
+            continue  # a retried or unfinished unit, or its usage sample not in: not a clean cycle
+        stamps[NEXT_UNIT] = per_unit[following][START_EVENT]
+        model = model_ms[unit]
         hops: dict[str, float] = {}
-        at = start
+        at = stamps[START_EVENT]
         for name, event in HOP_EVENTS:
             hops[name] = _ms(at, stamps[event])
             at = stamps[event]
         hops["writer"] -= model
         hops["model"] = model
-        out.append(UnitTiming(cycle_ms=_ms(start, stamps["usage.sampled"]), model_ms=model, hops=hops))
+        out.append(UnitTiming(cycle_ms=_ms(stamps[START_EVENT], stamps[NEXT_UNIT]), model_ms=model, hops=hops))
     return out
 
 
