@@ -22,20 +22,20 @@ async def test_perf2_concurrent_events_share_ledger_inserts_and_all_reach_the_st
 
     async def flow(i: int) -> None:  # one flow's events one after another, many flows at once
         for k in range(3):
-            await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=f"c{i}-{k}"))
+            await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=f"c{i}-{k}", reason="test"))
         await outbox.settle()
 
     await asyncio.gather(*(flow(i) for i in range(30)))
     counted = tally.per_unit(before, tally.snapshot(), 1)
     assert counted["publishes"]["total"] == 90
     assert counted["transactions"]["total"] < 90  # batched: fewer INSERTs than events
-    rows = [e for e in await store.list_events(ctx.pool, novel_id) if e.type == "chapter.completed"]
+    rows = [e for e in await store.list_events(ctx.pool, novel_id) if e.type == "claim.released"]
     assert len(rows) == 90 and len({e.seq for e in rows}) == 90
     for i in range(30):  # per flow, ledger order is emission order (BUS-3)
-        mine = [e.payload["chapterId"] for e in rows if e.payload["chapterId"].startswith(f"c{i}-")]
+        mine = [e.payload["unitId"] for e in rows if e.payload["unitId"].startswith(f"c{i}-")]
         assert mine == [f"c{i}-0", f"c{i}-1", f"c{i}-2"]
     # every ledger row is in the stream already (settled), each flow's in its order
-    sub = await ctx.js.pull_subscribe(ctx.subjects.event(novel_id, "chapter.completed"), durable=None,
+    sub = await ctx.js.pull_subscribe(ctx.subjects.event(novel_id, "claim.released"), durable=None,
                                       stream=ctx.subjects.events_stream,
                                       config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
     got: list[str] = []
@@ -43,7 +43,7 @@ async def test_perf2_concurrent_events_share_ledger_inserts_and_all_reach_the_st
         for msg in await sub.fetch(batch=90, timeout=5):
             got.append(msg.headers["Nats-Msg-Id"] if msg.headers else "")
             await msg.ack()
-    ids = {f"{ctx.subjects.namespace}ev-{e.seq}": e.payload["chapterId"] for e in rows}
+    ids = {f"{ctx.subjects.namespace}ev-{e.seq}": e.payload["unitId"] for e in rows}
     assert sorted(got) == sorted(ids)
     for i in range(30):
         assert [ids[g] for g in got if ids[g].startswith(f"c{i}-")] == [f"c{i}-0", f"c{i}-1", f"c{i}-2"]
