@@ -18,7 +18,8 @@ from novelbus.panel.serve import PanelOptions, panel_server
 CHROMIUM = Path(os.environ.get("NOVELBUS_CHROMIUM", "/usr/bin/chromium"))
 # Its own browser download cannot work here: the system Chromium, with no network side-traffic.
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]  # containers often have a tiny /dev/shm
 
 
 @dataclass
