@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -60,12 +61,13 @@ def test_plan3_planner_uses_only_nats_and_the_standard_library() -> None:
     assert roots - set(sys.stdlib_module_names) == {"nats"}
 
 
-async def start_planner(nats_url: str, namespace: str, novel_id: str, schema: Path,
-                        name: str = "planner") -> asyncio.subprocess.Process:
+async def start_planner(nats_url: str, namespace: str, novel_id: str, schema: Path, name: str = "planner",
+                        *extra: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, str(PLANNER), novel_id, "--nats-url", nats_url, "--namespace", namespace,
-        "--schema", str(schema), "--name", name, "--scenes", "2",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=str(REPO / "examples"))
+        "--schema", str(schema), "--name", name, "--scenes", "2", *extra,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=str(REPO / "examples"),
+        env={**os.environ, **(env or {})})
 
 
 async def stop(proc: asyncio.subprocess.Process) -> str:
@@ -108,6 +110,39 @@ async def test_plan3_one_chapter_novel_grows_to_four_chapters_and_finishes(
     assert len(events.of(ev.OutlineRevised)) == 3
     # the planner logs ids and counts only: no outline text, no story text
     assert "follow the trail" not in log and data["outline"]["story"]["premise"][:30] not in log
+
+
+async def test_plan3_planner_with_a_model(rt: Runtime, nats_url: str, namespace: str, schema_file: Path) -> None:
+    """PLAN-3: with a model configured the planner asks an OpenAI-compatible server (here an
+    in-test one on 127.0.0.1) for the chapter's title and purpose; an unusable answer falls back to
+    the offline plan. Its log still carries no outline text."""
+    from tests.writers.chat_server import ChatServer, completion
+
+    answers = iter([completion(content="Sure! ```json\n{\"title\": \"The Drowned Bell\", "
+                                       "\"purpose\": \"The bell is found under the pier.\"}\n```"),
+                    completion(content="I would rather not.")])
+    async with ChatServer([], responder=lambda _: next(answers)) as server:
+        pool = rt.ctx.pool
+        data = generate_novel_file(1, 1, unit_chars=400)
+        data["config"]["plannedChapters"] = 3
+        novel_id = await store.create_novel(pool, NovelFile.model_validate(data))
+        events = await watch(rt, novel_id)
+        planner = await start_planner(nats_url, namespace, novel_id, schema_file, "planner", "--model", "test-model",
+                                      env={"NOVELBUS_MODEL_BASE_URL": server.base_url})
+        try:
+            await asyncio.sleep(1.0)
+            await publish_notice(rt.ctx, novel_id, reason="test")
+            await events.wait_for(lambda e: isinstance(e, ev.NovelFinished), timeout=90)
+        finally:
+            log = await stop(planner)
+        outline = await store.get_outline(pool, novel_id)
+        assert outline is not None
+        titles = [c.title for c in outline.ordered_chapters()]
+        assert titles[1:] == ["The Drowned Bell", "Chapter 3"], (titles, log)  # model, then the fallback
+        assert outline.ordered_chapters()[1].purpose == "The bell is found under the pier."
+        assert len(server.requests) == 2
+        assert data["outline"]["story"]["premise"] in json.dumps(server.requests[0])  # the model saw the story
+        assert "Drowned" not in log and "model answer unusable" in log
 
 
 async def test_plan4_planner_applies_a_directive(rt: Runtime, nats_url: str, namespace: str,
