@@ -17,8 +17,10 @@ from novelbus.messages.work import WorkNotice
 def test_bus1_encode_puts_type_and_schema_version_in_headers() -> None:
     data, headers = encode(ClaimUnit(novel_id="n1", unit_id="u1", intent_id="i1", mode="subagent"))
     assert headers == {TYPE_HEADER: "claims.claim", SCHEMA_HEADER: str(SCHEMA_VERSION)}
+    # SPEC §16 Claim (PLAN-1, PLAN-4): the outline revision and watermark the claim was decided on
     assert msgspec.json.decode(data) == {"type": "claims.claim", "novelId": "n1", "unitId": "u1",
-                                         "intentId": "i1", "mode": "subagent"}
+                                         "intentId": "i1", "mode": "subagent", "outlineRevision": None,
+                                         "requirementWatermark": None}
 
 
 def test_bus1_tagged_union_decodes_to_the_right_struct() -> None:
