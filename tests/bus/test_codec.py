@@ -20,7 +20,7 @@ def test_bus1_encode_puts_type_and_schema_version_in_headers() -> None:
     # SPEC §16 Claim (PLAN-1, PLAN-4): the outline revision and watermark the claim was decided on
     assert msgspec.json.decode(data) == {"type": "claims.claim", "novelId": "n1", "unitId": "u1",
                                          "intentId": "i1", "mode": "subagent", "outlineRevision": None,
-                                         "requirementWatermark": None}
+                                         "requirementWatermark": None, "beginDispatch": False}
 
 
 def test_bus1_tagged_union_decodes_to_the_right_struct() -> None:
