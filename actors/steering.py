@@ -112,6 +112,7 @@ class Steering:
             raise SteeringRefused("bad-outline", "layers must be an object of outline layers")
         if not req.reason.strip():
             raise SteeringRefused("bad-request", "reason must not be empty")
+        await store.get_novel(self.ctx.pool, req.novel_id)  # an unknown novel gets no lock
         started = time.monotonic()
         deadline = started + req.hold_ms / 1000
         lock = self.locks.setdefault(req.novel_id, asyncio.Lock())

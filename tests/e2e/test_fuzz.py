@@ -19,6 +19,7 @@ from novelbus.bus.routes import claims_instance_subject
 from novelbus.messages import claims as cm
 from novelbus.messages import packs as pm
 from novelbus.messages import runs as rm
+from novelbus.messages import steer as sm
 from novelbus.messages import usage as um
 from novelbus.messages import verify as vm
 from novelbus.messages.errors import ErrorReply
@@ -31,10 +32,10 @@ from tests.e2e.conftest import run_novel
 KINDS: dict[str, Any] = {
     "claims": cm.ClaimsRequest, "claims-instance": cm.BeginDispatch | cm.ReleaseClaim,
     "commit": cm.CommitUnit, "packs": pm.RenderPack, "runs": rm.RunWriter,
-    "verify": vm.VerifyCommit | vm.ValidateDraft, "usage": um.RecordTurn,
+    "verify": vm.VerifyCommit | vm.ValidateDraft, "usage": um.RecordTurn, "steer": sm.SteerRequest,
 }
 MESSAGE_TYPES = [cm.ClaimUnit, cm.BeginDispatch, cm.ReleaseClaim, cm.ReleaseUnit, cm.CommitUnit, pm.RenderPack,
-                 rm.RunWriter, vm.VerifyCommit, vm.ValidateDraft, um.RecordTurn]
+                 rm.RunWriter, vm.VerifyCommit, vm.ValidateDraft, um.RecordTurn, *sm.SteerRequest.__args__]
 TAGS = [str(t.__struct_config__.tag) for t in MESSAGE_TYPES] + ["work.notice", "error", "no.such.type"]
 FIELDS = sorted({f for t in MESSAGE_TYPES for f in msgspec.structs.fields(t) for f in [f.encode_name]})
 
@@ -81,6 +82,16 @@ def valid_messages(draw: st.DrawFn) -> tuple[str, bytes]:
         ("usage", st.builds(um.RecordTurn, novel_id=ids, unit_id=ids, mode=ids, turn=st.integers(0, 10**6),
                             provider=ids, calls=st.just([]), tool_bytes=st.just({}),
                             writer_output_chars=st.integers(0, 10**6), committed=st.booleans())),
+        # PLAN-1..5: steering about novels that do not exist
+        ("steer", st.builds(sm.GetOutline, novel_id=ids)),
+        ("steer", st.builds(sm.ListRevisions, novel_id=ids)),
+        ("steer", st.builds(sm.ListRequirements, novel_id=ids)),
+        ("steer", st.builds(sm.ReviseOutline, novel_id=ids, expected_revision=st.none() | ids, reason=ids,
+                            layers=st.dictionaries(st.text(max_size=10), json_values, max_size=3),
+                            hold_ms=st.integers(-5, 200))),
+        ("steer", st.builds(sm.ConfigureNovel, novel_id=ids,
+                            set=st.dictionaries(st.text(max_size=20), json_values, max_size=3))),
+        ("steer", st.builds(sm.DirectNovel, novel_id=ids, text=st.text(max_size=100), message_id=ids)),
     ]))
     return name, encode(draw(msg))[0]
 
@@ -113,7 +124,7 @@ async def test_rel3_fuzzed_payloads_on_every_command_subject(stack: Runtime, bat
     ctx = stack.ctx
     subjects = {"claims": ctx.subjects.claims, "claims-instance": claims_instance_subject(ctx.subjects, "claims-0"),
                 "commit": ctx.subjects.commit("claims-0"), "packs": ctx.subjects.packs, "runs": ctx.subjects.runs,
-                "verify": ctx.subjects.verify, "usage": ctx.subjects.usage}
+                "verify": ctx.subjects.verify, "usage": ctx.subjects.usage, "steer": ctx.subjects.steer}
     rows, streams = await table_counts(ctx.pool), await stream_messages(stack)
     for name, payload in batch:
         reply = await ctx.nc.request(subjects[name], payload, timeout=15)
@@ -136,7 +147,7 @@ async def test_rel3_actors_keep_serving_after_fuzz(stack: Runtime) -> None:
     garbage = [b"", b"\x00" * 50, b"{}", b'{"type": "claims.commit"}', b"[1, 2, 3]", b'"x"' * 1000]
     for subject in (ctx.subjects.claims, claims_instance_subject(ctx.subjects, "claims-0"),
                     ctx.subjects.commit("claims-0"), ctx.subjects.packs, ctx.subjects.runs, ctx.subjects.verify,
-                    ctx.subjects.usage):
+                    ctx.subjects.usage, ctx.subjects.steer):
         for payload in garbage:
             reply = await ctx.nc.request(subject, payload, timeout=10)
             answer = msgspec.json.decode(reply.data, type=ErrorReply)
