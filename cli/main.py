@@ -435,7 +435,10 @@ def status(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
                 "writerMode": n.writer_mode, "outlineRevision": n.outline_revision, "scenes": scenes,
                 "units": states, "commits": len(snap.commits), "characters": snap.committed_characters,
                 "turns": n.turns, "writerRuns": n.writer_runs, "writerOutputChars": n.writer_output_chars,
-                "consecutiveFailures": n.consecutive_failures}
+                "consecutiveFailures": n.consecutive_failures,
+                # PLAN-4: the requirements ledger at a glance (`novel requirements` lists it)
+                "requirements": {"pending": n.requirements_pending, "blocked": n.requirements_blocked,
+                                 "watermark": n.requirement_watermark}}
 
     try:
         info = run(_with_ctx(home, nats_url, database_url, namespace, go))

@@ -89,4 +89,6 @@ async def test_plan4_plan5_cli_direct_requirements_and_config(stack: Runtime, na
         ("req-1", "pending", "Rain in every scene.")]
     code, out, err = await novelbus("novel", "requirements", other, *flags)
     assert code == 0 and "req-1" in out and "pending" in out
+    code, out, err = await novelbus("status", other, "--json", *flags)
+    assert code == 0 and json.loads(out)["requirements"] == {"pending": 1, "blocked": 0, "watermark": 0}
     await asyncio.sleep(0)
