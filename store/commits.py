@@ -170,13 +170,16 @@ async def commit_body(
                 f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match"
             )
 
-        known = await _paragraph_counts(conn, novel_id)
-        committed = int(
-            await conn.fetchval(
-                "SELECT COALESCE(SUM(effective_chars), 0) FROM commits WHERE novel_id = $1",
-                novel_id,
-            )
+        # One read of the novel's commits (PERF-2), consistent under the novel lock: paragraph
+        # counts per commit, committed characters, and the next seq.
+        book = await conn.fetchrow(
+            "SELECT COALESCE(jsonb_object_agg(commit_id, jsonb_array_length(body -> 'paragraphs')),"
+            " '{}'::jsonb) AS known, COALESCE(SUM(effective_chars), 0) AS committed,"
+            " COALESCE(MAX(seq), 0) + 1 AS next_seq FROM commits WHERE novel_id = $1",
+            novel_id,
         )
+        known = {str(k): int(v) for k, v in book["known"].items()}
+        committed = int(book["committed"])
         config = NovelConfig.model_validate(novel["config"])
         check_body(
             body,
@@ -185,11 +188,7 @@ async def commit_body(
         )
         guard_prose(body.paragraphs)  # STORE-6 (check_body runs it too; this keeps it explicit)
 
-        seq = int(
-            await conn.fetchval(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM commits WHERE novel_id = $1", novel_id
-            )
-        )
+        seq = int(book["next_seq"])
         commit_id = f"commit-{seq}"
         chars = sum(effective_characters(p) for p in body.paragraphs)
         try:

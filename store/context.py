@@ -37,7 +37,7 @@ from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline
-from novelbus.store.snapshots import CANON_COLUMNS, canon_by_commit
+from novelbus.store.snapshots import canon_by_commit
 
 
 async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
@@ -78,14 +78,19 @@ async def read_context_sources(
         profile=profile,
     )
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
-        # One round trip: the isolation actually in force, the novel, the latest commit and
-        # the unit's own commit (if any).
+        # One round trip: the isolation actually in force, the novel, the latest commit, the
+        # unit's own commit (if any) and the units.
         novel = await conn.fetchrow(
             "SELECT current_setting('transaction_isolation') AS isolation,"
             " current_setting('transaction_read_only') AS read_only,"
             " title, status, pause_reason, config, outline_revision,"
             " (SELECT COALESCE(MAX(seq), 0) FROM commits WHERE novel_id = $1) AS latest,"
-            " (SELECT seq FROM commits WHERE novel_id = $1 AND unit_id = $2) AS own"
+            " (SELECT seq FROM commits WHERE novel_id = $1 AND unit_id = $2) AS own,"
+            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('unit_id', u.unit_id,"
+            "   'chapter_id', u.chapter_id, 'scene_id', u.scene_id, 'fragment', u.fragment,"
+            "   'state', u.state, 'attempt', u.attempt, 'continuation_anchor', u.continuation_anchor,"
+            "   'last_error', u.last_error) ORDER BY u.created_seq), '[]'::jsonb)"
+            "  FROM units u WHERE u.novel_id = $1) AS units"
             " FROM novels WHERE novel_id = $1",
             novel_id,
             unit_id,
@@ -94,15 +99,7 @@ async def read_context_sources(
             raise NovelNotFound(f"novel {novel_id!r} not found")
         readback = Readback(isolation=novel["isolation"], read_only=novel["read_only"] == "on")
         outline = await _outline(conn, novel_id, novel["outline_revision"])
-        units = [
-            UnitView(**dict(u))
-            for u in await conn.fetch(
-                "SELECT unit_id, chapter_id, scene_id, fragment, state, attempt,"
-                " continuation_anchor, last_error FROM units WHERE novel_id = $1"
-                " ORDER BY created_seq",
-                novel_id,
-            )
-        ]
+        units = [UnitView(**u) for u in novel["units"]]  # read with the novel: one round trip
         latest, own = int(novel["latest"]), novel["own"]
         if as_of is None:
             as_of = own - 1 if own is not None else latest
@@ -126,23 +123,24 @@ async def read_context_sources(
         if _before_sources is not None:
             await _before_sources()
 
-        rows = await conn.fetch(
-            "SELECT seq, commit_id, unit_id, chapter_id, scene_id,"
-            " body -> 'sceneCompletion' AS scene_completion,"
-            " jsonb_array_length(body -> 'paragraphs') AS paragraphs,"
-            " effective_chars, body_hash"
-            " FROM commits WHERE novel_id = $1 AND seq <= $2 ORDER BY seq",
+        # One round trip (PERF-2): the commits up to as_of and their canon facts, in order.
+        index_row = await conn.fetchrow(
+            "SELECT (SELECT COALESCE(jsonb_agg(jsonb_build_object('seq', seq, 'commit_id', commit_id,"
+            "   'unit_id', unit_id, 'chapter_id', chapter_id, 'scene_id', scene_id,"
+            "   'scene_completion', body -> 'sceneCompletion',"
+            "   'paragraphs', jsonb_array_length(body -> 'paragraphs'),"
+            "   'effective_chars', effective_chars, 'body_hash', body_hash) ORDER BY seq), '[]'::jsonb)"
+            "  FROM commits WHERE novel_id = $1 AND seq <= $2) AS commits,"
+            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('commit_id', f.commit_id, 'kind', f.kind,"
+            "   'summary', f.summary, 'detail', f.detail, 'sources', f.sources,"
+            "   'character_ids', f.character_ids, 'foreshadowing_id', f.foreshadowing_id,"
+            "   'foreshadowing_status', f.foreshadowing_status) ORDER BY c.seq, f.idx), '[]'::jsonb)"
+            "  FROM canon_facts f JOIN commits c ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
+            "  WHERE f.novel_id = $1 AND c.seq <= $2) AS facts",
             novel_id,
             request.as_of,
         )
-        facts = await conn.fetch(
-            f"SELECT {CANON_COLUMNS}"
-            " FROM canon_facts f JOIN commits c"
-            "  ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
-            " WHERE f.novel_id = $1 AND c.seq <= $2 ORDER BY c.seq, f.idx",
-            novel_id,
-            request.as_of,
-        )
+        rows, facts = index_row["commits"], index_row["facts"]
         canon = canon_by_commit(facts)
         commits = [
             CommitView(

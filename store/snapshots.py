@@ -14,11 +14,6 @@ from novelbus.store._db import Db, statement, transaction
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline
 
-CANON_COLUMNS = (
-    "f.commit_id, f.kind, f.summary, f.detail, f.sources, f.character_ids,"
-    " f.foreshadowing_id, f.foreshadowing_status"
-)
-
 
 def _snapshot_sql(body: str) -> str:
     """The novel row with its units, commits (up to seq $2), their canon facts and its notes as
@@ -52,7 +47,8 @@ _SNAPSHOT_STRUCTURE = _snapshot_sql(
 
 
 def canon_by_commit(facts: Iterable[Mapping[str, Any]]) -> dict[str, list[CanonChange]]:
-    """Canon fact rows (selected with CANON_COLUMNS) as each commit's canon changes, in order."""
+    """Canon fact rows (commit_id, kind, summary, detail, sources, character_ids,
+    foreshadowing_id, foreshadowing_status) as each commit's canon changes, in order."""
     canon: dict[str, list[CanonChange]] = {}
     for f in facts:
         canon.setdefault(f["commit_id"], []).append(

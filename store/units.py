@@ -194,22 +194,19 @@ async def claim_unit(
                 f"novel {novel_id!r}: {novel['requirements_pending']} requirement(s) pending,"
                 f" {novel['requirements_blocked']} blocked; no claim until a revision settles them"
             )
-        other = await conn.fetchval(
-            "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed' AND unit_id <> $2",
-            novel_id,
-            unit_id,
-        )
-        if other is not None:
-            raise UnitInFlight(f"novel {novel_id!r}: unit {other!r} is already claimed")
         token = secrets.token_hex(32)
         claim_id = "claim-" + uuid.uuid4().hex[:16]
-        # ARCH-4: the transition is a conditional update, not a read-then-write.
+        # ARCH-4: the transition is a conditional update, not a read-then-write; it also requires
+        # that no other unit of the novel is claimed (one round trip, PERF-2; why it refused is
+        # only looked up when it did).
         try:
             attempt = await conn.fetchval(
                 "UPDATE units SET state = 'claimed', attempt = attempt + 1, token_hash = $3,"
                 " claim_id = $4, claimed_mode = $5, intent_id = $6, claimed_by = $7,"
                 " updated_at = now()"
-                " WHERE novel_id = $1 AND unit_id = $2 AND state = 'prepared' RETURNING attempt",
+                " WHERE novel_id = $1 AND unit_id = $2 AND state = 'prepared'"
+                " AND NOT EXISTS (SELECT 1 FROM units o WHERE o.novel_id = $1"
+                "  AND o.state = 'claimed' AND o.unit_id <> $2) RETURNING attempt",
                 novel_id,
                 unit_id,
                 hash_token(token),
@@ -221,6 +218,13 @@ async def claim_unit(
         except asyncpg.UniqueViolationError:  # units_one_claim_per_novel, the SQL backstop
             raise UnitInFlight(f"novel {novel_id!r}: another unit is already claimed") from None
         if attempt is None:
+            other = await conn.fetchval(
+                "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed' AND unit_id <> $2",
+                novel_id,
+                unit_id,
+            )
+            if other is not None:
+                raise UnitInFlight(f"novel {novel_id!r}: unit {other!r} is already claimed")
             state = await _unit_state(conn, novel_id, unit_id)
             raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {state}, not prepared")
     return Claim(claim_id=claim_id, unit_id=unit_id, attempt=attempt, token=token)
