@@ -302,10 +302,13 @@ def novel_create(
         fail(f"{e.code}: {e}", code=2)
     console.print(novel_id)
     if start and not driven:
-        where = "" if home is None else f" --home {home}"
-        err_console.print(
-            f"[yellow]note:[/] nothing is running to write {novel_id}: it waits, active, until the actors run — "
-            f"start them with `novelbus up{where}` (the same servers), and it is written from there")
+        if started_servers():  # no `up` under this home: the servers ran for this command only
+            how = f"`novelbus up{'' if home is None else f' --home {home}'}`"
+        else:
+            how = ("`novelbus up` with the same --nats-url/--database-url (or `novelbus actor …` "
+                   "processes against these servers)")
+        err_console.print(f"[yellow]note:[/] nothing is running to write {novel_id}: it waits, active, until "
+                          f"the actors run — start them with {how}, and it is written from there")
 
 
 async def _driver_listening(ctx: Any, *, tries: int = 5, every_s: float = 0.3) -> bool:
