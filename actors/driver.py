@@ -525,7 +525,9 @@ class Driver:
                 ctx.nc, ctx.subjects.runs,
                 rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=claim.delegation_id,
                              instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
-                             context_sha256=pack.context_sha256, claim_id=claim.claim_id),
+                             context_sha256=pack.context_sha256, claim_id=claim.claim_id,
+                             context_window=novel.config.model.contextWindow,
+                             usage_threshold_ratio=novel.config.model.usageThresholdRatio),
                 rm.WriterFinished, timeout=self.writer_timeout_s)
             runs.append(result)
             last_output = result.output_chars
@@ -533,6 +535,8 @@ class Driver:
                 reasons.append(result.reason)
                 if await self._committed_under(novel_id, unit_id, claim):  # the commit's reply was lost
                     return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
+                if result.reason == "window-exceeded":  # MODEL-5: deterministic; no re-dispatch
+                    break
                 continue
             if shape == "W1":
                 failure = await self._commit_draft(novel_id, unit_id, claim, run_id, result, pack.context_sha256)
@@ -618,6 +622,12 @@ class Driver:
             if await store.release_claim(pool, novel_id, unit_id, reason=outcome.reason[:120],
                                          claim_id=claim.claim_id):
                 await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason[:120]))
+        if outcome.reason == "window-exceeded":
+            # MODEL-5: the model's window cannot hold this unit's request; retrying cannot help.
+            await self.pause(novel_id, "recovery-required",
+                             "window-exceeded: the writer request does not fit the model's context window "
+                             "(raise config.model.contextWindow or use a model with a larger window)")
+            return
         if external:
             # DRV-4 externalRetry: the provider was away, not the unit at fault. Retried with a
             # growing backoff up to maxAttempts consecutive times, then the novel pauses.

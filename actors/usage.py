@@ -46,6 +46,10 @@ def call_row(c: CallSample) -> dict[str, Any]:
             row[key] = value
     if c.compaction:
         row["compaction"] = True
+    if c.forced:
+        row["forced"] = True  # MODEL-3: the commit was forced by name on this call
+    if c.tool_definition_tokens:
+        row["toolDefinitionTokens"] = c.tool_definition_tokens
     return row
 
 
@@ -72,6 +76,8 @@ def turn_sample(req: m.RecordTurn) -> dict[str, Any]:
                                 for c in calls) if calls else 0,
         "estWindowPeakTokens": max((c.est_input_tokens for c in calls), default=0),
         "compactions": sum(1 for c in calls if c.compaction),
+        "forcedCalls": sum(1 for c in calls if c.forced),  # MODEL-3
+        "toolDefinitionTokens": sum(c.tool_definition_tokens for c in calls),  # MODEL-6: input too
         "toolBytes": dict(req.tool_bytes),
         "modelMs": round(req.model_ms, 3) if req.model_ms is not None else None,
         "writerOutputChars": req.writer_output_chars if req.committed else 0,

@@ -7,6 +7,8 @@ Commits go to the claim manager by delegation id; this actor never holds a token
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +25,17 @@ from novelbus.novel.body import CommitBody
 from novelbus.novel.snapshot import NovelSnapshot
 from novelbus.writers.inline import compact_threshold, run_inline_unit
 from novelbus.writers.inline import session_id as inline_session_id
-from novelbus.writers.provider import ModelProvider, make_provider
-from novelbus.writers.runner import ExecutionPolicy, RunOutcome, ToolStart, run_w1, run_w2
+from novelbus.writers.provider import ModelProvider, context_window, make_provider
+from novelbus.writers.runner import (
+    ExecutionPolicy,
+    PromptMark,
+    RunOutcome,
+    ToolStart,
+    run_w1,
+    run_w2,
+)
 from novelbus.writers.sessions import PgSessionStore
+from novelbus.writers.structured import mechanism_override, probe_structured
 from novelbus.writers.timing import TimedProvider
 from novelbus.writers.tools import (
     W2_ALLOW_LIST,
@@ -33,6 +43,8 @@ from novelbus.writers.tools import (
     call_read_tool,
     check_read_tools_gate,
 )
+
+log = logging.getLogger(__name__)
 
 
 def manifest_location(run_id: str) -> str:
@@ -51,12 +63,18 @@ class WriterRunner(ServiceActor):
     name = "writer"
 
     def __init__(self, ctx: ActorContext, provider: ModelProvider | None = None,
-                 inline_compact_tokens: int | None = None) -> None:
+                 inline_compact_tokens: int | None = None, max_output_tokens: int | None = None) -> None:
         self.ctx = ctx
         self._owns_provider = provider is None
         self.state = WriterRunnerState(provider=provider or make_provider(ctx.settings.model))
-        # AB-2: the inline session compacts past this many estimated tokens (env or 100k).
+        # AB-2 / MODEL-5: an explicit inline compaction threshold (argument or env); None: the §16
+        # gate at usageThresholdRatio of the window (the legacy 100k estimate without a window).
         self.inline_compact_tokens = compact_threshold(inline_compact_tokens)
+        self.max_output_tokens = max_output_tokens or output_tokens_from_env()
+        self._mechanism: str | None = mechanism_override()  # MODEL-2: P6's choice, once per process
+        self._mechanism_lock = asyncio.Lock()
+        # MODEL-5: the last provider-reported prompt tokens of each inline session (this process)
+        self._marks: dict[str, PromptMark] = {}
         self.services = [CommandService(ctx.nc, ctx.subjects.runs, {m.RunWriter: self.on_run}, queue="runs",
                                         max_concurrency=32)]
 
@@ -76,16 +94,18 @@ class WriterRunner(ServiceActor):
         self.state.active.add(req.run_id)
         started: set[int] = set()  # tool calls whose tool.started event went out as they began
         try:
+            window = effective_window(provider, req.context_window)
             if req.shape == "W1":
-                outcome = await run_w1(provider, req.pack_text, max_output_tokens=MAX_OUTPUT_TOKENS)
+                outcome = await run_w1(provider, req.pack_text, max_output_tokens=self.max_output_tokens,
+                                       mechanism=await self.mechanism(provider), window=window)
             else:
                 try:  # TOOL-4: fail closed before any model call, recorded with its reason
                     check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
                 except ToolGateError as e:
                     outcome = RunOutcome(ok=False, reason=e.code, detail="read tools are not enabled")
                 else:
-                    outcome = await self._run_w2(req, provider, MAX_OUTPUT_TOKENS,
-                                                 inline=req.shape == "inline", started=started)
+                    outcome = await self._run_w2(req, provider, self.max_output_tokens,
+                                                 inline=req.shape == "inline", started=started, window=window)
         finally:
             self.state.active.discard(req.run_id)
         return await self._finish(req, provider, outcome, started)
@@ -97,8 +117,23 @@ class WriterRunner(ServiceActor):
         if refused:  # RUN-3 / REL-5: outside the allow-list; the runner does not run it
             await self.ctx.emit(ev.ToolRefused(novel_id=req.novel_id, run_id=req.run_id, tool=tool))
 
+    async def mechanism(self, provider: ModelProvider) -> str:
+        """MODEL-2: how W1 drafts are requested from this provider — the env override, what the
+        provider knows of its server, else probe P6 once per process."""
+        async with self._mechanism_lock:
+            if self._mechanism is None:
+                known = getattr(provider, "structured_mode", None)
+                if isinstance(known, str):
+                    self._mechanism = known
+                else:
+                    verdict = await probe_structured(provider)
+                    self._mechanism = verdict.mechanism or "prompt"
+                    log.info("P6 for %s: %s", provider.label, verdict.status)
+            return self._mechanism
+
     async def _run_w2(self, req: m.RunWriter, provider: ModelProvider, max_tokens: int,
-                      inline: bool = False, started: set[int] | None = None) -> RunOutcome:
+                      inline: bool = False, started: set[int] | None = None,
+                      window: int | None = None) -> RunOutcome:
         snapshot: NovelSnapshot | None = None
         lock = asyncio.Lock()
 
@@ -135,8 +170,14 @@ class WriterRunner(ServiceActor):
                                          allow_list=W2_ALLOW_LIST, read_tool=read_tool, commit=commit,
                                          compact_tokens=self.inline_compact_tokens,
                                          max_tool_rounds=self.ctx.settings.max_tool_rounds,
-                                         max_output_tokens=max_tokens)
+                                         max_output_tokens=max_tokens, mark=self._marks.get(sid),
+                                         usage_threshold_ratio=req.usage_threshold_ratio, window=window,
+                                         unit_id=req.unit_id)
             await store.save_session(self.ctx.pool, sid, req.novel_id, None, turn.history)
+            if turn.mark is not None:
+                self._marks[sid] = turn.mark
+            else:
+                self._marks.pop(sid, None)
             return turn.outcome
         async def tool_started(start: ToolStart) -> None:  # RUN-6: as each call begins
             await self._tool_started(req, start.seq, start.tool, start.args_truncated, start.refused)
@@ -151,7 +192,7 @@ class WriterRunner(ServiceActor):
         return await run_w2(provider, req.pack_text, allow_list=W2_ALLOW_LIST, read_tool=read_tool,
                             commit=commit, max_tool_rounds=self.ctx.settings.max_tool_rounds,
                             max_output_tokens=max_tokens, on_tool_started=tool_started, policy=policy,
-                            chapter_id=chapter_id, rewrite=req.rewrite)
+                            chapter_id=chapter_id, rewrite=req.rewrite, window=window, unit_id=req.unit_id)
 
     async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome,
                       started: set[int] | None = None) -> m.WriterFinished:
@@ -182,6 +223,22 @@ class WriterRunner(ServiceActor):
 
 
 MAX_OUTPUT_TOKENS = 8_192  # one unit's prose plus its tool calls
+ENV_MAX_OUTPUT_TOKENS = "NOVELBUS_MAX_OUTPUT_TOKENS"
+
+
+def output_tokens_from_env() -> int:
+    raw = os.environ.get(ENV_MAX_OUTPUT_TOKENS, "").strip()
+    if not raw:
+        return MAX_OUTPUT_TOKENS
+    if not raw.isdigit() or int(raw) < 16:
+        raise ValueError(f"{ENV_MAX_OUTPUT_TOKENS} must be a whole number ≥ 16")
+    return int(raw)
+
+
+def effective_window(provider: ModelProvider, configured: int | None) -> int | None:
+    """MODEL-5: the smaller of the provider's known window and the novel's config.model window."""
+    known = [w for w in (context_window(provider), configured) if w is not None]
+    return min(known) if known else None
 
 
 def call_sample(c: Any) -> m.CallSample:
@@ -192,7 +249,8 @@ def call_sample(c: Any) -> m.CallSample:
         input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
         cached_tokens=usage.cached_tokens if usage else None, est_input_tokens=c.est_input_tokens,
         cache_write_tokens=usage.cache_write_tokens if usage else None,
-        compaction=bool(getattr(c, "compaction", False)))
+        compaction=bool(getattr(c, "compaction", False)), forced=bool(getattr(c, "forced", False)),
+        tool_definition_tokens=int(getattr(c, "tool_definition_tokens", 0)))
 
 
 

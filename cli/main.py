@@ -41,7 +41,7 @@ from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
 from novelbus.cli.panel_cmd import panel as panel_command
 from novelbus.cli.probe_cmd import probe as probe_command
-from novelbus.cli.probe_cmd import require_subagent_capable
+from novelbus.cli.probe_cmd import require_shape_capable
 from novelbus.cli.steer_cmd import register as register_steering
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
 from novelbus.messages import events as ev
@@ -65,7 +65,7 @@ NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS s
 DbOpt = Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL (env NOVELBUS_DATABASE_URL)")]
 NsOpt = Annotated[str, typer.Option("--namespace", hidden=True, help="Subject namespace prefix (tests)")]
 ModelOpt = Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
-                                       help="Writer provider: offline | openai:<model>")]
+                                       help="Writer provider: offline | local[:PATH.gguf] | openai:<model>")]
 
 
 def _settings(model: str = "offline", instance: str = "claims-0") -> Settings:
@@ -278,15 +278,16 @@ def novel_create(
 ) -> None:
     """Create a novel from an outline file; bad files get an error naming the field.
 
-    A `subagent` novel needs the writer model (--model) to pass probes P1–P3 (SPEC §13)."""
+    The writer model (--model) must pass the probes of the novel's writer shape (MODEL-4): W2 and
+    inline need P1–P3, W1 needs P6 (SPEC §13)."""
     try:
         nf = parse_novel_file(file.read_bytes())
     except FileNotFoundError:
         fail(f"no such file: {file}", code=2)
     except OutlineError as e:
         fail(f"{file}: {e}", code=2)
-    if nf.config.writerMode == "subagent":
-        require_subagent_capable(model, home)  # fails closed, before anything is created
+    shape = "inline" if nf.config.writerMode == "inline" else nf.config.writerShape
+    require_shape_capable(model, home, shape)  # fails closed, before anything is created
     from novelbus.novel.planning import preflight
 
     for warning in preflight(nf.config, nf.outline):  # PLAN-5: it would not fit its budgets

@@ -1,14 +1,15 @@
-"""`novelbus probe`: capability probes P1–P5 of a writer model (SPEC §13).
+"""`novelbus probe`: capability probes P1–P6 of a writer model (SPEC §13).
 
-    novelbus probe [--model offline|openai:<model>] [--json]
+    novelbus probe [--model offline|local[:PATH.gguf]|openai:<model>] [--json]
 
 The probe runs on a private embedded NATS + PostgreSQL it starts and removes itself, so it never
-touches a user's novels (see `writers.probe`). `--json` prints exactly one object keyed P1…P5,
+touches a user's novels (see `writers.probe`). `--json` prints exactly one object keyed P1…P6,
 each `{status, evidence}`; progress goes to stderr. The exit code is 0 when P1–P3 pass (what a
-`subagent` novel requires), 1 when one of them does not, 2 on a configuration error.
+W2 or inline novel requires; W1 needs P6), 1 when one of them does not, 2 on a configuration
+error.
 
 Results are cached per model (spec + server) in `<home>/probes.json`; `novel create` reuses a
-passing result younger than `CACHE_TTL_S` instead of probing again (`require_subagent_capable`).
+passing result younger than `CACHE_TTL_S` instead of probing again (`require_shape_capable`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import typer
 from rich.markup import escape
 
 from novelbus.cli.common import Bar, console, err_console, fail, home_dir, print_json, progress, run
-from novelbus.writers.probe import PROBE_IDS, REQUIRED_FOR_SUBAGENT, ProbeReport, run_probes
+from novelbus.writers.probe import (
+    PROBE_IDS,
+    REQUIRED_FOR_SHAPE,
+    REQUIRED_FOR_SUBAGENT,
+    ProbeReport,
+    run_probes,
+)
 from novelbus.writers.provider import (
     ENV_BASE_URL,
     HOSTED_OPENAI_BASE_URL,
@@ -42,14 +49,15 @@ _TITLES = {
     "P3": "research → commit → out-of-scope unit refused",
     "P4": "usage is reported",
     "P5": "prefix cache hits on consecutive units",
+    "P6": "structured W1 drafts validate",
 }
 
 
 def cache_key(model: str, env: Mapping[str, str] | None = None) -> str:
     """One model = one spec on one server: the same name behind another URL is another model."""
     model = model.strip()
-    if model == "offline":
-        return model
+    if model == "offline" or model.split(":", 1)[0] == "local":
+        return model  # no server URL involved: the spec names the weights
     env = os.environ if env is None else env
     return f"{model}@{(env.get(ENV_BASE_URL) or '').strip() or HOSTED_OPENAI_BASE_URL}"
 
@@ -128,30 +136,41 @@ def probe_model(model: str, *, timeout: float = 600.0, live: bool = True) -> Pro
 
 
 def require_subagent_capable(model: str, home: Path | None) -> None:
-    """`novel create` of a subagent novel: P1–P3 must pass for the model (fail closed, clear error)."""
+    """`novel create` of a subagent W2 novel: P1–P3 must pass (kept for callers of the old name)."""
+    require_shape_capable(model, home, "W2")
+
+
+def require_shape_capable(model: str, home: Path | None, shape: str) -> None:
+    """MODEL-4: `novel create` needs the probes of the novel's writer shape — W2 and inline
+    P1–P3, W1 P6 — to pass for the model (fail closed, clear error naming what would work)."""
     report = cached_report(home, model)
-    if report is None or not report.subagent_ok:
+    if report is None or report.failing_for(shape):
         report = probe_model(model)
         save_report(home, report)
-    if report.subagent_ok:
+    failing = report.failing_for(shape)
+    if not failing:
         return
-    reasons = "; ".join(f"{p} {report.results[p].status}: {report.results[p].evidence}"
-                        for p in report.failing_required)
-    fail(f"writer model {model!r} did not pass the probes a subagent novel requires "
-         f"({', '.join(REQUIRED_FOR_SUBAGENT)}): {reasons}. Nothing was created.",
-         hint=f"run `novelbus probe --model {model}` for the full report; use another model, or create the "
-              "novel with config.writerMode \"inline\"", code=1)
+    reasons = "; ".join(f"{p} {report.results[p].status}: {report.results[p].evidence}" for p in failing)
+    working = report.working_shapes()
+    works = {"W1": 'config.writerShape "W1" (writerMode "subagent")',
+             "W2": 'config.writerShape "W2" (writerMode "subagent")',
+             "inline": 'config.writerMode "inline"'}
+    hint_shapes = ("with this model these would work: " + "; ".join(works[w] for w in working)
+                   if working else "no writer shape works with this model; use another model")
+    fail(f"writer model {model!r} did not pass the probes a {shape} novel requires "
+         f"({', '.join(REQUIRED_FOR_SHAPE[shape])}): {reasons}. Nothing was created.",
+         hint=f"{hint_shapes}. Run `novelbus probe --model {model}` for the full report.", code=1)
 
 
 def probe(
     model: Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
-                                       help="Writer provider: offline | openai:<model>")] = "offline",
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object keyed P1…P5 on stdout")] = False,
+                                       help="Writer provider: offline | local[:PATH.gguf] | openai:<model>")] = "offline",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object keyed P1…P6 on stdout")] = False,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory for the result cache "
                                                               "(env NOVELBUS_HOME)")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds one writer run may take")] = 600.0,
 ) -> None:
-    """Probe a writer model: P1–P5 with evidence (SPEC §13); exit 1 unless P1–P3 pass."""
+    """Probe a writer model: P1–P6 with evidence (SPEC §13, MODEL-2); exit 1 unless P1–P3 pass."""
     started = time.monotonic()
     report = probe_model(model, timeout=timeout, live=not as_json)
     save_report(home, report)
@@ -161,10 +180,12 @@ def probe(
         console.print(f"[bold]novelbus probe[/] — {report.provider}")
         for pid in PROBE_IDS:
             r = report.results[pid]
-            need = " (required for subagent)" if pid in REQUIRED_FOR_SUBAGENT else ""
+            need = (" (required for W2 and inline)" if pid in REQUIRED_FOR_SUBAGENT
+                    else " (required for W1)" if pid == "P6" else "")
             console.print(f"  [{_STYLE[r.status]}]{r.status:<14}[/] {pid} {_TITLES[pid]}{need}")
             console.print(f"                 [dim]{escape(r.evidence)}[/]")
-        verdict = "can" if report.subagent_ok else "can NOT"
-        console.print(f"this model {verdict} write subagent novels ({time.monotonic() - started:.1f} s)")
+        shapes = ", ".join(report.working_shapes()) or "none"
+        console.print(f"writer shapes this model can write: {shapes} "
+                      f"({time.monotonic() - started:.1f} s)")
     if not report.subagent_ok:
         raise typer.Exit(1)

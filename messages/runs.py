@@ -21,6 +21,9 @@ class RunWriter(Message, tag="runs.run", frozen=True):
     session_id: str | None = None
     rewrite: bool = False
     claim_id: str = ""  # REL-7: recorded with the run, so a run its claim outlived can be closed
+    # MODEL-5: config.model of the novel (the provider's own window counts too: the smaller wins)
+    context_window: int | None = None
+    usage_threshold_ratio: float = 0.7
 
 
 class CallSample(Message, tag="runs.call", frozen=True):
@@ -38,6 +41,8 @@ class CallSample(Message, tag="runs.call", frozen=True):
     est_input_tokens: int = 0
     cache_write_tokens: int | None = None  # reported apart from cached reads where a provider does
     compaction: bool = False  # inline: a host-style compaction call (its input is the whole history)
+    forced: bool = False  # MODEL-3: the host forced the commit tool by name on this call
+    tool_definition_tokens: int = 0  # MODEL-6: tool definitions sent with this call (tokens)
 
 
 class WriterFinished(Message, tag="runs.finished", frozen=True):

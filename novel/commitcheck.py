@@ -7,6 +7,7 @@ The store runs these inside its commit transaction; the verifier runs them on W1
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from typing import Literal
@@ -153,3 +154,29 @@ def parse_draft(raw: str) -> CommitBody:
         raise BodyError("schema", f"draft: {e}") from None
     except msgspec.DecodeError as e:
         raise BodyError("schema", f"draft: not valid JSON ({e})") from None
+
+
+def parse_draft_lenient(raw: str) -> CommitBody:
+    """`parse_draft`, but tolerant of raw control characters inside JSON strings (MODEL-2).
+
+    Servers constraining output with a JSON grammar may emit a raw newline or tab inside a
+    string; the text is then decoded leniently and validated strictly against the commit
+    schema. Anything else fails exactly as `parse_draft` does.
+    """
+    try:
+        return parse_draft(raw)
+    except BodyError as strict_error:
+        text = raw.strip()
+        fenced = _FENCE_RE.match(text)
+        if fenced is not None:
+            text = fenced.group(1).strip()
+        if not text.startswith("{"):
+            raise
+        try:
+            value = json.loads(text, strict=False)
+        except ValueError:
+            raise strict_error from None
+        try:
+            return msgspec.convert(value, type=CommitBody)
+        except msgspec.ValidationError as e:
+            raise BodyError("schema", f"draft: {e}") from None

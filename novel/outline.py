@@ -198,6 +198,18 @@ class Budgets(_Model):
     writerDispatchLimit: int = Field(default=3, ge=1, le=20)
 
 
+class ModelConfig(_Model):
+    """The writer model's window (MODEL-5, SPEC §16 Compaction gate).
+
+    `contextWindow`: tokens the model can hold; when the provider knows its own (the embedded
+    local model) the smaller of the two counts. `usageThresholdRatio`: the inline session
+    compacts when the provider-reported prompt tokens, projected to the next request, pass
+    this share of the window."""
+
+    contextWindow: int | None = Field(default=None, ge=256)
+    usageThresholdRatio: float = Field(default=0.7, gt=0, le=1)
+
+
 class NovelConfig(_Model):
     writerMode: WriterMode = "subagent"
     writerShape: WriterShape = "W2"
@@ -208,6 +220,7 @@ class NovelConfig(_Model):
     # so far; once the outlined chapters are written the novel asks its planner for the next one
     # (`outline.requested`, why `next-chapter`). None: the outline is the whole book.
     plannedChapters: int | None = Field(default=None, gt=0, le=10_000)
+    model: ModelConfig = Field(default_factory=ModelConfig)
 
 
 class NovelFile(_Model):

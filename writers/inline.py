@@ -40,6 +40,10 @@ from novelbus.writers.provider import (
     ModelReply,
     ProviderError,
     assistant_message,
+    complete,
+    context_window,
+    forced_tool_choice,
+    measured_tool_tokens,
     message_chars,
     system_message,
     tool_message,
@@ -51,13 +55,21 @@ from novelbus.writers.runner import (
     CallUsage,
     CommitFn,
     InputSplit,
+    PromptMark,
     ReadTool,
     RunOutcome,
     ToolRecord,
+    WindowError,
     _execute,
+    fit_output_tokens,
+    forced_commit_tools,
+    projected_tokens,
+    prompt_mark,
     split_input,
+    tool_definition_tokens,
     truncate_args,
 )
+from novelbus.writers.structured import unit_target_max
 from novelbus.writers.tools import COMMIT_TOOL, openai_tool_definitions
 
 DEFAULT_COMPACT_TOKENS = 100_000
@@ -91,15 +103,33 @@ def session_id(novel_id: str) -> str:
     return f"inline-{novel_id}"
 
 
-def compact_threshold(value: int | None = None, env: dict[str, str] | None = None) -> int:
-    """The compaction threshold in estimated tokens: explicit, else the environment, else 100k."""
+DEFAULT_USAGE_THRESHOLD_RATIO = 0.7  # SPEC §16 compaction gate
+
+
+def gate_tokens(
+    window: int | None, compact_tokens: int | None, ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO
+) -> int:
+    """MODEL-5: the compaction threshold. An explicit threshold wins; else `ratio` of the
+    provider's window (§16); else, with no known window, the legacy 100k estimated tokens."""
+    if compact_tokens is not None:
+        return compact_tokens
+    if window is not None:
+        if not 0 < ratio <= 1:
+            raise ValueError(f"usageThresholdRatio must be in (0, 1], got {ratio}")
+        return int(window * ratio)
+    return DEFAULT_COMPACT_TOKENS
+
+
+def compact_threshold(value: int | None = None, env: dict[str, str] | None = None) -> int | None:
+    """An explicit compaction threshold in tokens: the argument, else the environment, else None
+    (then `gate_tokens` uses the window)."""
     if value is not None:
         if value <= 0:
             raise ValueError(f"inline compaction threshold must be > 0 tokens, got {value}")
         return value
     raw = (os.environ if env is None else env).get(ENV_COMPACT_TOKENS, "").strip()
     if not raw:
-        return DEFAULT_COMPACT_TOKENS
+        return None
     try:
         parsed = int(raw)
     except ValueError:
@@ -176,9 +206,37 @@ def _reply_output_chars(reply: ModelReply) -> int:
     return len(reply.text or "") + sum(len(c.name) + len(c.arguments) for c in reply.tool_calls)
 
 
+def _fit_compaction(
+    request: list[ChatMessage], window: int | None, mark: PromptMark | None
+) -> list[ChatMessage]:
+    """Drop the oldest history messages (never the system message or the compaction request)
+    until the summary request leaves room for a summary in the window."""
+    if window is None:
+        return request
+    budget = window - MIN_SUMMARY_TOKENS
+    while projected_tokens(request, None, mark) > budget and len(request) > 2:
+        del request[1]
+        mark = None if mark is None else msgspec.structs.replace(mark, messages=len(request) + 1)
+    if projected_tokens(request, None, mark) > budget:
+        raise WindowError(f"the session's system message alone exceeds the model's window "
+                          f"of {window:,} tokens")
+    return request
+
+
+MIN_SUMMARY_TOKENS = 256
+
+
 def _call_usage(
-    messages: list[ChatMessage], split: InputSplit, reply: ModelReply | None, *, compaction: bool
+    messages: list[ChatMessage],
+    split: InputSplit,
+    reply: ModelReply | None,
+    *,
+    compaction: bool,
+    tools: list[dict[str, Any]] | None = None,
+    forced: bool = False,
+    tool_tokens: int | None = None,
 ) -> InlineCallUsage:
+    tool_tokens = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
     return InlineCallUsage(
         input_chars=split.total,
         output_chars=0 if reply is None else _reply_output_chars(reply),
@@ -186,9 +244,11 @@ def _call_usage(
         pack_chars=split.pack_chars,
         history_chars=split.history_chars,
         prose_echo_chars=split.prose_echo_chars,
-        est_input_tokens=estimate_input_tokens(messages),
+        est_input_tokens=estimate_input_tokens(messages) + tool_tokens,
         usage=None if reply is None else reply.usage,
         compaction=compaction,
+        forced=forced,
+        tool_definition_tokens=tool_tokens,
     )
 
 
@@ -276,6 +336,7 @@ class InlineRun(msgspec.Struct, frozen=True):
     outcome: RunOutcome
     history: list[ChatMessage]
     compactions: int = 0
+    mark: PromptMark | None = None
 
 
 def _result_text(result: dict[str, Any]) -> str:
@@ -290,9 +351,13 @@ async def run_inline_unit(
     allow_list: Iterable[str],
     read_tool: ReadTool,
     commit: CommitFn,
-    compact_tokens: int = DEFAULT_COMPACT_TOKENS,
+    compact_tokens: int | None = None,
     max_tool_rounds: int = 8,
     max_output_tokens: int,
+    mark: PromptMark | None = None,
+    usage_threshold_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
+    window: int | None = None,
+    unit_id: str | None = None,
 ) -> InlineRun:
     """Continue the session with one unit: brief → research → commit, re-sending all history.
 
@@ -303,12 +368,17 @@ async def run_inline_unit(
     """
     allowed = tuple(dict.fromkeys(allow_list))
     tools = openai_tool_definitions(allowed)
+    window = window if window is not None else context_window(provider)
+    threshold = gate_tokens(window, compact_tokens, usage_threshold_ratio)
+    tool_tokens = await measured_tool_tokens(provider, tools)
+    target_max = unit_target_max(pack_text)
     preamble = session_preamble(pack_text)
     messages: list[ChatMessage] = [dict(m) for m in history]
     if not messages or messages[0].get("role") != "system":
         messages.insert(0, system_message(preamble))
     elif messages[0].get("content") != preamble:
         messages[0] = system_message(preamble)  # the story or protocol changed (outline revision)
+        mark = None
     messages.append(user_message(unit_brief(pack_text)))
     brief_at = len(messages) - 1
     new_from = len(messages)
@@ -329,16 +399,24 @@ async def run_inline_unit(
             detail=detail,
             **kw,
         )
-        return InlineRun(outcome=outcome, history=messages, compactions=compactions)
+        return InlineRun(outcome=outcome, history=messages, compactions=compactions, mark=mark)
 
+    force_next = False
     while True:
-        if estimate_input_tokens(messages) > compact_tokens and _compactable(messages, brief_at):
+        if (projected_tokens(messages, tools, mark, tool_tokens) > threshold
+                and _compactable(messages, brief_at)):
             request = [*messages[:brief_at], user_message(COMPACT_INSTRUCTION)]
             split = inline_split(request, len(request) - 1, len(request))
             try:
-                reply = await provider.complete(
-                    request, None, max_output_tokens=COMPACT_OUTPUT_TOKENS
-                )
+                # The history before the brief may itself be too large: the summary request
+                # keeps only what the window holds (oldest messages dropped first).
+                request = _fit_compaction(request, window, mark)
+                compact_max = fit_output_tokens(request, None, COMPACT_OUTPUT_TOKENS, window,
+                                                prompt_tokens=projected_tokens(request, None, mark))
+            except WindowError as e:
+                return done(False, "window-exceeded", str(e))
+            try:
+                reply = await complete(provider, request, None, max_output_tokens=compact_max)
             except ProviderError as e:
                 calls.append(_call_usage(request, split, None, compaction=True))
                 return done(False, f"compaction-failed:{e.code}", e.message)
@@ -352,21 +430,42 @@ async def run_inline_unit(
             new_from -= brief_at - 2
             brief_at = 2
             compactions += 1
+            mark = None  # the history changed: estimate until the next reported figure
 
         split = inline_split(messages, brief_at, new_from)
+        forced = COMMIT_TOOL in allowed and (force_next or rounds == max_tool_rounds - 1)
+        force_next = False
         try:
-            reply = await provider.complete(messages, tools, max_output_tokens=max_output_tokens)
+            max_tokens = fit_output_tokens(messages, tools, max_output_tokens, window,
+                                           prompt_tokens=projected_tokens(messages, tools, mark, tool_tokens))
+        except WindowError as e:
+            return done(False, "window-exceeded", str(e))
+        try:
+            reply = await complete(provider, messages,
+                                   forced_commit_tools(tools, unit_id, target_max) if forced else tools,
+                                   max_output_tokens=max_tokens,
+                                   tool_choice=forced_tool_choice(COMMIT_TOOL) if forced else None)
         except ProviderError as e:
-            calls.append(_call_usage(messages, split, None, compaction=False))
+            calls.append(_call_usage(messages, split, None, compaction=False, tools=tools,
+                                     forced=forced, tool_tokens=tool_tokens))
             return done(False, f"provider-error:{e.code}", e.message)
-        calls.append(_call_usage(messages, split, reply, compaction=False))
+        calls.append(_call_usage(messages, split, reply, compaction=False, tools=tools,
+                                 forced=forced, tool_tokens=tool_tokens))
+        mark = prompt_mark(messages, tools, reply, tool_tokens)
 
-        if reply.stop_reason not in ("completed", "tool_calls"):
+        rambled = reply.stop_reason == "length" and not reply.tool_calls and not forced
+        if reply.stop_reason not in ("completed", "tool_calls") and not rambled:
             return done(False, f"stop-reason:{reply.stop_reason}")
         if not reply.tool_calls:
             messages.append(assistant_message(reply))  # what the author said stays in the session
+            if rambled and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
+                force_next = True  # MODEL-3: text cut at max_tokens is a text answer too
+                continue
             if reply.stop_reason != "completed":
                 return done(False, f"stop-reason:{reply.stop_reason}")
+            if not forced and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
+                force_next = True  # MODEL-3: answered in text; ask for the commit by name
+                continue
             if not (reply.text or "").strip():
                 return done(False, "empty-output")
             return done(False, "not-committed", "the writer stopped without a successful commit")
@@ -388,6 +487,7 @@ async def run_inline_unit(
                     result_bytes=len(content.encode()),
                     error_code=code,
                     refused=code == "tool-not-allowed",
+                    forced=forced,
                 )
             )
             messages.append(tool_message(call.id, content))

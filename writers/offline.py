@@ -38,6 +38,7 @@ from novelbus.novel.pack import block_fields, parse_pack
 from novelbus.novel.text import effective_characters, estimate_tokens, is_cjk
 from novelbus.writers.inline import is_compaction_request, offline_summary
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
+from novelbus.writers.runner import tool_definition_tokens
 
 OFFLINE_LABEL = "offline (no language model)"
 COMMIT_TOOL = "novel_body_commit"
@@ -482,11 +483,13 @@ class OfflineProvider:
 
     name = "offline"
     label = OFFLINE_LABEL
+    structured_mode = "prompt"  # MODEL-2: it always answers with a valid draft
 
     def __init__(self, *, report_usage: bool = True) -> None:
         # True: estimated usage (input/output tokens from estimate_tokens, cache unknown);
         # False: no usage at all, which exercises the fail-open path (USE-2).
         self.report_usage = report_usage
+        self._tool_tokens = 0
 
     async def aclose(self) -> None:
         return None
@@ -497,7 +500,10 @@ class OfflineProvider:
         tools: list[dict[str, Any]] | None,
         *,
         max_output_tokens: int,
+        **options: Any,  # tool_choice / response_format: it always commits / drafts anyway
     ) -> ModelReply:
+        # MODEL-6: the tool definitions are input like any message (no await below: atomic).
+        self._tool_tokens = tool_definition_tokens(tools)
         if not tools and is_compaction_request(messages):
             # A host compaction of an inline session (AB-2): a deterministic summary.
             return self._reply(messages, text=offline_summary(messages), calls=[], stop="completed")
@@ -514,7 +520,7 @@ class OfflineProvider:
         if self.report_usage:
             produced = (text or "") + "".join(c.name + c.arguments for c in calls)
             usage = Usage(
-                input_tokens=estimate_tokens(_all_chars_text(messages)),
+                input_tokens=estimate_tokens(_all_chars_text(messages)) + self._tool_tokens,
                 output_tokens=estimate_tokens(produced),
                 cached_tokens=None,
                 cache_write_tokens=None,
@@ -607,10 +613,12 @@ class ScriptedProvider:
 
     name = "scripted"
     label = "scripted (test replies, no language model)"
+    structured_mode = "prompt"  # MODEL-2: no server to probe (P6)
 
     def __init__(self, replies: Sequence[ScriptStep]) -> None:
         self._replies = list(replies)
         self.calls: list[tuple[list[ChatMessage], list[dict[str, Any]] | None]] = []
+        self.options: list[dict[str, Any]] = []  # MODEL-2/3 options of each call (tool_choice, …)
 
     async def aclose(self) -> None:
         return None
@@ -621,8 +629,10 @@ class ScriptedProvider:
         tools: list[dict[str, Any]] | None,
         *,
         max_output_tokens: int,
+        **options: Any,
     ) -> ModelReply:
         self.calls.append((copy.deepcopy(messages), copy.deepcopy(tools)))
+        self.options.append(dict(options))
         index = len(self.calls) - 1
         if index >= len(self._replies):
             raise ProviderError(

@@ -10,9 +10,12 @@ the HTTP status, never prompt text, server-echoed bodies or keys.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import msgspec
 import openai
 
 from novelbus.writers.provider import (
@@ -45,6 +48,7 @@ class OpenAIProvider:
         max_retries: int = 2,
         *,
         max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
+        context_window: int | None = None,
     ) -> None:
         # `max_tokens` is what vLLM, llama.cpp and Ollama accept; hosted reasoning models want
         # `max_completion_tokens`.
@@ -55,6 +59,7 @@ class OpenAIProvider:
         self.host = urlsplit(base_url).netloc or base_url
         self.label = f"openai-compatible model {model} at {self.host}"
         self.max_tokens_field = max_tokens_field
+        self.context_window = context_window  # MODEL-5: tokens, when configured or known
         self._client = openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries
         )
@@ -74,6 +79,8 @@ class OpenAIProvider:
         tools: list[dict[str, Any]] | None,
         *,
         max_output_tokens: int,
+        tool_choice: str | dict[str, Any] | None = None,
+        response_format: dict[str, Any] | None = None,
     ) -> ModelReply:
         request: dict[str, Any] = {
             "model": self.model,
@@ -83,6 +90,10 @@ class OpenAIProvider:
         }
         if tools:
             request["tools"] = tools
+            if tool_choice is not None:
+                request["tool_choice"] = tool_choice
+        if response_format is not None:
+            request["response_format"] = response_format
         try:
             completion = await self._client.chat.completions.create(**request)
         except openai.APIError as e:
@@ -91,7 +102,13 @@ class OpenAIProvider:
             raise ProviderError(
                 "provider-bad-reply", f"model server at {self.host} sent a reply that is not JSON"
             ) from None
-        return self._reply(completion)
+        reply = self._reply(completion)
+        usage = reply.usage
+        if (reply.stop_reason == "tool_calls" and usage is not None and usage.output_tokens is not None
+                and usage.output_tokens >= max_output_tokens):
+            # Some servers (llama-cpp-python) report a tool call cut at max_tokens as finished.
+            reply = msgspec.structs.replace(reply, stop_reason="length")
+        return reply
 
     # --- mapping -------------------------------------------------------------------------------
 
@@ -164,12 +181,49 @@ class OpenAIProvider:
         else:
             stop = _FINISH.get(str(finish), "error")
         text = getattr(message, "content", None)
+        text = text if isinstance(text, str) else None
+        in_text = False
+        if not calls and text and TOOL_CALL_OPEN in text:
+            # MODEL-3: a server that leaves Hermes-style calls inside the content.
+            calls = text_tool_calls(text)
+            if calls:
+                in_text = True
+                if stop == "completed":
+                    stop = "tool_calls"
         return ModelReply(
-            text=text if isinstance(text, str) else None,
+            text=text,
             tool_calls=calls,
             usage=_usage(getattr(completion, "usage", None)),
             stop_reason=stop,
+            text_tool_calls=in_text,
         )
+
+
+TOOL_CALL_OPEN = "<tool_call>"
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def text_tool_calls(text: str) -> list[ToolCall]:
+    """Hermes-style tool calls a server left in the content: `<tool_call>{"name": …,
+    "arguments": {…}}</tool_call>`. Anything that does not parse as such is not a call."""
+    calls: list[ToolCall] = []
+    for match in _TOOL_CALL_RE.finditer(text):
+        try:
+            value = json.loads(match.group(1), strict=False)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(value, dict):
+            continue
+        name = value.get("name")
+        args = value.get("arguments", value.get("parameters", {}))
+        if not isinstance(name, str) or not name:
+            continue
+        if isinstance(args, str):
+            arguments = args
+        else:
+            arguments = json.dumps(args if args is not None else {}, ensure_ascii=False)
+        calls.append(ToolCall(id=f"text-call-{len(calls) + 1}", name=name, arguments=arguments))
+    return calls
 
 
 def _int_or_none(value: Any) -> int | None:

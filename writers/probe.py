@@ -22,8 +22,10 @@ It writes two consecutive W2 units of one chapter of a tiny probe novel:
 | P3 | run A researched with read tools before committing, the out-of-scope commit was refused (`scope.violation`, unit B untouched), its own commit was accepted and verified, and a second commit with another body on the ended claim is refused |
 | P4 | the provider reported token usage (offline: not-applicable, its figures are estimates) |
 | P5 | run B's first call reports cached prompt tokens (not-applicable when the server reports no cache figures) |
+| P6 | a W1 draft requested as structured output (json_schema, json_object + schema, json_object, prompt: the best the server honours) validates against the commit schema (MODEL-2) |
 
-Creating a `subagent` novel requires P1–P3 to pass (`REQUIRED_FOR_SUBAGENT`).
+Creating a novel requires the probes of its writer shape (MODEL-4, `REQUIRED_FOR_SHAPE`): W2 and
+inline P1–P3, W1 P6.
 """
 
 from __future__ import annotations
@@ -38,12 +40,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
+from novelbus.writers.provider import (
+    ChatMessage,
+    ModelProvider,
+    ModelReply,
+    ToolCall,
+    complete,
+    measured_tool_tokens,
+)
 from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS
 
 ProbeStatus = Literal["pass", "fail", "not-applicable"]
-PROBE_IDS = ("P1", "P2", "P3", "P4", "P5")
+PROBE_IDS = ("P1", "P2", "P3", "P4", "P5", "P6")
 REQUIRED_FOR_SUBAGENT = ("P1", "P2", "P3")
+# MODEL-4: what each writer shape needs. W2 and the inline session use tools; W1 drafts JSON.
+REQUIRED_FOR_SHAPE: dict[str, tuple[str, ...]] = {
+    "W2": REQUIRED_FOR_SUBAGENT, "inline": REQUIRED_FOR_SUBAGENT, "W1": ("P6",),
+}
 FORBIDDEN_TOOL = "novel_claim_unit"  # a claim tool: never offered to a writer (RUN-3)
 INJECTED_PREFIX = "probe-injected-"
 
@@ -128,9 +141,15 @@ class ProbeReport:
     provider: str  # the provider's label
     results: dict[str, ProbeResult]
 
+    mechanism: str | None = None  # P6: how this model's W1 drafts are requested (MODEL-2)
+
     def to_json(self) -> dict[str, dict[str, str]]:
-        """The `novelbus probe --json` object: keyed P1…P5, each {status, evidence}."""
-        return {pid: self.results[pid].to_json() for pid in PROBE_IDS}
+        """The `novelbus probe --json` object: keyed P1…P6, each {status, evidence}; P6 also
+        names the chosen structured-output `mechanism`."""
+        out = {pid: self.results[pid].to_json() for pid in PROBE_IDS}
+        if self.mechanism is not None:
+            out["P6"]["mechanism"] = self.mechanism
+        return out
 
     @property
     def failing_required(self) -> list[str]:
@@ -140,6 +159,13 @@ class ProbeReport:
     def subagent_ok(self) -> bool:
         return not self.failing_required
 
+    def failing_for(self, shape: str) -> list[str]:
+        """MODEL-4: the probes `shape` (W1, W2, inline) needs that did not pass."""
+        return [p for p in REQUIRED_FOR_SHAPE[shape] if self.results[p].status != "pass"]
+
+    def working_shapes(self) -> list[str]:
+        return [shape for shape in REQUIRED_FOR_SHAPE if not self.failing_for(shape)]
+
     @classmethod
     def from_json(cls, model: str, provider: str, data: dict[str, Any]) -> ProbeReport:
         results = {}
@@ -148,7 +174,9 @@ class ProbeReport:
             if item["status"] not in ("pass", "fail", "not-applicable"):
                 raise ValueError(f"{pid}: bad status {item['status']!r}")
             results[pid] = ProbeResult(item["status"], str(item["evidence"]))
-        return cls(model=model, provider=provider, results=results)
+        mechanism = data["P6"].get("mechanism")
+        return cls(model=model, provider=provider, results=results,
+                   mechanism=mechanism if isinstance(mechanism, str) else None)
 
 
 # --- the probe host's view of the model ------------------------------------------------------------
@@ -172,6 +200,8 @@ class ProbeProvider:
         self.inner = inner
         self.name = inner.name
         self.label = inner.label
+        self.context_window = getattr(inner, "context_window", None)
+        self.structured_mode = getattr(inner, "structured_mode", None)
         self.run: str | None = None
         self.logs: dict[str, _RunLog] = {}
         self.inject_forbidden: set[str] = set()  # runs whose next reply gets the forbidden call
@@ -181,9 +211,10 @@ class ProbeProvider:
         return self.logs.setdefault(run, _RunLog())
 
     async def complete(
-        self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *, max_output_tokens: int
+        self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *, max_output_tokens: int,
+        **options: Any,
     ) -> ModelReply:
-        reply = await self.inner.complete(messages, tools, max_output_tokens=max_output_tokens)
+        reply = await complete(self.inner, messages, tools, max_output_tokens=max_output_tokens, **options)
         run = self.run
         if run is None:
             return reply
@@ -213,6 +244,9 @@ class ProbeProvider:
             return reply
         stop = "tool_calls" if reply.stop_reason == "completed" else reply.stop_reason
         return ModelReply(text=reply.text, tool_calls=calls, usage=reply.usage, stop_reason=stop)
+
+    async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
+        return await measured_tool_tokens(self.inner, tools)  # not a model call of the run
 
     async def aclose(self) -> None:
         close = getattr(self.inner, "aclose", None)
@@ -365,7 +399,17 @@ async def _probe(ctx: Any, probe: ProbeProvider, model: str) -> ProbeReport:
         "P4": _p4(probe, [unit_a, unit_b]),
         "P5": _p5(probe, unit_a, unit_b),
     }
-    return ProbeReport(model=model, provider=probe.label, results=results)
+    p6 = await _p6(probe)
+    results["P6"] = ProbeResult(p6.status, p6.text())  # type: ignore[arg-type]
+    return ProbeReport(model=model, provider=probe.label, results=results, mechanism=p6.mechanism)
+
+
+async def _p6(probe: ProbeProvider) -> Any:
+    """P6 (MODEL-2): structured drafts — the best mechanism whose reply validates."""
+    from novelbus.writers.structured import mechanism_override, probe_structured
+
+    known = mechanism_override() or getattr(probe.inner, "structured_mode", None)
+    return await probe_structured(probe.inner, known=known)
 
 
 # --- verdicts -------------------------------------------------------------------------------------

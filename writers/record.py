@@ -94,7 +94,7 @@ def record_args(raw: str) -> str:
     """Recorded form of a call's raw JSON arguments: ids, numbers, booleans, enums kept; every
     other string `{chars, sha256}`; commit paragraphs summarised as one `{count, chars, sha256}`."""
     try:
-        value = json.loads(raw) if raw.strip() else {}
+        value = json.loads(raw, strict=False) if raw.strip() else {}
     except (json.JSONDecodeError, RecursionError):
         return json.dumps({"invalidJson": len(raw)})
     if isinstance(value, dict) and isinstance(value.get("paragraphs"), list):

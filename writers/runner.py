@@ -12,6 +12,7 @@ four-way split — pack, new tool results, re-sent history, prose echo — which
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.body import CommitBody
-from novelbus.novel.commitcheck import BodyError, parse_draft
+from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
 from novelbus.novel.text import estimate_tokens
 from novelbus.writers.provider import (
     ChatMessage,
@@ -29,6 +30,10 @@ from novelbus.writers.provider import (
     ToolCall,
     Usage,
     assistant_message,
+    complete,
+    context_window,
+    forced_tool_choice,
+    measured_tool_tokens,
     message_chars,
     system_message,
     tool_message,
@@ -36,6 +41,7 @@ from novelbus.writers.provider import (
 )
 from novelbus.writers.record import record_args, record_tool_name
 from novelbus.writers.sessions import SessionStore, closed_history, resume_history
+from novelbus.writers.structured import unit_target_max
 from novelbus.writers.tools import (
     COMMIT_TOOL,
     BodyCommitParams,
@@ -91,6 +97,7 @@ class ToolRecord(msgspec.Struct, frozen=True):
     result_bytes: int
     error_code: str | None = None  # "tool-not-allowed", "tool-contract", or the commit's code
     refused: bool = False  # RUN-3 / REL-5: outside the allow-list, refused by the host
+    forced: bool = False  # MODEL-3: the host forced this call by name (tool_choice)
 
 
 class InputSplit(msgspec.Struct, frozen=True):
@@ -117,6 +124,8 @@ class CallUsage(msgspec.Struct, frozen=True):
     prose_echo_chars: int
     est_input_tokens: int  # novel.text.estimate_tokens over the same input
     usage: Usage | None  # None when the provider reports none (USE-2: fail-open)
+    forced: bool = False  # MODEL-3: made with a forced tool_choice
+    tool_definition_tokens: int = 0  # MODEL-6: estimated tokens of the tool definitions sent
 
     @property
     def input_split(self) -> InputSplit:
@@ -144,6 +153,7 @@ class RunOutcome(msgspec.Struct, frozen=True):
         """The dependency manifest `[{seq, tool, args, isError}]` of RUN-6."""
         return [
             {"seq": r.seq, "tool": r.tool, "args": r.args_truncated, "isError": r.is_error}
+            | ({"forced": True} if r.forced else {})
             for r in self.tool_calls
         ]
 
@@ -189,7 +199,7 @@ def _commit_prose_chars(call: dict[str, Any]) -> int:
         return 0
     arguments = fn.get("arguments", "")
     try:
-        value = json.loads(arguments)
+        value = json.loads(arguments, strict=False)
     except (json.JSONDecodeError, TypeError):
         return 0
     paragraphs = value.get("paragraphs") if isinstance(value, dict) else None
@@ -218,6 +228,34 @@ def split_input(
     return InputSplit(pack, tool_results, history, echo)
 
 
+def forced_commit_tools(
+    tools: list[dict[str, Any]], unit_id: str | None, target_max: int | None = None
+) -> list[dict[str, Any]]:
+    """MODEL-3: the tools of a forced commit call. With the unit known, the commit's parameters
+    become the bounded commit schema (`writers.structured.commit_schema`): `unitId` pinned to
+    the delegated unit, prose and notes bounded by the unit's range, so a grammar-constrained
+    server can neither invent another id nor run past max_tokens."""
+    if unit_id is None:
+        return tools
+    from novelbus.writers.structured import commit_schema
+
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        fn = tool.get("function", {})
+        if fn.get("name") == COMMIT_TOOL:
+            params = commit_schema(unit_id, target_max=target_max)
+            tool = {**tool, "function": {**fn, "parameters": params}}
+        out.append(tool)
+    return out
+
+
+def tool_definition_tokens(tools: list[dict[str, Any]] | None) -> int:
+    """MODEL-6: the tool definitions go with every call; they are input like any message."""
+    if not tools:
+        return 0
+    return estimate_tokens(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
+
+
 def _input_text(messages: list[ChatMessage]) -> str:
     parts: list[str] = []
     for message in messages:
@@ -237,8 +275,16 @@ class _Meter:
         self.calls: list[CallUsage] = []
 
     def record(
-        self, messages: list[ChatMessage], split: InputSplit, reply: ModelReply | None
+        self,
+        messages: list[ChatMessage],
+        split: InputSplit,
+        reply: ModelReply | None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        forced: bool = False,
+        tool_tokens: int | None = None,
     ) -> None:
+        tool_tokens = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
         self.calls.append(
             CallUsage(
                 input_chars=split.total,
@@ -247,8 +293,10 @@ class _Meter:
                 pack_chars=split.pack_chars,
                 history_chars=split.history_chars,
                 prose_echo_chars=split.prose_echo_chars,
-                est_input_tokens=estimate_tokens(_input_text(messages)),
+                est_input_tokens=estimate_tokens(_input_text(messages)) + tool_tokens,
                 usage=None if reply is None else reply.usage,
+                forced=forced,
+                tool_definition_tokens=tool_tokens,
             )
         )
 
@@ -260,11 +308,31 @@ class _Meter:
 # --- W1 -----------------------------------------------------------------------------------------
 
 
-async def run_w1(provider: ModelProvider, pack_text: str, *, max_output_tokens: int) -> RunOutcome:
-    """RUN-2: no tools; the reply must be a commit-schema JSON draft, else the dispatch fails."""
+W1_REPAIR = (
+    "That reply is not a valid draft: {error}. Reply again with the corrected JSON object only."
+)
+
+
+async def run_w1(
+    provider: ModelProvider,
+    pack_text: str,
+    *,
+    max_output_tokens: int,
+    mechanism: str = "prompt",
+    window: int | None = None,
+) -> RunOutcome:
+    """RUN-2: no tools; the reply must be a commit-schema JSON draft, else the dispatch fails.
+
+    MODEL-2: the draft is requested through `mechanism` (P6's choice: json_schema,
+    json_object+schema, json_object or prompt), parsed leniently, validated strictly; an invalid
+    draft gets one repair round with the validation error before the dispatch fails.
+    """
+    from novelbus.writers.structured import draft_schema, response_format
+
+    window = window if window is not None else context_window(provider)
     messages = [system_message(pack_text), user_message(W1_INSTRUCTION)]
+    fmt = response_format(mechanism, draft_schema(target_max=unit_target_max(pack_text)))
     meter = _Meter()
-    split = split_input(messages, preamble=2, new_from=2)
 
     def fail(reason: str, detail: str | None = None) -> RunOutcome:
         return RunOutcome(
@@ -275,23 +343,130 @@ async def run_w1(provider: ModelProvider, pack_text: str, *, max_output_tokens: 
             detail=detail,
         )
 
-    try:
-        reply = await provider.complete(messages, None, max_output_tokens=max_output_tokens)
-    except ProviderError as e:
-        meter.record(messages, split, None)
-        return fail(f"provider-error:{e.code}", e.message)
-    meter.record(messages, split, reply)
-    if reply.stop_reason != "completed":
-        return fail(f"stop-reason:{reply.stop_reason}")
-    if not (reply.text or "").strip():
-        return fail("empty-output")
-    try:
-        draft = parse_draft(reply.text or "")
-    except BodyError as e:
-        return fail("invalid-draft", str(e))
-    return RunOutcome(
-        ok=True, reason=None, draft=draft, usage=meter.calls, output_chars=meter.output_chars
-    )
+    mark: PromptMark | None = None
+    for attempt in (1, 2):
+        split = split_input(messages, preamble=2, new_from=2)
+        try:
+            max_tokens = fit_output_tokens(messages, None, max_output_tokens, window,
+                                           prompt_tokens=projected_tokens(messages, None, mark))
+        except WindowError as e:
+            return fail("window-exceeded", str(e))
+        try:
+            reply = await complete(provider, messages, None, max_output_tokens=max_tokens,
+                                   response_format=fmt)
+        except ProviderError as e:
+            meter.record(messages, split, None)
+            return fail(f"provider-error:{e.code}", e.message)
+        meter.record(messages, split, reply)
+        mark = prompt_mark(messages, None, reply)
+        if reply.stop_reason != "completed":
+            return fail(f"stop-reason:{reply.stop_reason}")
+        if not (reply.text or "").strip():
+            return fail("empty-output")
+        try:
+            draft = parse_draft_lenient(reply.text or "")
+        except BodyError as e:
+            if attempt == 2:
+                return fail("invalid-draft", str(e))
+            messages = [*messages, assistant_message(reply),
+                        user_message(W1_REPAIR.format(error=str(e)[:400]))]
+            continue
+        return RunOutcome(
+            ok=True, reason=None, draft=draft, usage=meter.calls, output_chars=meter.output_chars
+        )
+    raise AssertionError("unreachable")
+
+
+# --- windows (MODEL-5) --------------------------------------------------------------------------
+
+WINDOW_MARGIN_TOKENS = 64  # chat-template tokens around the messages
+MIN_OUTPUT_TOKENS = 32
+
+
+class WindowError(Exception):
+    """A request the provider's window cannot hold: never sent (MODEL-5)."""
+
+
+def request_tokens(
+    messages: list[ChatMessage], tools: list[dict[str, Any]] | None, tool_tokens: int | None = None
+) -> int:
+    """Estimated tokens of one request: every message and the tool definitions (MODEL-6) —
+    `tool_tokens` when the provider measured what its server puts in the prompt for them."""
+    tools_part = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
+    return estimate_tokens(_input_text(messages)) + tools_part + WINDOW_MARGIN_TOKENS
+
+
+class PromptMark(msgspec.Struct, frozen=True):
+    """The provider-reported prompt tokens of the last call, how many messages that call sent,
+    and reported ÷ estimated for it: the base the §16 gate and the window fit project from."""
+
+    prompt_tokens: int
+    messages: int
+    ratio: float = 1.0
+
+
+def reported_prompt_tokens(reply: ModelReply) -> int | None:
+    """§16: input + cache read + cache write. OpenAI-style `prompt_tokens` already include the
+    cached reads; a separately reported cache write is added."""
+    usage = reply.usage
+    if usage is None or usage.input_tokens is None:
+        return None
+    return usage.input_tokens + (usage.cache_write_tokens or 0)
+
+
+def prompt_mark(
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    reply: ModelReply,
+    tool_tokens: int | None = None,
+) -> PromptMark | None:
+    reported = reported_prompt_tokens(reply)
+    if reported is None:
+        return None
+    estimated = max(1, request_tokens(messages, tools, tool_tokens) - WINDOW_MARGIN_TOKENS)
+    return PromptMark(reported, len(messages), max(1.0, reported / estimated))
+
+
+def projected_tokens(
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    mark: PromptMark | None,
+    tool_tokens: int | None = None,
+) -> int:
+    """The next request's prompt tokens (MODEL-5): the last reported figure plus what was added
+    since, estimated and scaled by how much the estimate under-counted that last call; the
+    estimate alone only where no usage was reported (§16: never trust an estimate where usage is
+    reported)."""
+    if mark is None:
+        return request_tokens(messages, tools, tool_tokens)
+    if mark.messages > len(messages):  # another prefix (a compaction request): scale the estimate
+        return math.ceil(request_tokens(messages, tools, tool_tokens) * mark.ratio)
+    added = estimate_tokens(_input_text(messages[mark.messages:]))
+    return mark.prompt_tokens + math.ceil(added * mark.ratio) + WINDOW_MARGIN_TOKENS
+
+
+def fit_output_tokens(
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    max_output_tokens: int,
+    window: int | None,
+    *,
+    prompt_tokens: int | None = None,
+    tool_tokens: int | None = None,
+) -> int:
+    """`max_tokens` for a request that fits `window`: what remains after the prompt, at most
+    `max_output_tokens`. Raises WindowError when not even MIN_OUTPUT_TOKENS remain."""
+    if window is None:
+        return max_output_tokens
+    prompt = (prompt_tokens if prompt_tokens is not None
+              else request_tokens(messages, tools, tool_tokens))
+    remaining = window - prompt
+    if remaining < MIN_OUTPUT_TOKENS:
+        raise WindowError(
+            f"the request needs about {prompt:,} prompt tokens; the model's window is "
+            f"{window:,} tokens, leaving {max(remaining, 0)} for the reply (at least "
+            f"{MIN_OUTPUT_TOKENS} needed)")
+    return min(max_output_tokens, remaining)
 
 
 # --- W2 -----------------------------------------------------------------------------------------
@@ -314,6 +489,8 @@ async def run_w2(
     policy: ExecutionPolicy | None = None,
     chapter_id: str | None = None,
     rewrite: bool = False,
+    window: int | None = None,
+    unit_id: str | None = None,
 ) -> RunOutcome:
     """RUN-3/4: a closed allow-list of read tools plus commit; stop at the first successful commit.
 
@@ -351,6 +528,9 @@ async def run_w2(
         max_tool_rounds=max_tool_rounds,
         max_output_tokens=max_output_tokens,
         on_tool_started=on_tool_started,
+        window=window,
+        unit_id=unit_id,
+        target_max=unit_target_max(pack_text),
     )
     if session is not None:
         assert session.session_store is not None and session.session_id is not None
@@ -371,6 +551,9 @@ async def _w2_loop(
     max_tool_rounds: int,
     max_output_tokens: int,
     on_tool_started: ToolStartedFn | None,
+    window: int | None = None,
+    unit_id: str | None = None,
+    target_max: int | None = None,
 ) -> RunOutcome:
     """One W2 run over `messages`, which it extends with the conversation as it happens."""
     tools = openai_tool_definitions(allowed)
@@ -390,22 +573,50 @@ async def _w2_loop(
             detail=detail,
         )
 
+    window = window if window is not None else context_window(provider)
+    tool_tokens = await measured_tool_tokens(provider, tools)
+    force_next = False
+    mark: PromptMark | None = None
     while True:
         split = split_input(messages, preamble=preamble, new_from=new_from, pack_from=pack_from)
+        # MODEL-3: research with the server's default (auto; never sent, since some servers
+        # refuse an explicit "auto"); force the commit by name after a text answer and at the
+        # last allowed round.
+        forced = COMMIT_TOOL in allowed and (force_next or rounds == max_tool_rounds - 1)
+        force_next = False
         try:
-            reply = await provider.complete(messages, tools, max_output_tokens=max_output_tokens)
+            max_tokens = fit_output_tokens(
+                messages, tools, max_output_tokens, window,
+                prompt_tokens=projected_tokens(messages, tools, mark, tool_tokens))
+        except WindowError as e:
+            return fail("window-exceeded", str(e))
+        try:
+            reply = await complete(
+                provider, messages,
+                forced_commit_tools(tools, unit_id, target_max) if forced else tools,
+                max_output_tokens=max_tokens,
+                tool_choice=forced_tool_choice(COMMIT_TOOL) if forced else None,
+            )
         except ProviderError as e:
-            meter.record(messages, split, None)
+            meter.record(messages, split, None, tools=tools, forced=forced, tool_tokens=tool_tokens)
             return fail(f"provider-error:{e.code}", e.message)
-        meter.record(messages, split, reply)
+        meter.record(messages, split, reply, tools=tools, forced=forced, tool_tokens=tool_tokens)
+        mark = prompt_mark(messages, tools, reply, tool_tokens)
 
-        if reply.stop_reason not in ("completed", "tool_calls"):
+        rambled = reply.stop_reason == "length" and not reply.tool_calls and not forced
+        if reply.stop_reason not in ("completed", "tool_calls") and not rambled:
             return fail(f"stop-reason:{reply.stop_reason}")
         if not reply.tool_calls:
             if reply.text:
                 messages.append(assistant_message(reply))
+            if rambled and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
+                force_next = True  # MODEL-3: text cut at max_tokens is a text answer too
+                continue
             if reply.stop_reason != "completed":
                 return fail(f"stop-reason:{reply.stop_reason}")
+            if not forced and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
+                force_next = True  # the model answered in text: ask for the commit by name
+                continue
             if not (reply.text or "").strip():
                 return fail("empty-output")
             return fail("not-committed", "the writer stopped without a successful commit")
@@ -439,6 +650,7 @@ async def _w2_loop(
                     result_bytes=len(content.encode()),
                     error_code=code,
                     refused=code == "tool-not-allowed",
+                    forced=forced,
                 )
             )
             messages.append(tool_message(call.id, content))

@@ -5,7 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply
+from novelbus.writers.provider import (
+    ChatMessage,
+    ModelProvider,
+    ModelReply,
+    complete,
+    measured_tool_tokens,
+)
 
 
 class TimedProvider:
@@ -17,6 +23,8 @@ class TimedProvider:
         self.label = provider.label
         self.elapsed_s = 0.0
         self.calls = 0
+        self.context_window = getattr(provider, "context_window", None)  # MODEL-5
+        self.structured_mode = getattr(provider, "structured_mode", None)  # MODEL-2
 
     @property
     def elapsed_ms(self) -> float:
@@ -28,10 +36,15 @@ class TimedProvider:
         tools: list[dict[str, Any]] | None,
         *,
         max_output_tokens: int,
+        **options: Any,
     ) -> ModelReply:
         started = time.perf_counter()
         try:
-            return await self.inner.complete(messages, tools, max_output_tokens=max_output_tokens)
+            return await complete(self.inner, messages, tools,
+                                  max_output_tokens=max_output_tokens, **options)
         finally:
             self.elapsed_s += time.perf_counter() - started
             self.calls += 1
+
+    async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
+        return await measured_tool_tokens(self.inner, tools)

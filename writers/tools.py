@@ -547,11 +547,14 @@ def get_tool(name: str) -> ToolSpec:
 
 
 def parse_tool_arguments(raw: str) -> dict[str, Any]:
-    """Arguments as a model sends them (JSON text) → a dict, or a contract error."""
+    """Arguments as a model sends them (JSON text) → a dict, or a contract error.
+
+    Parsed leniently (MODEL-2): raw control characters inside strings, as grammar-constrained
+    servers emit them, are accepted here; the arguments are then validated strictly."""
     if raw is None or not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, strict=False)
     except json.JSONDecodeError as e:
         raise ToolContractError(
             f"arguments are not valid JSON: {e.msg} at column {e.colno}"

@@ -42,7 +42,8 @@ class HookedProvider:
     async def aclose(self) -> None:
         return None
 
-    async def complete(self, messages: list[Any], tools: Any, *, max_output_tokens: int) -> ModelReply:
+    async def complete(self, messages: list[Any], tools: Any, *, max_output_tokens: int,
+                       **options: Any) -> ModelReply:
         self.packs.append(str(messages[0].get("content", "")))
         if self.before is not None:
             await self.before(messages)

@@ -44,7 +44,8 @@ class ObedientWriter:
     async def aclose(self) -> None:
         return None
 
-    async def complete(self, messages: list[Any], tools: Any, *, max_output_tokens: int) -> ModelReply:
+    async def complete(self, messages: list[Any], tools: Any, *, max_output_tokens: int,
+                       **options: Any) -> ModelReply:
         pack = str(messages[0]["content"])
         own = UnitBrief.from_pack(pack).unit_id or ""
         results = [m for m in messages if m.get("role") == "tool"]

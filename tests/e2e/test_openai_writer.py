@@ -49,8 +49,11 @@ async def test_run1_sample_novel_written_through_an_openai_compatible_server(
 
     assert server.paths and set(server.paths) == {"/v1/chat/completions"}
     assert all(r["model"] == "fake-model" and r["stream"] is False for r in server.requests)
-    if shape == "W1":
-        assert len(server.requests) == 9 and all("tools" not in r for r in server.requests)
+    if shape == "W1":  # MODEL-2: one P6 request picks the mechanism, then the 9 drafts use it
+        assert len(server.requests) == 10 and all("tools" not in r for r in server.requests)
+        assert all(r["response_format"]["type"] == "json_schema" for r in server.requests)
+        assert server.requests[-1]["response_format"]["json_schema"]["schema"]["required"] == [
+            "paragraphs", "sceneCompletion", "canonChanges"]
     else:
         assert len(server.requests) > 9  # research rounds before each commit
         offered = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")}}

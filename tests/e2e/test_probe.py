@@ -39,7 +39,8 @@ async def test_probe_offline_passes_p1_to_p3_and_p4_p5_are_not_applicable(
     ledger (host-side, not the model's say-so); the out-of-scope unit was never written."""
     report, dsn = await probe(OfflineProvider(), "offline", nats_url, new_database, namespace)
     assert statuses(report) == {"P1": "pass", "P2": "pass", "P3": "pass", "P4": "not-applicable",
-                                "P5": "not-applicable"}
+                                "P5": "not-applicable", "P6": "pass"}
+    assert report.mechanism == "prompt" and report.working_shapes() == ["W2", "inline", "W1"]
     assert report.subagent_ok and report.failing_required == []
     assert FORBIDDEN_TOOL in report.results["P2"].evidence
     assert "scope-violation" in report.results["P3"].evidence
@@ -77,8 +78,10 @@ async def test_probe_fails_a_model_that_never_calls_tools(nats_url: str, new_dat
     async with ChatServer([], responder=lambda _: completion(content="I cannot use tools.")) as server:
         async with OpenAIProvider("chatty", server.base_url, "not-needed") as provider:
             report, _ = await probe(provider, "openai:chatty", nats_url, new_database, namespace)
-    assert statuses(report) == {"P1": "fail", "P2": "pass", "P3": "fail", "P4": "fail", "P5": "not-applicable"}
+    assert statuses(report) == {"P1": "fail", "P2": "pass", "P3": "fail", "P4": "fail", "P5": "not-applicable",
+                                "P6": "fail"}
     assert report.failing_required == ["P1", "P3"] and not report.subagent_ok
+    assert report.working_shapes() == [] and report.failing_for("W1") == ["P6"]
     assert "never called novel_body_commit" in report.results["P3"].evidence
 
 
@@ -90,7 +93,7 @@ async def test_probe_an_unreachable_server_fails_with_the_provider_reason(nats_u
         port = sock.getsockname()[1]
     async with OpenAIProvider("ghost", f"http://127.0.0.1:{port}/v1", "not-needed", max_retries=0) as provider:
         report, _ = await probe(provider, "openai:ghost", nats_url, new_database, namespace)
-    assert statuses(report) == {"P1": "fail", "P2": "fail", "P3": "fail", "P4": "fail", "P5": "fail"}
+    assert statuses(report) == {"P1": "fail", "P2": "fail", "P3": "fail", "P4": "fail", "P5": "fail", "P6": "fail"}
     assert all("provider-unavailable" in report.results[p].evidence for p in PROBE_IDS)
 
 
@@ -101,10 +104,12 @@ class CommitsAtOnce:
     label = "scripted: commits without research"
 
     async def complete(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
-                       max_output_tokens: int) -> ModelReply:
+                       max_output_tokens: int, **options: Any) -> ModelReply:
         if messages[-1]["role"] == "tool":
             return ModelReply(text="Done.", stop_reason="completed")
         pack = messages[0]["content"]
+        if not tools:  # P6: a W1 draft
+            return ModelReply(text=json.dumps(compose_draft(pack)), stop_reason="completed")
         unit = next(line.split(":", 1)[1].strip() for line in pack.splitlines() if line.startswith("unitId:"))
         args = json.dumps({"unitId": unit, **compose_draft(pack)})
         return ModelReply(text=None, stop_reason="tool_calls",
@@ -145,45 +150,65 @@ async def test_probe_cli_json_is_one_object_keyed_p1_to_p5(tmp_path: Path) -> No
     assert code == 0, err
     data = json.loads(out)
     assert list(data) == list(PROBE_IDS)
-    assert all(set(v) == {"status", "evidence"} and v["evidence"] for v in data.values())
+    assert all(set(v) - {"mechanism"} == {"status", "evidence"} and v["evidence"] for v in data.values())
+    assert data["P6"]["mechanism"] == "prompt"
     assert [data[p]["status"] for p in ("P1", "P2", "P3")] == ["pass"] * 3
     cache = json.loads((tmp_path / "probes.json").read_text())
     assert cache["offline"]["results"] == data
 
 
-async def test_probe_gate_subagent_creation_fails_closed_for_a_model_without_tools(
+def drafts_only(request: dict[str, Any]) -> Any:
+    """A model that writes W1 drafts but never calls a tool."""
+    if request.get("tools"):
+        return completion(content="I only write drafts.")
+    body = {"paragraphs": ["The bell rang once."],
+            "sceneCompletion": {"completed": True, "basis": "rang"}, "canonChanges": []}
+    return completion(content=json.dumps(body))
+
+
+async def test_model4_creation_gate_per_shape_names_failing_probes_and_working_shapes(
         stack: Runtime, nats_url: str, tmp_path: Path) -> None:
-    """PROBE: creating a subagent novel with a model that fails P1–P3 is refused with a clear error and
-    nothing is created; an inline novel needs no probe; a cached passing result is reused."""
-    subagent = tmp_path / "subagent.json"
-    subagent.write_bytes(sample_novel_bytes())
-    inline = tmp_path / "inline.json"
-    data = json.loads(sample_novel_bytes())
-    data["config"]["writerMode"] = "inline"
-    inline.write_text(json.dumps(data))
+    """MODEL-4 / PROBE: a W2 or inline novel needs P1–P3, a W1 novel needs P6. A refusal names the
+    probes that failed and the shapes that would work with this model; nothing is created; a
+    cached passing result is reused."""
+    def variant(name: str, **config: Any) -> Path:
+        data = json.loads(sample_novel_bytes())
+        data["config"].update(config)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        return path
+
+    w2, inline, w1 = variant("w2"), variant("inline", writerMode="inline"), variant("w1", writerShape="W1")
     home = ["--home", str(tmp_path / "home")]
     flags = _flags(stack, nats_url)
 
     async with ChatServer([], responder=lambda _: completion(content="I only chat.")) as server:
         env = {"NOVELBUS_MODEL_BASE_URL": server.base_url}
-        code, _, err = await novelbus("novel", "create", str(subagent), "--model", "openai:chatty", "--no-start",
-                                      *home, *flags, env=env)
-        assert code == 1
-        assert "did not pass the probes a subagent novel requires" in err and "P1 fail" in err
-        assert "Nothing was created" in err and "writerMode" in err
+        for path, shape in ((w2, "W2"), (inline, "inline"), (w1, "W1")):
+            code, _, err = await novelbus("novel", "create", str(path), "--model", "openai:chatty", "--no-start",
+                                          *home, *flags, env=env)
+            assert code == 1
+            assert f"did not pass the probes a {shape} novel requires" in err
+            assert ("P6 fail" if shape == "W1" else "P1 fail") in err
+            assert "Nothing was created" in err and "no writer shape works with this model" in err
         assert await store.list_novels(stack.ctx.pool) == []
-        asked = len(server.requests)
-        assert asked >= 2
 
-        code, out, err = await novelbus("novel", "create", str(inline), "--model", "openai:chatty", "--no-start",
-                                        *home, *flags, env=env)
+    async with ChatServer([], responder=drafts_only) as server:
+        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url}
+        code, _, err = await novelbus("novel", "create", str(w2), "--model", "openai:drafter", "--no-start",
+                                      *home, *flags, env=env)
+        assert code == 1 and "P1 fail" in err
+        assert 'with this model these would work: config.writerShape "W1"' in " ".join(err.split())
+        asked = len(server.requests)
+        code, _, err = await novelbus("novel", "create", str(w1), "--model", "openai:drafter", "--no-start",
+                                      *home, *flags, env=env)
         assert code == 0, err
-        assert len(server.requests) == asked  # no probe for an inline novel
-    assert [n.writer_mode for n in await store.list_novels(stack.ctx.pool)] == ["inline"]
+        assert len(server.requests) == asked  # the cached P6 pass was reused
+    assert [n.writer_mode for n in await store.list_novels(stack.ctx.pool)] == ["subagent"]
 
     code, _, err = await novelbus("probe", *home)
     assert code == 0, err
-    code, out, err = await novelbus("novel", "create", str(subagent), "--no-start", *home, *flags)
+    code, out, err = await novelbus("novel", "create", str(inline), "--no-start", *home, *flags)
     assert code == 0, err
     assert "probing" not in err  # the cached passing result for 'offline' was reused
     assert sorted(n.writer_mode for n in await store.list_novels(stack.ctx.pool)) == ["inline", "subagent"]

@@ -189,7 +189,8 @@ async def test_run2_ver2_w1_invalid_and_guarded_drafts_fail_then_a_valid_one_com
     carries a chapter heading is refused by the verifier (guard) and never committed; the third dispatch
     commits."""
     guarded = {**good_body(), "paragraphs": ["Chapter 3", "Mara listened."]}
-    provider = PerRun([lambda v: text_reply("Here is the scene you asked for."),
+    # MODEL-2: an invalid draft gets one repair round (a second call of the same run) first.
+    provider = PerRun([lambda v: text_reply("Here is the scene you asked for." if v.step == 0 else "No."),
                        lambda v: text_reply(json.dumps(guarded))])
     async with writer_stack(nats_url, new_database, namespace, provider=provider) as rt:
         d = await drive(rt, tiny_novel("W1"))

@@ -28,6 +28,7 @@ from novelbus.novel.text import estimate_tokens
 from novelbus.writers.offline import OfflineProvider, UnitBrief
 from novelbus.writers.probe import PROBE_NOVEL
 from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
+from novelbus.writers.runner import W1_REPAIR
 from tests.writers.chat_server import Response, completion
 
 # --- a fake OpenAI-compatible model -----------------------------------------------------------------
@@ -110,12 +111,15 @@ class PerRun:
     default: Behaviour | None = None  # for runs past the list (None: offline)
     name: str = "scripted"
     label: str = "scripted (test behaviours, no language model)"
+    structured_mode: str = "prompt"  # MODEL-2: no server to probe (P6)
     views: list[RunView] = field(default_factory=list)
     unit_ids: list[str | None] = field(default_factory=list)  # per run
 
     async def complete(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
-                       max_output_tokens: int) -> ModelReply:
-        fresh = messages[-1].get("role") == "user"  # calls within a run end with tool results
+                       max_output_tokens: int, **options: Any) -> ModelReply:
+        # Calls within a run end with tool results, or with the W1 repair request (MODEL-2).
+        fresh = messages[-1].get("role") == "user" and not str(
+            messages[-1].get("content") or "").startswith(W1_REPAIR.split("{", 1)[0])
         if fresh:
             packs = [m["content"] for m in messages
                      if isinstance(m.get("content"), str) and "[[unit]]" in m["content"].split("\n")]

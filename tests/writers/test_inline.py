@@ -25,6 +25,7 @@ from novelbus.writers.inline import (
     InlineRun,
     compact_threshold,
     estimate_input_tokens,
+    gate_tokens,
     offline_summary,
     run_inline_unit,
     session_preamble,
@@ -322,7 +323,15 @@ async def test_run3_calls_after_the_commit_in_one_reply_are_answered_not_execute
 
 
 def test_ab2_compaction_threshold_is_configurable_and_bad_values_are_named() -> None:
-    assert compact_threshold(None, env={}) == 100_000
+    """AB-2 / MODEL-5: explicit threshold (argument, env) wins; else 0.7 of the window; else the
+    legacy 100k estimated tokens where no window is known."""
+    assert compact_threshold(None, env={}) is None
+    assert gate_tokens(None, None) == 100_000
+    assert gate_tokens(8192, None) == 5734
+    assert gate_tokens(2048, None, 0.5) == 1024
+    assert gate_tokens(8192, 3000) == 3000
+    with pytest.raises(ValueError, match="usageThresholdRatio"):
+        gate_tokens(8192, None, 1.5)
     assert compact_threshold(None, env={ENV_COMPACT_TOKENS: "2500"}) == 2_500
     assert compact_threshold(7, env={ENV_COMPACT_TOKENS: "2500"}) == 7
     with pytest.raises(ValueError, match=ENV_COMPACT_TOKENS):

@@ -292,3 +292,27 @@ def test_make_provider_config_errors_say_what_to_set(spec: str, env: dict, needl
 )
 def test_local_base_urls(url: str, local: bool) -> None:
     assert is_local_base_url(url) is local
+
+
+async def test_model3_hermes_tool_calls_in_the_content_are_parsed_and_options_are_sent() -> None:
+    """MODEL-3: a server that leaves `<tool_call>{…}</tool_call>` in the content still yields
+    tool calls; tool_choice and response_format (MODEL-2) go on the wire as given."""
+    content = ('Let me look.\n<tool_call>\n{"name": "novel_status_read", "arguments": {}}\n'
+               '</tool_call>\n<tool_call>{"name": "memory_read", "arguments": {"noteId": "n1"}}'
+               '</tool_call>\n<tool_call>not json</tool_call>')
+    definitions = openai_tool_definitions(W2_ALLOW_LIST)
+    forced = {"type": "function", "function": {"name": COMMIT_TOOL}}
+    fmt = {"type": "json_object", "schema": {"type": "object"}}
+    async with ChatServer([completion(content=content), completion(content="{}")]) as s:
+        provider = provider_for(s)
+        reply = await provider.complete(MESSAGES, definitions, max_output_tokens=50,
+                                        tool_choice=forced)
+        plain = await provider.complete(MESSAGES, None, max_output_tokens=50, response_format=fmt)
+        await provider.aclose()
+    assert reply.text_tool_calls and reply.stop_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments)) for c in reply.tool_calls] == [
+        ("novel_status_read", {}), ("memory_read", {"noteId": "n1"})]
+    assert len({c.id for c in reply.tool_calls}) == 2
+    assert s.requests[0]["tool_choice"] == forced and "response_format" not in s.requests[0]
+    assert s.requests[1]["response_format"] == fmt and "tool_choice" not in s.requests[1]
+    assert not plain.text_tool_calls and plain.tool_calls == []

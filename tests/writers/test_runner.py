@@ -108,10 +108,11 @@ async def test_w1_valid_draft_succeeds_without_tools() -> None:
     ],
 )
 async def test_w1_failures_are_recorded_with_their_reason(reply: Any, reason: str) -> None:
-    """RUN-4: anything but a completed, valid draft is a failed dispatch, never degraded."""
-    outcome = await run_w1(ScriptedProvider([reply]), PACK, max_output_tokens=1000)
+    """RUN-4: anything but a completed, valid draft is a failed dispatch, never degraded
+    (MODEL-2: an invalid draft only after its one repair round)."""
+    outcome = await run_w1(ScriptedProvider([reply, reply]), PACK, max_output_tokens=1000)
     assert not outcome.ok and outcome.reason == reason and outcome.draft is None
-    assert len(outcome.usage) == 1
+    assert len(outcome.usage) == (2 if reason == "invalid-draft" else 1)
 
 
 # --- W2 -----------------------------------------------------------------------------------------
@@ -241,11 +242,13 @@ async def test_w2_stops_at_the_first_successful_commit() -> None:
 @pytest.mark.parametrize(
     ("replies", "reason"),
     [
-        ([text("")], "empty-output"),
-        ([text(None)], "empty-output"),
-        ([text("I would rather not write today.")], "not-committed"),
-        ([tools(call("novel_status_read", {})), text("Done!")], "not-committed"),
-        ([text("partial", stop="length")], "stop-reason:length"),
+        # MODEL-3: a text answer gets one forced commit call; text again ends the run.
+        ([text(""), text("")], "empty-output"),
+        ([text(None), text(None)], "empty-output"),
+        ([text("I would rather not write today."), text("No.")], "not-committed"),
+        ([tools(call("novel_status_read", {})), text("Done!"), text("Done.")], "not-committed"),
+        # A text answer cut at max_tokens is a text answer: forced; cut again, the run fails.
+        ([text("partial", stop="length"), text("again", stop="length")], "stop-reason:length"),
         ([tools(call("novel_status_read", {})), text(None, stop="error")], "stop-reason:error"),
         (
             [
@@ -350,3 +353,96 @@ def test_execution_policy_carries_session_id_and_store_together_or_not_at_all() 
         ExecutionPolicy(session_id="s-1")
     with pytest.raises(ValueError):
         ExecutionPolicy(session_store=sessions)
+
+
+async def test_model2_w1_repair_round_sends_the_validation_error_then_accepts_the_fix() -> None:
+    """MODEL-2: one repair round with the validation errors; the second reply is the draft."""
+    provider = ScriptedProvider([text('{"paragraphs": ["x"]}'), text(json.dumps(BODY))])
+    outcome = await run_w1(provider, PACK, max_output_tokens=1000, mechanism="json_object+schema")
+    assert outcome.ok and outcome.draft is not None and outcome.draft.paragraphs == PROSE
+    assert len(outcome.usage) == 2
+    repair, _ = provider.calls[1]
+    assert [m["role"] for m in repair] == ["system", "user", "assistant", "user"]
+    assert "sceneCompletion" in repair[-1]["content"]  # the validation error names the field
+    fmt = provider.options[0]["response_format"]
+    assert fmt["type"] == "json_object" and fmt["schema"]["required"] == [
+        "paragraphs", "sceneCompletion", "canonChanges"]
+    assert fmt["schema"]["properties"]["paragraphs"]["items"]["minLength"] == 1
+
+
+async def test_model2_raw_control_characters_inside_strings_are_parsed_leniently() -> None:
+    """MODEL-2: a grammar-constrained reply may hold a raw control character inside a string;
+    it is parsed leniently, then validated strictly."""
+    broken = json.dumps(BODY).replace(PROSE[0], PROSE[0] + "\t\u0001end", 1)
+    broken = broken.replace("\\t\\u0001", "\t\x01")
+    assert "\x01" in broken and "\t" in broken
+    outcome = await run_w1(ScriptedProvider([text(broken)]), PACK, max_output_tokens=1000)
+    assert outcome.ok and outcome.draft is not None
+    assert outcome.draft.paragraphs[0] == PROSE[0] + "\t\x01end"
+    assert len(outcome.usage) == 1  # no repair round was needed
+
+
+# --- MODEL-3: tool-choice policy --------------------------------------------------------------
+
+
+FORCED = {"type": "function", "function": {"name": COMMIT_TOOL}}
+
+
+async def test_model3_a_text_answer_gets_a_forced_commit_recorded_as_forced() -> None:
+    """MODEL-3: research with the server's default; after a text answer the commit is forced by
+    name, and the forced call is marked in the manifest and in usage."""
+    provider = ScriptedProvider([
+        tools(call("novel_status_read", {}, "s")),
+        text("The lamp was cold, I think I will write about it."),
+        tools(call(COMMIT_TOOL, COMMIT_ARGS, "c")),
+    ])
+    host = Host()
+    outcome = await w2(provider, host)
+    assert outcome.ok and host.commits == [COMMIT_ARGS]
+    assert provider.options[0] == {} and provider.options[1] == {}  # auto: never sent
+    assert provider.options[2] == {"tool_choice": FORCED}
+    assert [c.forced for c in outcome.usage] == [False, False, True]
+    assert outcome.dependencies[-1] == {"seq": 2, "tool": COMMIT_TOOL,
+                                        "args": outcome.tool_calls[-1].args_truncated,
+                                        "isError": False, "forced": True}
+    assert "forced" not in outcome.dependencies[0]
+
+
+async def test_model3_the_last_allowed_round_forces_the_commit() -> None:
+    provider = ScriptedProvider([tools(call("novel_status_read", {}, f"r{i}")) for i in range(2)]
+                                + [tools(call(COMMIT_TOOL, COMMIT_ARGS, "c"))])
+    outcome = await w2(provider, Host(), max_tool_rounds=3)
+    assert outcome.ok
+    assert [o.get("tool_choice") for o in provider.options] == [None, None, FORCED]
+
+
+async def test_model5_max_tokens_fit_the_window_and_an_impossible_fit_is_never_sent() -> None:
+    """MODEL-5: max_tokens is what the window leaves; a request the window cannot hold fails
+    with window-exceeded before any model call."""
+    from novelbus.writers.runner import request_tokens
+
+    class Windowed(ScriptedProvider):
+        context_window = 4096
+
+    provider = Windowed([tools(call(COMMIT_TOOL, COMMIT_ARGS, "c"))])
+    seen: list[int] = []
+    inner = provider.complete
+
+    async def spy(messages: Any, tools_: Any, *, max_output_tokens: int, **o: Any) -> ModelReply:
+        seen.append(max_output_tokens)
+        return await inner(messages, tools_, max_output_tokens=max_output_tokens, **o)
+
+    provider.complete = spy  # type: ignore[method-assign]
+    outcome = await w2(provider, Host())
+    assert outcome.ok
+    messages, offered = provider.calls[0]
+    assert seen == [min(1000, 4096 - request_tokens(messages, offered))]
+    assert request_tokens(messages, offered) + seen[0] <= 4096
+
+    class Tiny(ScriptedProvider):
+        context_window = 600  # the ten tool definitions alone need more
+
+    tiny = Tiny([])
+    refused = await w2(tiny, Host())
+    assert not refused.ok and refused.reason == "window-exceeded" and tiny.calls == []
+    assert "600" in (refused.detail or "")

@@ -77,9 +77,11 @@ async def test_run5_a_failed_run_is_saved_too_and_its_unexecuted_calls_are_close
     after a successful commit get a 'not-executed' answer so a chat server accepts the history."""
     sessions = MemorySessionStore()
     policy = ExecutionPolicy(session_id="s", session_store=sessions)
-    failed = await w2(ScriptedProvider([text("I need more time.")]), PACK, policy, chapter_id="ch1")
+    failed = await w2(ScriptedProvider([text("I need more time."), text("Still not.")]), PACK, policy,
+                      chapter_id="ch1")
     assert failed.reason == "not-committed"
-    assert sessions.sessions["s"].history[-1] == {"role": "assistant", "content": "I need more time."}
+    assert sessions.sessions["s"].history[-2:] == [{"role": "assistant", "content": "I need more time."},
+                                                   {"role": "assistant", "content": "Still not."}]
 
     both = tools(call(COMMIT_TOOL, COMMIT_ARGS, "one"), call("novel_status_read", {}, "two"))
     ok = await w2(ScriptedProvider([both]), PACK, policy, chapter_id="ch1")
