@@ -31,6 +31,7 @@ from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import running
+from novelbus.actors.writer import effective_window
 from novelbus.bus.codec import decode
 from novelbus.cli.bench import bench_app
 from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
@@ -38,7 +39,7 @@ from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.outline import OutlineError, parse_novel_file
-from novelbus.writers.inline import DEFAULT_COMPACT_TOKENS
+from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO, gate_tokens
 from novelbus.writers.provider import ProviderError
 
 # AB-3 and the issue's targets, printed beside each figure.
@@ -55,13 +56,17 @@ console = Console(highlight=False, soft_wrap=True)  # tables never wrap, whateve
 
 
 def novel_dict(chapters: int, scenes: int, *, seed: int, unit_chars: int, cjk: bool, mode: str,
-               label: str) -> dict[str, Any]:
-    """The generated novel for one mode; budgets wide enough for the whole book."""
+               label: str, window: int | None = None, ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO
+               ) -> dict[str, Any]:
+    """The generated novel for one mode; budgets wide enough for the whole book; `window` and
+    `ratio` become its config.model (MODEL-5)."""
     data = generate_novel_file(chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk)
     units = chapters * scenes
     data["title"] = f"{data['title']} [{label}]"
     data["config"]["writerMode"] = mode
-    data["config"]["budgets"] = {"maxTurns": max(200, 3 * units + 10), "maxDurationMs": 7 * 24 * 3_600_000}
+    data["config"]["budgets"] = {"maxTurns": max(200, 3 * units + 10), "maxDurationMs": 7 * 24 * 3_600_000,
+                                 "consecutiveFailureLimit": 10}
+    data["config"]["model"] = {"contextWindow": window, "usageThresholdRatio": ratio}
     return data
 
 
@@ -174,6 +179,16 @@ class ModeResult:
     def compactions(self) -> int:
         return int(self.totals.get("compactions", 0))
 
+    @property
+    def tool_definition_tokens_per_call(self) -> float:
+        """MODEL-6: estimated tokens of the tool definitions sent with each call, on average."""
+        calls = int(self.totals.get("calls", 0))
+        return float(self.totals.get("toolDefinitionTokens", 0)) / max(1, calls)
+
+    @property
+    def forced_calls(self) -> int:
+        return int(self.totals.get("forcedCalls", 0))
+
     def tool_bytes_per_unit(self) -> dict[str, float]:
         raw = self.totals.get("toolBytes") or {}
         n = max(1, len(self.units))
@@ -277,9 +292,12 @@ def _share(value: float | None) -> str:
 
 
 def print_table(inline: ModeResult, sub: ModeResult, flat: ModeResult | None, ratio: float,
-                ratio_chars: float, provider: str, compact_tokens: int) -> None:
-    console.print(f"[bold]novelbus bench ab[/] — writer: [cyan]{provider}[/], {len(inline.units)} units, "
-                  f"inline compaction at {compact_tokens:,} est. tokens")
+                ratio_chars: float, provider: str, compact_tokens: int, window: int | None = None,
+                provider_ratio: float | None = None) -> None:
+    where = (f"window {window:,} tokens, inline compaction at {compact_tokens:,} tokens (§16 gate: reported "
+             "prompt tokens where the provider reports them)" if window is not None
+             else f"inline compaction at {compact_tokens:,} est. tokens (no window known)")
+    console.print(f"[bold]novelbus bench ab[/] — writer: [cyan]{provider}[/], {len(inline.units)} units, {where}")
     rows: list[tuple[str, str, str, str]] = [
         ("total raw input (chars)", f"{inline.input_chars:,}", f"{sub.input_chars:,}", ""),
         ("total raw input (est. tokens)", f"{inline.input_tokens:,}", f"{sub.input_tokens:,}", ""),
@@ -289,6 +307,9 @@ def print_table(inline: ModeResult, sub: ModeResult, flat: ModeResult | None, ra
         ("per-unit input p50 (est. tokens)", f"{inline.p50():,.0f}", f"{sub.p50():,.0f}", ""),
         ("per-unit input max (est. tokens)", f"{inline.max():,}", f"{sub.max():,}", ""),
         ("compactions", f"{inline.compactions}", f"{sub.compactions}", ""),
+        ("tool definitions per call (est.)", f"{inline.tool_definition_tokens_per_call:,.0f}",
+         f"{sub.tool_definition_tokens_per_call:,.0f}", "counted in the input"),
+        ("forced commit calls", f"{inline.forced_calls}", f"{sub.forced_calls}", ""),
         ("cached share", _share(inline.cached_share), _share(sub.cached_share), ""),
         ("model calls", f"{int(inline.totals.get('calls', 0)):,}", f"{int(sub.totals.get('calls', 0)):,}", ""),
         ("wall time (s)", f"{inline.seconds:.1f}", f"{sub.seconds:.1f}", ""),
@@ -299,6 +320,9 @@ def print_table(inline: ModeResult, sub: ModeResult, flat: ModeResult | None, ra
     console.print(f"{'subagent / inline (est. tokens)':34} {ratio:>33.3f}   ≤ {TARGET_RATIO:.2f} "
                   f"{_mark(ratio <= TARGET_RATIO)} (aim ≤ {AIM_RATIO:.2f} {_mark(ratio <= AIM_RATIO)})")
     console.print(f"{'subagent / inline (chars)':34} {ratio_chars:>33.3f}")
+    if provider_ratio is not None:
+        console.print(f"{'subagent / inline (provider tokens)':34} {provider_ratio:>33.3f}   ≤ {TARGET_RATIO:.2f} "
+                      f"{_mark(provider_ratio <= TARGET_RATIO)}")
     tools = sorted(set(inline.tool_bytes_per_unit()) | set(sub.tool_bytes_per_unit()))
     for tool in tools:
         cells = [f"{r.tool_bytes_per_unit().get(tool, 0):,.0f}" for r in (inline, sub)]
@@ -325,16 +349,21 @@ def _opt(value: int | None) -> str:
 
 
 async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: bool, model: str,
-                compact_tokens: int, check_flat: bool, out: Path, timeout: float, as_json: bool,
-                home: Path | None, nats_url: str | None, database_url: str | None) -> dict[str, Any]:
+                compact_tokens: int | None, check_flat: bool, out: Path, timeout: float, as_json: bool,
+                home: Path | None, nats_url: str | None, database_url: str | None, window: int | None = None,
+                usage_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
+                max_output_tokens: int | None = None) -> dict[str, Any]:
     started = time.monotonic()
     async with servers(home, nats_url, database_url) as ep:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
-        kwargs = {"writer": {"inline_compact_tokens": compact_tokens}}
+        kwargs = {"writer": {"inline_compact_tokens": compact_tokens, "max_output_tokens": max_output_tokens}}
         async with running(ep.nats_url, ep.database_url, subjects=subjects, settings=Settings(model=model),
                            actor_kwargs=kwargs) as rt:
             ctx = rt.ctx
-            provider = rt.actor("writer").state.provider.label  # type: ignore[attr-defined]
+            writer_provider = rt.actor("writer").state.provider  # type: ignore[attr-defined]
+            provider = writer_provider.label
+            window = effective_window(writer_provider, window)
+            threshold = gate_tokens(window, compact_tokens, usage_ratio)
             try:
                 results: dict[str, ModeResult] = {}
                 plan = [("inline", "inline", chapters), ("subagent", "subagent", chapters)]
@@ -342,7 +371,7 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                     plan.append((f"subagent{chapters * FLAT_FACTOR * scenes}", "subagent", chapters * FLAT_FACTOR))
                 for label, mode, n_chapters in plan:
                     data = novel_dict(n_chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk, mode=mode,
-                                      label=f"bench ab {label}")
+                                      label=f"bench ab {label}", window=window, ratio=usage_ratio)
                     err_console.print(f"[dim]{label}: {n_chapters} chapters × {scenes} scenes in {mode} mode[/]")
                     novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label,
                                                           live=not as_json)
@@ -353,10 +382,13 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
     flat = next((r for k, r in results.items() if k not in ("inline", "subagent")), None)
     ratio = sub.input_tokens / max(1, inline.input_tokens)
     ratio_chars = sub.input_chars / max(1, inline.input_chars)
+    provider_ratio = (sub.provider_input_tokens / max(1, inline.provider_input_tokens)
+                      if sub.provider_input_tokens is not None and inline.provider_input_tokens is not None
+                      else None)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     csv_path, png_path = write_curve(out / f"ab-{stamp}", list(results.values()))
     if not as_json:
-        print_table(inline, sub, flat, ratio, ratio_chars, provider, compact_tokens)
+        print_table(inline, sub, flat, ratio, ratio_chars, provider, threshold, window, provider_ratio)
         console.print(f"curve: {csv_path}")
         if png_path is not None:
             console.print(f"plot:  {png_path}")
@@ -380,7 +412,15 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         "inline_unit_max_tokens": inline.max(),
         "subagent_unit_p50_tokens": sub.p50(),
         "subagent_unit_max_tokens": sub.max(),
-        "compact_tokens": compact_tokens,
+        "compact_tokens": threshold,
+        # MODEL-6: every byte sent is counted, the tool definitions included (per call, estimated)
+        "tool_definition_tokens": round(sub.tool_definition_tokens_per_call, 1),
+        "inline_tool_definition_tokens": round(inline.tool_definition_tokens_per_call, 1),
+        "provider_ratio": None if provider_ratio is None else round(provider_ratio, 4),
+        "window_tokens": window,
+        "compaction_threshold_tokens": threshold,
+        "inline_forced_calls": inline.forced_calls,
+        "subagent_forced_calls": sub.forced_calls,
         "provider": provider,
         "targets": {"ratio": TARGET_RATIO, "ratio_aim": AIM_RATIO, "w2_peak_tokens": TARGET_W2_PEAK_TOKENS,
                     "flat": TARGET_FLAT},
@@ -404,9 +444,18 @@ def bench_ab(
     unit_chars: Annotated[int, typer.Option("--unit-chars", help="Target characters per unit")] = 1_500,
     seed: Annotated[int, typer.Option(help="Seed of the generated novel (the same for both modes)")] = 7,
     cjk: Annotated[bool, typer.Option("--cjk", help="Generate the novel in Chinese")] = False,
-    model: Annotated[str, typer.Option("--model", help="Writer provider: offline | openai:<model>")] = "offline",
-    compact_tokens: Annotated[int, typer.Option(
-        "--compact-tokens", help="Inline compaction threshold in estimated tokens")] = DEFAULT_COMPACT_TOKENS,
+    model: Annotated[str, typer.Option("--model", help="Writer provider: offline | local[:PATH.gguf] | "
+                                                       "openai:<model>")] = "offline",
+    compact_tokens: Annotated[int | None, typer.Option(
+        "--compact-tokens", help="Fixed inline compaction threshold in tokens (default: the §16 gate at "
+                                 "--usage-threshold-ratio of the window; 100,000 est. tokens without one)")] = None,
+    window: Annotated[int | None, typer.Option(
+        "--window", help="Context window in tokens (config.model.contextWindow of both novels; the "
+                         "provider's own window counts too: the smaller wins)")] = None,
+    usage_ratio: Annotated[float, typer.Option(
+        "--usage-threshold-ratio", help="§16 compaction gate: share of the window")] = DEFAULT_USAGE_THRESHOLD_RATIO,
+    max_output_tokens: Annotated[int | None, typer.Option(
+        "--max-output-tokens", help="The writer's max_tokens ceiling (small for a small local model)")] = None,
     check_flat: Annotated[bool, typer.Option(
         "--check-flat", help=f"Also write a {FLAT_FACTOR}× longer novel in subagent mode and compare peaks")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Directory for the CSV and PNG (default <home>/bench)")]
@@ -419,16 +468,21 @@ def bench_ab(
 ) -> None:
     """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio."""
     for name, value in (("--chapters", chapters), ("--scenes", scenes), ("--unit-chars", unit_chars),
-                        ("--compact-tokens", compact_tokens)):
-        if value < 1:
+                        ("--compact-tokens", compact_tokens), ("--max-output-tokens", max_output_tokens)):
+        if value is not None and value < 1:
             fail(f"{name} must be at least 1, got {value}", code=2)
+    if window is not None and window < 256:
+        fail(f"--window must be at least 256 tokens, got {window}", code=2)
+    if not 0 < usage_ratio <= 1:
+        fail(f"--usage-threshold-ratio must be in (0, 1], got {usage_ratio}", code=2)
     if timeout <= 0:
         fail(f"--timeout must be positive, got {timeout}", code=2)
     try:
         report = run(bench(chapters=chapters, scenes=scenes, unit_chars=unit_chars, seed=seed, cjk=cjk,
                            model=model, compact_tokens=compact_tokens, check_flat=check_flat,
                            out=(out or home_dir(home) / "bench"), timeout=timeout, as_json=as_json,
-                           home=home, nats_url=nats_url, database_url=database_url))
+                           home=home, nats_url=nats_url, database_url=database_url, window=window,
+                           usage_ratio=usage_ratio, max_output_tokens=max_output_tokens))
     except ProviderError as e:
         fail(f"writer provider: {e}", code=2)
     except (RuntimeError, ValueError) as e:

@@ -567,8 +567,12 @@ class OfflineProvider:
             return call(STATUS_TOOL, {})
         status = next((r for r in by_tool.get(STATUS_TOOL, []) if r.get("currentChapterId")), None)
         chapter_id = status.get("currentChapterId") if status else None
-        if BODY_READ_TOOL in offered and BODY_READ_TOOL not in by_tool and chapter_id:
-            last = (status or {}).get("lastCommit") or {}
+        last = (status or {}).get("lastCommit") or {}
+        # MODEL-6: research only what is not already in the context, by one rule in both modes:
+        # an inline session that committed the last unit itself still holds its prose (a fresh W2
+        # writer never does), so it reads nothing more — unless a compaction dropped it.
+        known = last.get("commitId") is not None and last.get("commitId") in _committed_in_context(messages)
+        if BODY_READ_TOOL in offered and BODY_READ_TOOL not in by_tool and chapter_id and not known:
             if last.get("chapterId") == chapter_id and last.get("sceneId"):
                 return call(BODY_READ_TOOL, {"chapterId": chapter_id, "sceneId": last["sceneId"]})
             return call(BODY_READ_TOOL, {"chapterId": chapter_id})
@@ -578,6 +582,20 @@ class OfflineProvider:
                 messages, text="Stopping: no way to commit this unit.", calls=[], stop="completed"
             )
         return call(COMMIT_TOOL, {"unitId": brief.unit_id, **compose_draft(pack)})
+
+
+def _committed_in_context(messages: Sequence[ChatMessage]) -> set[str]:
+    """Commit ids whose prose is in these messages: a successful novel_body_commit call (its
+    arguments carry the paragraphs) answered with that commit id."""
+    commit_calls = {c.get("id") for m in messages for c in m.get("tool_calls") or ()
+                    if c.get("function", {}).get("name") == COMMIT_TOOL}
+    out: set[str] = set()
+    for m in messages:
+        if m.get("role") == "tool" and m.get("tool_call_id") in commit_calls:
+            result = _loads(m.get("content") or "")
+            if result.get("ok") is True and isinstance(result.get("commitId"), str):
+                out.add(result["commitId"])
+    return out
 
 
 def _call_number(call_id: Any) -> int:

@@ -29,11 +29,12 @@ class RecordingProvider:
     def __init__(self, inner: ModelProvider) -> None:
         self.inner = inner
         self.name, self.label = inner.name, inner.label
+        self.structured_mode = getattr(inner, "structured_mode", None)
         self.replies: list[ModelReply] = []
 
     async def complete(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
-                       max_output_tokens: int) -> ModelReply:
-        reply = await self.inner.complete(messages, tools, max_output_tokens=max_output_tokens)
+                       max_output_tokens: int, **options: Any) -> ModelReply:
+        reply = await self.inner.complete(messages, tools, max_output_tokens=max_output_tokens, **options)
         self.replies.append(reply)
         return reply
 

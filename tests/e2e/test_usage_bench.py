@@ -72,6 +72,12 @@ async def test_ab1_bench_ab_json_compares_the_same_novel_in_both_modes(
         report["subagent_input_tokens"] / report["inline_input_tokens"], 4
     )
     assert report["inline_compactions"] >= 1  # the small threshold was passed
+    # MODEL-6: the tool definitions go with every call and are counted; offline reports estimated
+    # usage as provider tokens; no window is known offline, so the fixed threshold applies.
+    assert report["tool_definition_tokens"] > 1000 and report["inline_tool_definition_tokens"] > 0
+    assert report["window_tokens"] is None and report["compaction_threshold_tokens"] == 5000
+    assert report["inline_provider_input_tokens"] > report["subagent_provider_input_tokens"] > 0
+    assert report["subagent_forced_calls"] == 0
     assert (
         report["inline_cached_share"] is None and report["subagent_cached_share"] is None
     )  # offline: unknown
