@@ -2,12 +2,21 @@
 
 A novel of `--units` scenes is written by the six actors, each in its own OS process (two
 claim-manager instances, CLM-5), supervised and restarted by `cli.supervise.Supervisor`, while
-the benchmark SIGKILLs a random ready actor at random moments — at least `--kills` times, spread
-over the run, half of them just after a unit was claimed, so they land inside its flow — and publishes an extra work notice after every kill. Then it checks, from
-PostgreSQL and JetStream:
+the benchmark SIGKILLs actors at random moments — at least `--kills` times, spread over the first
+60 % of the run, every actor kind at least twice (then random kinds), half of them just after a
+unit was claimed, so they land inside its flow — and publishes an extra work notice after every
+kill. Then it checks, from PostgreSQL and JetStream (REL-1, REL-7, REL-8):
 
 - the novel finished;
-- every live unit has exactly one commit, and no scene has two completed commits;
+- every live unit has exactly one commit, and no scene has two completed commits (two units of
+  one scene; one commit per unit is a constraint, so it is not counted);
+- turns == commits == units: every commit's claim has its one turn (`turn_ledger`), and the
+  novel's `turns` counter agrees;
+- one usage sample or `usage.missing` marker per turn (the ledger's `usage`, and as many
+  `usage.sampled` + `usage.missing` events);
+- no writer run left `running`;
+- `unit.committed` once per unit, `chapter.completed` once per chapter, `novel.finished` once —
+  in the events table and in the JetStream events stream alike;
 - the prose order (commit order) follows the outline (chapter order, scene order, fragment);
 - no work notice was lost: the driver's consumer has nothing pending or unacknowledged, no
   notice reached the dead-letter stream, none ran out of deliveries;
@@ -48,10 +57,17 @@ from novelbus.cli.supervise import Supervisor
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.next_work import completed_chapters
 from novelbus.novel.outline import NovelFile
 
 # Claims that went back to prepared because something died, not because a unit failed.
 RECOVERY_REASONS = ("driver-restart", "lease-expired", "claim-lost", "flow-interrupted", "driver-stopped")
+
+
+ACTOR_KINDS = ("claims", "packer", "writer", "verifier", "usage", "driver")
+KILL_SPAN = 0.6  # kills land while the first 60 % of the units are written
+KILLS_PER_KIND = 2  # every actor kind is killed at least this often
+SETTLE_S = 90.0  # reconciliation's longest wait (the usage grace) plus room
 
 
 @dataclass
@@ -61,7 +77,10 @@ class ChaosResult:
     kills_target: int = 0
     recoveries: int = 0
     commits: int = 0
-    duplicate_commits: int = 0
+    turns: int = 0
+    usage_samples: int = 0
+    open_writer_runs: int = 0
+    duplicate_events: int = 0
     lost_notices: int = 0
     finished: bool = False
     # the detail behind the headline figures
@@ -72,6 +91,15 @@ class ChaosResult:
     kills_by_actor: dict[str, int] = field(default_factory=dict)
     recoveries_by_reason: dict[str, int] = field(default_factory=dict)
     units_without_one_commit: list[str] = field(default_factory=list)
+    scenes_completed_twice: int = 0
+    novel_turns: int = 0  # the novels.turns counter
+    commits_without_turn: int = 0
+    turns_without_usage: int = 0
+    usage_events: int = 0  # usage.sampled + usage.missing
+    usage_missing: int = 0
+    missing_events: int = 0  # a unit.committed / chapter.completed / novel.finished not there
+    events_by_type: dict[str, dict[str, int]] = field(default_factory=dict)  # table/stream counts
+    kill_progress: list[float] = field(default_factory=list)  # share of units written at each kill
     out_of_order: bool = False
     probe_notices: int = 0
     pending_notices: int = 0
@@ -80,13 +108,42 @@ class ChaosResult:
     final_status: str = ""
     log_dir: str | None = None
 
+    def failures(self) -> list[str]:
+        """Every check that does not hold, named (empty: PASS)."""
+        checks = {
+            "novel not finished": self.finished,
+            f"{self.kills} kills < {self.kills_target}": self.kills >= self.kills_target,
+            "a kind killed fewer than twice": self.kills_target < KILLS_PER_KIND * len(ACTOR_KINDS) or all(
+                self.kills_by_actor.get(k, 0) >= KILLS_PER_KIND for k in ACTOR_KINDS),
+            "units without exactly one commit": not self.units_without_one_commit,
+            "scene completed twice": self.scenes_completed_twice == 0,
+            f"turns {self.turns} / commits {self.commits} / units {self.units} / counter {self.novel_turns}":
+                self.turns == self.commits == self.units == self.novel_turns and self.commits_without_turn == 0,
+            f"usage: {self.usage_samples} settled, {self.usage_events} events for {self.turns} turns":
+                self.usage_samples == self.turns == self.usage_events and self.turns_without_usage == 0,
+            f"{self.open_writer_runs} writer runs left running": self.open_writer_runs == 0,
+            f"{self.duplicate_events} duplicate, {self.missing_events} missing once-only events":
+                self.duplicate_events == 0 and self.missing_events == 0,
+            "prose out of outline order": not self.out_of_order,
+            f"{self.lost_notices} notices lost": self.lost_notices == 0,
+        }
+        return [name for name, holds in checks.items() if not holds]
+
     @property
     def ok(self) -> bool:
-        return (self.finished and self.kills >= self.kills_target and self.duplicate_commits == 0 and not self.units_without_one_commit
-                and not self.out_of_order and self.lost_notices == 0)
+        return not self.failures()
 
     def as_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "ok": self.ok, "failures": self.failures()}
+
+
+def kill_plan(kills: int, rng: random.Random) -> list[str]:
+    """The actor kind of each kill: every kind `KILLS_PER_KIND` times (as far as `kills` allows),
+    the rest random, in random order."""
+    plan = [k for k in ACTOR_KINDS for _ in range(KILLS_PER_KIND)][:kills]
+    plan += [rng.choice(ACTOR_KINDS) for _ in range(kills - len(plan))]
+    rng.shuffle(plan)
+    return plan
 
 
 def chaos_novel(units: int, seed: int) -> NovelFile:
@@ -101,7 +158,7 @@ def chaos_novel(units: int, seed: int) -> NovelFile:
 
 
 async def run_chaos(
-    nats_url: str, database_url: str, *, units: int = 30, kills: int = 20, seed: int = 1,
+    nats_url: str, database_url: str, *, units: int = 100, kills: int = 24, seed: int = 1,
     claims_instances: int = 2, timeout: float = 300.0, namespace: str | None = None,
     min_gap_s: float = 0.1, max_gap_s: float = 0.6, request_timeout_s: float = 5.0, writer_timeout_s: float = 10.0,
     keep_logs: bool = False, progress: Any = None, on_commit: Any = None,
@@ -158,28 +215,36 @@ async def run_chaos(
             await publish_notice(ctx, novel_id, reason="chaos-start")
             deadline = time.monotonic() + timeout
             by_actor: Counter[str] = Counter()
+            plan = kill_plan(kills, rng)
             while not done.done() and time.monotonic() < deadline:
-                # Spread the kills over the first 40% of the run (room to catch up when a kill has to
-                # wait for a restarting victim): kill i once i/kills of that is written.
-                if sup.kills >= kills or commits < sup.kills * 0.4 * units / max(kills, 1):
+                # Spread the kills over the first 60 % of the units: kill i once i/kills of that
+                # share is written (a kill that waits for a restarting victim catches up).
+                if sup.kills >= kills or commits < sup.kills * KILL_SPAN * units / max(kills, 1):
                     await asyncio.sleep(0.02)
                     continue
-                if rng.random() < 0.5:
+                behind = commits >= (sup.kills + 1) * KILL_SPAN * units / max(kills, 1)
+                if rng.random() < 0.5 and not behind:  # (behind schedule: no waiting for a claim)
                     claimed.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(claimed.wait(), 5)
                     await asyncio.sleep(rng.uniform(0, 0.15))
                 else:
                     await asyncio.sleep(rng.uniform(min_gap_s, max_gap_s))
-                ready = sorted(k for k, c in sup.children.items() if c.ready)
-                if not ready or done.done():
+                # The next planned kind that is up (a kind still restarting waits for a later turn).
+                up = {c.name for c in sup.children.values() if c.ready}
+                j = next((j for j in range(sup.kills, kills) if plan[j] in up), None)
+                if j is None or done.done():
                     continue
+                plan[sup.kills], plan[j] = plan[j], plan[sup.kills]
+                kind = plan[sup.kills]
+                ready = sorted(k for k, c in sup.children.items() if c.ready and c.name == kind)
                 victim = rng.choice(ready)
                 pid = sup.kill(victim)
                 if pid is None:
                     continue
-                by_actor[victim] += 1
-                say(f"  kill {sup.kills}/{kills}: SIGKILL {victim} (pid {pid})")
+                by_actor[kind] += 1
+                result.kill_progress.append(round(commits / units, 3))
+                say(f"  kill {sup.kills}/{kills}: SIGKILL {victim} (pid {pid}) at {commits}/{units} units")
                 # a notice published while an actor is down must not be lost either
                 await publish_notice(ctx, novel_id, reason="chaos-probe")
                 result.probe_notices += 1
@@ -195,6 +260,11 @@ async def run_chaos(
                 if result.pending_notices == 0 or time.monotonic() > settle_until:
                     break
                 await asyncio.sleep(0.25)
+            # Settle the accounting: reconciliation closes what the kills left open (REL-7).
+            settle_until = time.monotonic() + SETTLE_S
+            while await _accounting_open(ctx.pool, novel_id) and time.monotonic() < settle_until:
+                await asyncio.sleep(0.5)
+            await _check_events(ctx, subjects, novel_id, result)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -221,6 +291,13 @@ async def run_chaos(
     return result
 
 
+async def check_novel(ctx: Any, subjects: Subjects, novel_id: str, result: ChaosResult) -> ChaosResult:
+    """Every check from PostgreSQL and JetStream, into `result` (also used by `bench cluster`)."""
+    await _check_events(ctx, subjects, novel_id, result)
+    await _check_store(ctx.pool, novel_id, result)
+    return result
+
+
 async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
     novel = await store.get_novel(pool, novel_id)
     result.final_status = novel.status + (f" ({novel.pause_reason})" if novel.pause_reason else "")
@@ -232,8 +309,20 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
     result.commits = sum(per_unit.values())
     result.units_without_one_commit = sorted(u.unit_id for u in live if per_unit.get(u.unit_id, 0) != 1)
     completed_per_scene = Counter((c.chapter_id, c.scene_id) for c in snap.commits if c.scene_completion.completed)
-    result.duplicate_commits = (sum(n - 1 for n in per_unit.values() if n > 1)
-                                + sum(n - 1 for n in completed_per_scene.values() if n > 1))
+    result.scenes_completed_twice = sum(n - 1 for n in completed_per_scene.values() if n > 1)
+    q = pool.fetchval
+    result.novel_turns = novel.turns
+    result.turns = await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1", novel_id)
+    result.commits_without_turn = await q(_COMMITS_WITHOUT_TURN, novel_id)
+    result.usage_samples = await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage IS NOT NULL",
+                                   novel_id)
+    result.turns_without_usage = result.turns - result.usage_samples
+    result.usage_missing = await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage = 'missing'",
+                                   novel_id)
+    result.usage_events = await q("SELECT count(*) FROM events WHERE novel_id = $1"
+                                  " AND type IN ('usage.sampled', 'usage.missing')", novel_id)
+    result.open_writer_runs = await q("SELECT count(*) FROM writer_runs WHERE novel_id = $1 AND status = 'running'",
+                                      novel_id)
     assert snap.outline is not None
     chapter_order = {c.chapterId: c.order for c in snap.outline.chapters}
     scene_order = {(s.chapterId, s.sceneId): s.order for s in snap.outline.scenes}
@@ -251,10 +340,77 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
     result.recoveries = sum(reasons.values())
 
 
+_COMMITS_WITHOUT_TURN = (
+    "SELECT count(*) FROM commits c WHERE c.novel_id = $1 AND NOT EXISTS ("
+    " SELECT 1 FROM turn_ledger t WHERE t.novel_id = c.novel_id AND t.turn_key = c.claim_id)")
+ONCE_EVENTS = ("unit.committed", "chapter.completed", "novel.finished")
+
+
+async def _accounting_open(pool: Any, novel_id: str) -> bool:
+    """Whether reconciliation still has something to close for this novel."""
+    q = pool.fetchval
+    return bool(await q(_COMMITS_WITHOUT_TURN, novel_id)
+                or await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage IS NULL", novel_id)
+                or await q("SELECT count(*) FROM writer_runs WHERE novel_id = $1 AND status = 'running'", novel_id))
+
+
+async def stream_events(ctx: Any, subjects: Subjects, novel_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """(type, payload) of every event of the novel in the JetStream events stream."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    subject = subjects.events_of(novel_id)
+    sub = await ctx.js.subscribe(subject, stream=subjects.events_stream, ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=2)
+            except Exception:  # noqa: BLE001 - nothing more within the timeout: the end of the stream
+                break
+            payload = json.loads(msg.data)
+            out.append((str(payload.get("type", "")), payload))
+            if msg.metadata is not None and msg.metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+def once_event_counts(events: list[tuple[str, dict[str, Any]]]) -> Counter[tuple[str, str]]:
+    """(type, subject of the event: unit, chapter or novel) → how often it occurs."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for kind, payload in events:
+        if kind == "unit.committed":
+            counts[(kind, str(payload.get("unitId")))] += 1
+        elif kind == "chapter.completed":
+            counts[(kind, str(payload.get("chapterId")))] += 1
+        elif kind == "novel.finished":
+            counts[(kind, "")] += 1
+    return counts
+
+
+async def _check_events(ctx: Any, subjects: Subjects, novel_id: str, result: ChaosResult) -> None:
+    """`unit.committed` once per unit, `chapter.completed` once per chapter, `novel.finished`
+    once — in the events table and in the stream alike (REL-8)."""
+    snap = await store.load_snapshot(ctx.pool, novel_id, prose=False)
+    expected = {("unit.committed", c.unit_id) for c in snap.commits}
+    expected |= {("chapter.completed", c) for c in completed_chapters(snap)}
+    if snap.status == "finished":
+        expected.add(("novel.finished", ""))
+    rows = await store.list_events(ctx.pool, novel_id, limit=1_000_000)
+    table = once_event_counts([(r.type, r.payload) for r in rows])
+    stream = once_event_counts(await stream_events(ctx, subjects, novel_id))
+    result.duplicate_events = sum(n - 1 for c in (table, stream) for n in c.values() if n > 1)
+    result.missing_events = sum(1 for c in (table, stream) for key in expected if c[key] == 0)
+    result.missing_events += sum(1 for c in (table, stream) for key in c if key not in expected)
+    result.events_by_type = {
+        where: {kind: sum(n for (k, _), n in c.items() if k == kind) for kind in ONCE_EVENTS}
+        for where, c in (("table", table), ("stream", stream))}
+
+
 @bench_app.command("chaos")
 def chaos(
-    units: Annotated[int, typer.Option(min=1, max=500, help="Scenes in the generated novel")] = 30,
-    kills: Annotated[int, typer.Option(min=0, max=1000, help="SIGKILLs to deliver during the run")] = 20,
+    units: Annotated[int, typer.Option(min=1, max=500, help="Scenes in the generated novel")] = 100,
+    kills: Annotated[int, typer.Option(min=0, max=1000, help="SIGKILLs to deliver during the run "
+                                       "(every actor kind at least twice when ≥ 12)")] = 24,
     seed: Annotated[int, typer.Option(help="Random seed: the novel, the victims, the moments")] = 1,
     claims_instances: Annotated[int, typer.Option("--claims-instances", min=1, max=8,
                                                   help="Claim-manager instances (CLM-5)")] = 2,
@@ -300,12 +456,20 @@ def print_result(r: ChaosResult) -> None:
     out(f"  restarts:           {r.restarts}")
     out(f"  recoveries:         {r.recoveries}  "
         + ", ".join(f"{k} {n}" for k, n in sorted(r.recoveries_by_reason.items())))
+    out(f"  kills at (share of units written): {min(r.kill_progress, default=0):.0%}"
+        f"–{max(r.kill_progress, default=0):.0%}")
     out(f"  commits:            {r.commits}")
-    out(f"  duplicate commits:  {r.duplicate_commits}")
-    out(f"  units != 1 commit:  {len(r.units_without_one_commit)}")
+    out(f"  turns:              {r.turns} (counter {r.novel_turns}, commits without a turn "
+        f"{r.commits_without_turn})")
+    out(f"  usage samples:      {r.usage_samples} ({r.usage_missing} marked missing; {r.usage_events} events)")
+    out(f"  open writer runs:   {r.open_writer_runs}")
+    out(f"  duplicate events:   {r.duplicate_events} (missing {r.missing_events}; "
+        + ", ".join(f"{w} {c}" for w, c in r.events_by_type.items()) + ")")
+    out(f"  units != 1 commit:  {len(r.units_without_one_commit)}; scenes completed twice "
+        f"{r.scenes_completed_twice}")
     out(f"  prose in order:     {not r.out_of_order}")
     out(f"  lost notices:       {r.lost_notices} (pending {r.pending_notices}, dead-lettered {r.dead_lettered}, "
         f"out of deliveries {r.max_deliveries}; {r.probe_notices} probe notices published)")
     if r.log_dir:
         out(f"  actor logs:         {r.log_dir}")
-    out("PASS" if r.ok else "FAIL")
+    out("PASS" if r.ok else "FAIL: " + "; ".join(r.failures()))
