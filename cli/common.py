@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from novelbus.infra import Infrastructure
+from novelbus.infra.nats import write_private
 
 
 def _make_console(*, stderr: bool) -> Console:
@@ -91,7 +92,8 @@ def _reachable(url: str) -> bool:
 
 def write_endpoints(home: Path, ep: Endpoints) -> None:
     home.mkdir(parents=True, exist_ok=True)
-    _endpoints_file(home).write_text(json.dumps({"natsUrl": ep.nats_url, "databaseUrl": ep.database_url}))
+    # REL-11: the URLs carry the servers' credentials: readable by the owner only.
+    write_private(_endpoints_file(home), json.dumps({"natsUrl": ep.nats_url, "databaseUrl": ep.database_url}))
 
 
 def clear_endpoints(home: Path) -> None:

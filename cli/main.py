@@ -44,6 +44,7 @@ from novelbus.cli.probe_cmd import probe as probe_command
 from novelbus.cli.probe_cmd import require_shape_capable
 from novelbus.cli.steer_cmd import register as register_steering
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
+from novelbus.infra import redact_url
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.export import export_markdown
@@ -211,7 +212,7 @@ def up(
         async with servers(home, nats_url, database_url) as ep:
             async with running(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
                                settings=_settings(model)) as rt, maybe_panel(rt.ctx, panel_options):
-                console.print(f"novelbus up: all actors running (NATS {ep.nats_url}); Ctrl-C to stop")
+                console.print(f"novelbus up: all actors running (NATS {redact_url(ep.nats_url)}); Ctrl-C to stop")
                 await asyncio.Event().wait()
 
     run(main())

@@ -148,7 +148,7 @@ class Infrastructure:
                 self._started.append(self.nats)
                 self._nats_url = await self.nats.start()
                 self._log(
-                    f"started embedded nats-server (JetStream) at {self._nats_url}, pid "
+                    f"started embedded nats-server (JetStream) at {redact_url(self._nats_url)}, pid "
                     f"{self.nats.pid}, data {self.nats.data_dir} ({time.monotonic() - t0:.2f}s)"
                 )
             else:

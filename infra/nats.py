@@ -6,16 +6,27 @@ Layout under ``data_dir``::
     nats-server.log    server stdout+stderr
     nats-server.pid    pid file (-P), to find a server left by a killed run
     owner.json         which process runs the server here
+    credentials.json   REL-11: the user and password clients need (owner-only, 0600)
+    auth.conf          the server's authorization block with them (0600)
 
-Client and monitoring ports listen on 127.0.0.1 only. An optional ``config_file`` (e.g. the
-per-actor permissions of ``deploy/``) is passed with ``-c``; the address, ports and store
-directory on the command line override what it says.
+Client and monitoring ports listen on 127.0.0.1 only. REL-11: the server requires credentials,
+generated once per data directory (so per home) and readable by the owner only; ``url`` carries
+them (``nats://novelbus:…@127.0.0.1:PORT``), so every command and actor that is handed the URL —
+in-process, or a child process through ``NOVELBUS_NATS_URL`` — connects with them, and anything
+else on the machine is refused. Log the URL only through ``infra.redact_url``.
+
+An optional ``config_file`` (e.g. the per-actor users and permissions of ``deploy/``) is passed
+with ``-c`` instead; its own users apply. The address, ports and store directory on the command
+line override what it says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -43,6 +54,32 @@ from novelbus.infra._process import (
 STOP_SIGNAL = signal.SIGTERM
 STOP_GRACE = 10.0
 HEALTH_PATH = "/healthz?js-enabled-only=true"
+CLIENT_USER = "novelbus"
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner may read (0600, also when it existed with wider modes)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def home_credentials(data_dir: Path) -> tuple[str, str]:
+    """(user, password) of the embedded NATS under `data_dir`, generated on first use (REL-11)."""
+    path = data_dir / "credentials.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        user, password = str(data["user"]), str(data["password"])
+        if user and len(password) >= 32:
+            os.chmod(path, 0o600)
+            return user, password
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        pass
+    user, password = CLIENT_USER, secrets.token_urlsafe(32)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    write_private(path, json.dumps({"user": user, "password": password}))
+    return user, password
 
 
 def nats_server_binary() -> Path:
@@ -90,6 +127,7 @@ class EmbeddedNats:
         monitor_port: int | None = None,
         config_file: Path | None = None,
         start_timeout: float = 20.0,
+        require_credentials: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.store_dir = self.data_dir / "jetstream"
@@ -104,12 +142,27 @@ class EmbeddedNats:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._owner = OwnerFile(self.data_dir / "owner.json")
+        # REL-11: without a config file of its own, the server requires the home's credentials.
+        self.require_credentials = require_credentials and self.config_file is None
+        self._credentials: tuple[str, str] | None = None
 
     @property
     def url(self) -> str:
-        """``nats://127.0.0.1:PORT``."""
+        """``nats://USER:PASSWORD@127.0.0.1:PORT`` (REL-11), ``nats://127.0.0.1:PORT`` when the
+        server was started with a config file of its own. Log it through ``redact_url``."""
+        return self._url(with_credentials=True)
+
+    @property
+    def address(self) -> str:
+        """``nats://127.0.0.1:PORT``: where it listens, without credentials."""
+        return self._url(with_credentials=False)
+
+    def _url(self, *, with_credentials: bool) -> str:
         if self._port is None:
             raise RuntimeError("embedded NATS is not started")
+        if with_credentials and self._credentials is not None:
+            user, password = self._credentials
+            return f"nats://{user}:{password}@{LOOPBACK}:{self._port}"
         return f"nats://{LOOPBACK}:{self._port}"
 
     @property
@@ -143,6 +196,12 @@ class EmbeddedNats:
         if self.config_file is not None and not self.config_file.is_file():
             raise ServerStartError(f"NATS config file not found: {self.config_file}")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)  # credentials and the JetStream store: the owner's only
+        if self.require_credentials:
+            self._credentials = home_credentials(self.data_dir)
+            user, password = self._credentials
+            write_private(self.data_dir / "auth.conf",
+                          f'authorization {{\n  user: "{user}"\n  password: "{password}"\n}}\n')
         self._stop_stale()
         try:
             await self._spawn_until_ready(binary)
@@ -195,6 +254,8 @@ class EmbeddedNats:
         argv = [str(binary)]
         if self.config_file is not None:
             argv += ["-c", str(self.config_file)]
+        elif self._credentials is not None:
+            argv += ["-c", str(self.data_dir / "auth.conf")]
         argv += [
             "-a",
             LOOPBACK,
