@@ -7,8 +7,9 @@ The only rows they may add are the refusals REL-5 records as events (`delegation
 
 Examples per subject: ``NOVELBUS_FUZZ_EXAMPLES`` (default 25 for `make test`; the long mode is
 ``NOVELBUS_FUZZ_EXAMPLES=1000``). Left out on purpose: a well-formed `RunWriter` or `RecordTurn`
-about a real novel, `RenderPack` for a claimed unit, and release commands for live claims — those
-are the actors' legitimate work and do write (a writer run, a sample, a context freeze, a release).
+about a real novel, `RenderPack` for a claimed unit, release commands for live claims, and
+steering changes (revise, configure, direct) of real novels — those are the actors' legitimate
+work and do write (a writer run, a sample, a context freeze, a release, a revision).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from novelbus.bus.routes import claims_instance_subject
 from novelbus.messages import claims as cm
 from novelbus.messages import packs as pm
 from novelbus.messages import runs as rm
+from novelbus.messages import steer as sm
 from novelbus.messages import usage as um
 from novelbus.messages import verify as vm
 from novelbus.novel.body import CommitBody, SceneCompletion
@@ -152,6 +154,9 @@ def strategies(lv: Live) -> dict[str, st.SearchStrategy[bytes]]:
                                turn=st.integers(1, 50), provider=noise, calls=st.just([]), tool_bytes=st.just({}),
                                writer_output_chars=st.integers(0, 10), committed=st.booleans(),
                                claim_id=st.sampled_from(lv.settled_claims))),
+        # reads about real novels; a revision against a stale expected revision is refused
+        "steer": enc(st.builds(sm.GetOutline, novel_id=novel)) | enc(st.builds(sm.ListRevisions, novel_id=novel))
+        | enc(st.builds(sm.ListRequirements, novel_id=novel)),
     }
     return {name: malformed() | s for name, s in well_formed.items()}
 
@@ -165,7 +170,7 @@ async def test_rel3_fuzz_against_a_live_novel_changes_no_table(live: Live, subje
     ctx = live.rt.ctx
     target = {"claims": ctx.subjects.claims, "claims-instance": claims_instance_subject(ctx.subjects, "claims-0"),
               "commit": ctx.subjects.commit("claims-0"), "packs": ctx.subjects.packs, "runs": ctx.subjects.runs,
-              "verify": ctx.subjects.verify, "usage": ctx.subjects.usage}[subject]
+              "verify": ctx.subjects.verify, "usage": ctx.subjects.usage, "steer": ctx.subjects.steer}[subject]
     payload = data.draw(strategies(live)[subject])
     before = await checksum(ctx.pool)
     last = int(await ctx.pool.fetchval("SELECT coalesce(max(seq), 0) FROM events"))
