@@ -7,8 +7,6 @@ so a panel or an external planner gets exactly the same behaviour from the bus.
 
 from __future__ import annotations
 
-import json
-import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -18,8 +16,10 @@ import typer
 
 from novelbus.bus.client import BusUnavailable, RemoteError, connect
 from novelbus.bus.steering import SteeringClient
+from novelbus.cli import actions
 from novelbus.cli.common import console, err_console, fail, print_json, run, servers
 from novelbus.messages.subjects import Subjects
+from novelbus.novel.outline import OutlineError
 
 T = TypeVar("T")
 
@@ -83,17 +83,13 @@ def outline(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, datab
 
 def _read_layers(file: Path) -> dict[str, Any]:
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        raw = file.read_bytes()
     except FileNotFoundError:
         fail(f"no such file: {file}", code=2)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        fail(f"{file}: not valid JSON ({e})", code=2)
-    if isinstance(data, dict) and set(data) == {"outline"}:
-        data = data["outline"]  # wrapped like a novel file
-    if not isinstance(data, dict):
-        fail(f"{file}: expected an object of outline layers (story, chapters, scenes, characters, lore, "
-             "foreshadowing), bare or as {\"outline\": …}", code=2)
-    return data
+    try:
+        return actions.parse_layers(raw)  # the panel reads pasted/uploaded layers the same way
+    except OutlineError as e:
+        fail(f"{file}: {e}", code=2)
 
 
 def revise(
@@ -109,10 +105,8 @@ def revise(
     as_json: JsonOpt = False,
 ) -> None:
     """Revise the outline: the layers in FILE replace the current ones, the rest is carried forward."""
-    from novelbus.novel.requirements import RequirementUpdate
-
     layers = _read_layers(file)
-    updates = [RequirementUpdate(requirement_id=r, status="applied") for r in apply or []]
+    updates = actions.requirement_updates(apply or [])
     revised = _call(home, nats_url, database_url, namespace,
                     lambda c: c.revise(novel_id, layers, expected_revision=expect, reason=reason,
                                        requirements=updates, hold_ms=int(hold * 1000)))
@@ -145,11 +139,7 @@ def _parse_set(item: str) -> tuple[str, Any]:
     if "=" not in item:
         fail(f"--set {item!r}: expected FIELD=VALUE, e.g. budgets.maxTurns=400", code=2)
     key, raw = item.split("=", 1)
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare word: writerMode=inline
-    return key.strip(), value
+    return key.strip(), actions.parse_config_value(raw)  # JSON, else a bare word: writerMode=inline
 
 
 def config(
@@ -181,7 +171,7 @@ def direct(
     as_json: JsonOpt = False,
 ) -> None:
     """Give the novel a directive; nothing more is written until a revision applies it (PLAN-4)."""
-    mid = message_id or f"cli-{secrets.token_hex(8)}"
+    mid = message_id or actions.new_message_id("cli")
     reply = _call(home, nats_url, database_url, namespace, lambda c: c.direct(novel_id, text, mid))
     if as_json:
         print_json(_out(reply))

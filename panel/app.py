@@ -7,6 +7,9 @@ Routes (novel ids are the only variable part of any URL; prose, tokens and title
     GET  /novels/{id}               novel page             GET  /api/novels/{id}
     GET  /novels/{id}/export.md     Markdown download      GET  /api/novels/{id}/chapters/{chapterId}
     POST /api/novels/{id}/pause|resume|stop                POST /api/novels/{id}/mode (JSON {"mode"})
+    GET  /api/novels/{id}/steering  outline, revisions, requirements, config (over novelbus.cmd.steer)
+    POST /api/novels/{id}/revise    (multipart: layers|file, expect, reason, apply)
+    POST /api/novels/{id}/direct    (JSON {"text", "messageId"?})   POST /api/novels/{id}/config (JSON {"set"})
     GET  /api/events                SSE, every novel       GET  /api/novels/{id}/events  (SSE)
     GET  /login, POST /login        only when a token is configured
     /static/…                       panel.js, panel.css (shipped in the package; no CDN)
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import msgspec
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
@@ -46,6 +50,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from novelbus import store
+from novelbus.bus.client import BusUnavailable, RemoteError
 from novelbus.cli import actions
 from novelbus.novel.export import export_markdown
 from novelbus.novel.outline import (
@@ -241,7 +246,7 @@ async def api_chapter(request: Request) -> Response:
     return JSONResponse(prose)
 
 
-_FIELD = re.compile(r"^([A-Za-z0-9_.\[\]-]+): (.+)$", re.S)
+_FIELD = re.compile(r"^'?([A-Za-z0-9_.\[\]-]+|\(root\))'?: (.+)$", re.S)
 
 
 def field_errors(message: str) -> list[dict[str, str | None]]:
@@ -252,10 +257,13 @@ def field_errors(message: str) -> list[dict[str, str | None]]:
         if not m:
             out.append({"field": None, "message": part})
             continue
-        field, text = m.group(1), m.group(2).removeprefix("Value error, ")
+        field: str | None = m.group(1)
+        text = m.group(2).removeprefix("Value error, ")
+        if field == "(root)":  # a whole-model check (an outline revision's layers together)
+            field = None
         inner = _FIELD.match(text)  # a model check naming its own path: outline + scenes[0].goal
         if inner:
-            field, text = f"{field}.{inner.group(1)}", inner.group(2)
+            field, text = (f"{field}." if field else "") + inner.group(1), inner.group(2)
         out.append({"field": field, "message": text})
     return out
 
@@ -353,9 +361,166 @@ async def api_mode(request: Request) -> Response:
     return JSONResponse({"novelId": novel_id, "writerMode": mode})
 
 
-# Steering (outline revision, directives): the steering issue adds its POST routes here, beside
-# pause/resume/stop/mode, with their logic in novelbus.cli.actions so the CLI and the panel share
-# it; the novel page has an empty <section id="steer"> for their forms (see panel.pages).
+# --- steering (PLAN-1..5): requests on novelbus.cmd.steer, served by the driver ---------------
+# The same functions as `novelbus novel outline|revise|revisions|config|direct|requirements`
+# (novelbus.cli.actions): the panel reads the input the CLI's way and sends the same request.
+MAX_STEER_JSON = 256 * 1024  # bytes of a directive / config request body
+NO_DRIVER = ("no driver answers on novelbus.cmd.steer: steering needs a running deployment "
+             "(`novelbus up`, or `novelbus actor driver`)")
+
+
+def _unavailable() -> JSONResponse:
+    return JSONResponse({"error": NO_DRIVER, "errors": [{"field": None, "message": NO_DRIVER}]}, status_code=503)
+
+
+def _refused(e: RemoteError, field: str | None = None, **extra: Any) -> JSONResponse:
+    """A refusal from the driver: 404 for an unknown novel, 422 for bad input (errors naming the
+    field), 409 for a state conflict. Its message names ids and fields, never content."""
+    if e.code == "novel-not-found":
+        return JSONResponse({"error": f"{e.code}: {e.detail}"}, status_code=404)
+    if e.code in ("bad-outline", "config-invalid", "bad-directive", "bad-request"):
+        errors = field_errors(e.detail)
+        if field is not None:
+            errors = [{"field": x["field"] or field, "message": x["message"]} for x in errors]
+        status = 422
+    else:
+        errors = [{"field": field, "message": f"{e.code}: {e.detail}"}]
+        status = 409
+    return JSONResponse({"code": e.code, "errors": errors, **extra}, status_code=status)
+
+
+def _wire(reply: Any) -> Any:
+    out = msgspec.to_builtins(reply)
+    if isinstance(out, dict):
+        out.pop("type", None)
+    return out
+
+
+async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
+    raw = await request.body()
+    if len(raw) > MAX_STEER_JSON:
+        return JSONResponse({"errors": [{"field": None, "message": f"request body over {MAX_STEER_JSON} bytes"}]},
+                            status_code=413)
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return JSONResponse({"errors": [{"field": None, "message": "the body must be a JSON object"}]},
+                            status_code=400)
+    return body
+
+
+async def api_steering(request: Request) -> Response:
+    """What the steering section shows: the outline state (with the outline), the revisions, the
+    requirements ledger and the config — four reads on the bus, as `novelbus novel …` makes them."""
+    ctx = _state(request).ctx
+    try:
+        novel_id = _novel_id(request)
+        client = actions.steering(ctx)
+        outline, revisions, ledger, config = await asyncio.gather(
+            client.outline(novel_id), client.revisions(novel_id), client.requirements(novel_id),
+            actions.configure(ctx, novel_id, {}))
+    except store.NovelNotFound as e:
+        return _store_error(e)
+    except RemoteError as e:
+        return _refused(e)
+    except BusUnavailable:
+        return _unavailable()
+    return JSONResponse({"outline": _wire(outline), "revisions": _wire(revisions),
+                         "requirements": _wire(ledger), "config": _wire(config)["config"]})
+
+
+async def api_revise(request: Request) -> Response:
+    """Revise the outline from a pasted or uploaded layers file, compare-and-set on `expect`
+    (PLAN-1). Any refusal changes nothing; a stale `expect` answers 409 naming the current revision."""
+    ctx = _state(request).ctx
+    try:
+        novel_id = _novel_id(request)
+    except store.NovelNotFound as e:
+        return _store_error(e)
+    try:
+        form = await request.form(max_files=1, max_fields=8, max_part_size=MAX_NOVEL_FILE)
+    except Exception as e:  # noqa: BLE001 - a malformed multipart body
+        return _invalid([{"field": "layers", "message": f"the form could not be read: {e}"}])
+    upload, text = form.get("file"), form.get("layers")
+    if isinstance(upload, UploadFile) and upload.filename:
+        raw: bytes | str = await upload.read()
+    elif isinstance(text, str) and text.strip():
+        raw = text
+    else:
+        return _invalid([{"field": "layers", "message": "nothing given: paste the layers JSON or choose a file"}])
+    try:
+        layers = actions.parse_layers(raw)
+    except OutlineError as e:
+        return _invalid([{"field": "layers", "message": str(e)}])
+    expect = str(form.get("expect") or "").strip() or None
+    reason = str(form.get("reason") or "").strip() or "revised in the panel"
+    apply = [r for r in re.split(r"[\s,]+", str(form.get("apply") or "")) if r]
+    try:
+        revised = await actions.revise(ctx, novel_id, layers, expected_revision=expect, reason=reason, apply=apply)
+    except RemoteError as e:
+        if e.code != "revision-conflict":
+            return _refused(e, "layers" if e.code == "bad-outline" else None)
+        try:
+            current = (await actions.steering(ctx).outline(novel_id)).revision
+        except (RemoteError, BusUnavailable):
+            current = None
+        return _refused(e, "expect", currentRevision=current)
+    except BusUnavailable:
+        return _unavailable()
+    return JSONResponse(_wire(revised))
+
+
+async def api_direct(request: Request) -> Response:
+    """A user directive into the requirements ledger (PLAN-4). The text travels in the body only;
+    the reply and the events carry its id, never the text. Idempotent on `messageId`."""
+    ctx = _state(request).ctx
+    try:
+        novel_id = _novel_id(request)
+    except store.NovelNotFound as e:
+        return _store_error(e)
+    body = await _json_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    text = body.get("text")
+    if not isinstance(text, str) or not text.strip():
+        return _invalid([{"field": "text", "message": "directive text must not be empty"}])
+    message_id = body.get("messageId") or actions.new_message_id("panel")
+    if not isinstance(message_id, str):
+        return _invalid([{"field": "messageId", "message": "messageId must be a string"}])
+    try:
+        received = await actions.direct(ctx, novel_id, text, message_id)
+    except RemoteError as e:
+        return _refused(e, "messageId" if e.code == "message-id-conflict" or "messageId" in e.detail else "text")
+    except BusUnavailable:
+        return _unavailable()
+    return JSONResponse({**_wire(received), "messageId": message_id})
+
+
+async def api_config(request: Request) -> Response:
+    """Set config fields by path (PLAN-5): `{"set": {"budgets.maxTurns": "400"}}`; string values
+    are read like `novel config --set FIELD=VALUE` (JSON, else a bare word). Invalid → 422 naming
+    the field, nothing changed; a budget pause the new budgets allow is lifted."""
+    ctx = _state(request).ctx
+    try:
+        novel_id = _novel_id(request)
+    except store.NovelNotFound as e:
+        return _store_error(e)
+    body = await _json_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    changes = body.get("set")
+    if not isinstance(changes, dict) or not changes:
+        return _invalid([{"field": None, "message": 'nothing to change: send {"set": {"budgets.maxTurns": 400}}'}])
+    parsed = {str(k): actions.parse_config_value(v) if isinstance(v, str) else v for k, v in changes.items()}
+    try:
+        configured = await actions.configure(ctx, novel_id, parsed)
+    except RemoteError as e:
+        return _refused(e)
+    except BusUnavailable:
+        return _unavailable()
+    return JSONResponse(_wire(configured))
 
 
 # --- live events -----------------------------------------------------------------------------
@@ -425,6 +590,10 @@ def create_app(state: PanelState) -> ASGIApp:
         Route("/api/novels/{novel_id}/events", sse_novel),
         Route("/api/novels/{novel_id}/chapters/{chapter_id}", api_chapter),
         Route("/api/novels/{novel_id}/mode", api_mode, methods=["POST"]),
+        Route("/api/novels/{novel_id}/steering", api_steering, methods=["GET"]),
+        Route("/api/novels/{novel_id}/revise", api_revise, methods=["POST"]),
+        Route("/api/novels/{novel_id}/direct", api_direct, methods=["POST"]),
+        Route("/api/novels/{novel_id}/config", api_config, methods=["POST"]),
         Route("/api/novels/{novel_id}/{action}", api_steer, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]

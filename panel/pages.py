@@ -86,8 +86,71 @@ def novel(csrf: str, novel_id: str) -> str:
   <a class="button" id="download" href="/novels/{escape(novel_id)}/export.md" download>Download Markdown</a>
   <span id="flash" class="flash" role="status"></span>
 </section>
-<!-- Steering: outline revision and directives (the steering issue) render their forms here. -->
-<section class="card" id="steer" hidden></section>
+<section class="card steer" id="steer" aria-labelledby="h-steer">
+  <h2 id="h-steer">Steering <span class="small">outline revisions, directives and config, over
+  <code>novelbus.cmd.steer</code> like <code>novelbus novel revise|direct|config</code></span></h2>
+  <p id="steer-unavailable" class="errors" role="alert" hidden></p>
+  <div class="steer-grid">
+    <div class="steer-col">
+      <h3>Outline</h3>
+      <p>revision <code id="outline-revision">…</code> <span id="outline-seq" class="small"></span>
+      <span id="outline-awaiting" class="pausewhy"></span></p>
+      <details id="outline-details"><summary>Outline (JSON, read-only)</summary>
+        <pre id="outline-json" class="json" tabindex="0"></pre></details>
+      <form id="revise" novalidate>
+        <h3>Revise the outline</h3>
+        <p class="small">The layers to replace (<code>story</code>, <code>chapters</code>, <code>scenes</code>,
+        <code>characters</code>, <code>lore</code>, <code>foreshadowing</code>), bare or as
+        <code>{{"outline": …}}</code>; omitted layers are carried forward.</p>
+        <label for="layers">Layers JSON</label>
+        <textarea id="layers" name="layers" rows="8" spellcheck="false" placeholder='{{"chapters": […], "scenes": […]}}'></textarea>
+        <div class="row tight">
+          <button type="button" id="btn-copy-outline" class="secondary">Copy the current outline here</button>
+          <label for="layers-file" class="inline">…or upload a file</label>
+          <input id="layers-file" name="file" type="file" accept=".json,application/json">
+        </div>
+        <div class="row">
+          <div><label for="expect">Expected revision</label>
+            <input id="expect" name="expect" size="27" spellcheck="false" autocomplete="off"></div>
+          <div class="grow"><label for="reason">Reason</label>
+            <input id="reason" name="reason" placeholder="revised in the panel" autocomplete="off"></div>
+          <div><label for="apply">Applies requirements</label>
+            <input id="apply" name="apply" size="12" placeholder="req-1 req-2" autocomplete="off"></div>
+        </div>
+        <div id="revise-errors" class="errors" role="alert" hidden></div>
+        <button type="submit" id="btn-revise">Revise outline</button>
+        <span id="revise-result" class="flash" role="status"></span>
+      </form>
+      <h3>Revisions</h3>
+      <table class="revisions" id="revisions"><thead><tr><th>#</th><th>revision</th><th>when (UTC)</th>
+      <th>ch.</th><th>sc.</th><th>reason</th></tr></thead><tbody></tbody></table>
+    </div>
+    <div class="steer-col">
+      <form id="direct" novalidate>
+        <h3>Directives</h3>
+        <label for="directive">A directive, in your words</label>
+        <textarea id="directive" name="text" rows="3"></textarea>
+        <div id="direct-errors" class="errors" role="alert" hidden></div>
+        <button type="submit" id="btn-direct">Send directive</button>
+        <span id="direct-result" class="flash" role="status"></span>
+      </form>
+      <p class="small">Nothing more is written while a directive is pending or blocked; a revision applies it
+      (list its id under “Applies requirements”). Watermark <b id="watermark">0</b>.</p>
+      <table class="requirements" id="requirements"><thead><tr><th>id</th><th>status</th><th>directive</th>
+      <th>detail</th></tr></thead><tbody></tbody></table>
+      <p id="requirements-empty" class="small">No directives yet.</p>
+      <form id="config" novalidate>
+        <h3>Budgets and config</h3>
+        <p class="small">Values are JSON (a bare word is a string), validated like create; a novel paused
+        for <code>budget</code> goes on once the new budgets allow it.</p>
+        <table class="kv config" id="config-fields"></table>
+        <div id="config-errors" class="errors" role="alert" hidden></div>
+        <button type="submit" id="btn-config">Save config</button>
+        <span id="config-result" class="flash" role="status"></span>
+      </form>
+    </div>
+  </div>
+</section>
 <div class="grid">
   <section class="card" aria-labelledby="h-progress">
     <h2 id="h-progress">Progress</h2>

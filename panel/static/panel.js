@@ -46,12 +46,17 @@
     return { ok: res.ok, status: res.status, data };
   }
 
+  // At most one call of `fn` in flight and at most one start per `ms`; calls meanwhile fold into
+  // one more run afterwards (a busy novel's event burst costs a few requests, not one per event).
   function throttle(fn, ms) {
-    let timer = null, again = false;
-    return function run() {
-      if (timer) { again = true; return; }
-      fn();
-      timer = setTimeout(() => { timer = null; if (again) { again = false; run(); } }, ms);
+    let busy = false, again = false;
+    return async function run() {
+      if (busy) { again = true; return; }
+      busy = true;
+      try { await fn(); } catch (e) { /* the next event retries */ }
+      await new Promise((resolve) => setTimeout(resolve, ms));
+      busy = false;
+      if (again) { again = false; run(); }
     };
   }
 
@@ -283,6 +288,7 @@
         el("span", { class: "seq" }, "#" + seq), " ", el("b", {}, e.type), " ", el("span", { class: "small" }, rest)));
       while (feed.children.length > 200) feed.lastChild.remove();
       refresh();
+      if (live_hook) live_hook(e);
     });
 
     document.querySelectorAll("#controls button[data-action]").forEach((b) => {
@@ -302,6 +308,225 @@
     });
     $("chapter").addEventListener("change", loadProse);
     load();
+    steeringPanel(base);
+  }
+
+  // --- steering section of the novel page (PLAN-1..5) ---------------------------------------
+  // Outline revision (compare-and-set), revisions, directives and config, all over the driver's
+  // novelbus.cmd.steer through the panel's API. Directive text goes in POST bodies only.
+  const STEER_EVENTS = /^(outline\.|requirement\.|novel\.(config-changed|paused|resumed|finished))/;
+  let live_hook = null;
+
+  function showErrors(box, errors, intro) {
+    box.replaceChildren();
+    if (!errors || !errors.length) { box.hidden = true; return; }
+    if (intro) box.append(el("p", {}, intro));
+    box.append(el("ul", {}, errors.map((x) => el("li", { class: "field-error", "data-field": x.field || "" },
+      x.field ? el("code", {}, x.field) : null, x.field ? ": " : null, x.message))));
+    box.hidden = false;
+  }
+  function errorsOf(res) {
+    return (res.data && res.data.errors) ||
+      [{ field: null, message: (res.data && res.data.error) || "HTTP " + res.status }];
+  }
+  function messageId() {
+    const b = new Uint8Array(8);
+    crypto.getRandomValues(b);
+    return "panel-" + Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  }
+  function warnings(node, list) {  // preflight warnings (PLAN-5) beside a result
+    if (list && list.length) node.append(el("span", { class: "warn" }, " · warning: " + list.join("; ")));
+  }
+  const shown = (v) => (typeof v === "string" ? v : JSON.stringify(v));
+
+  function steeringPanel(base) {
+    let prefilled = "";        // the expected revision we filled in (replaced while untouched)
+    let outlineJson = "";
+    let configShown = {};      // path -> value shown in the config form
+    let steerClosed = false;
+
+    function leaves(obj, prefix, out) {
+      for (const [k, v] of Object.entries(obj)) {
+        const path = prefix + k;
+        if (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length) leaves(v, path + ".", out);
+        else out.push([path, v]);
+      }
+      return out;
+    }
+    function configDirty() {
+      return Array.from(document.querySelectorAll("#config-fields input")).some(
+        (i) => i.value !== shown(configShown[i.dataset.path]));
+    }
+    function renderConfig(config, force) {
+      if (!force && (configDirty() || $("config-fields").contains(document.activeElement))) return;
+      configShown = {};
+      $("config-fields").replaceChildren(...leaves(config, "", []).map(([path, v]) => {
+        configShown[path] = v;
+        const id = "cfg-" + path.replace(/\./g, "-");
+        return el("tr", { "data-path": path }, el("th", {}, el("label", { for: id }, path)),
+          el("td", {}, el("input", { id, "data-path": path, value: shown(v), autocomplete: "off", spellcheck: "false" }),
+            el("div", { class: "field-note", "data-field": path, hidden: true })));
+      }));
+    }
+    function markConfigErrors(errors) {
+      document.querySelectorAll("#config-fields .field-note").forEach((n) => { n.hidden = true; n.textContent = ""; });
+      document.querySelectorAll("#config-fields input").forEach((i) => i.removeAttribute("aria-invalid"));
+      for (const x of errors || []) {
+        const row = x.field && document.querySelector(`#config-fields tr[data-path="${CSS.escape(x.field)}"]`);
+        if (!row) continue;
+        row.querySelector("input").setAttribute("aria-invalid", "true");
+        const note = row.querySelector(".field-note");
+        note.textContent = x.message;
+        note.hidden = false;
+      }
+    }
+
+    function renderRequirements(ledger) {
+      $("watermark").textContent = ledger.watermark;
+      $("requirements-empty").hidden = ledger.requirements.length > 0;
+      $("requirements").querySelector("tbody").replaceChildren(...ledger.requirements.map((r) => {
+        const detail = r.status === "applied" ? ["in ", el("code", {}, r.appliedRevision || "")]
+          : r.status === "blocked" ? [r.blockedReason || ""]
+          : r.status === "superseded" ? ["by ", r.supersededBy || ""] : ["holds new units"];
+        if (r.resolvedConflict) detail.push(` (resolved by ${r.resolvedConflict.resolvedBy.kind})`);
+        return el("tr", { "data-requirement": r.requirementId, class: "req " + r.status },
+          el("td", {}, el("code", {}, r.requirementId)), el("td", {}, el("span", { class: "badge " + r.status }, r.status)),
+          el("td", { class: "directive-text" }, r.text), el("td", { class: "small" }, detail));
+      }));
+    }
+
+    async function loadSteering() {
+      const res = await api(base + "/steering");
+      const warn = $("steer-unavailable");
+      if (!res.ok) {
+        warn.textContent = (res.data && res.data.error) || "steering is unavailable (HTTP " + res.status + ")";
+        warn.hidden = false;
+        return;
+      }
+      warn.hidden = true;
+      const { outline, revisions, requirements, config } = res.data;
+      $("outline-revision").textContent = outline.revision || "none";
+      $("outline-seq").textContent = `#${outline.seq} · ${outline.status}` +
+        (outline.plannedChapters ? ` · planned chapters ${outline.plannedChapters}` : "");
+      $("outline-awaiting").textContent = outline.awaiting
+        ? `waiting for planning: ${outline.awaiting} (next chapter order ${outline.nextChapterOrder})` : "";
+      outlineJson = JSON.stringify(outline.outline, null, 2);
+      $("outline-json").textContent = outlineJson;
+      const expect = $("expect");
+      if (expect.value === prefilled) { expect.value = outline.revision || ""; prefilled = expect.value; }
+      $("revisions").querySelector("tbody").replaceChildren(...revisions.revisions.slice().reverse().map((r) =>
+        el("tr", { "data-revision": r.revision, class: r.revision === revisions.current ? "current" : "" },
+          el("td", {}, r.seq), el("td", {}, el("code", {}, r.revision)), el("td", { class: "small" },
+            r.createdAt.slice(0, 19).replace("T", " ")), el("td", {}, r.chapters), el("td", {}, r.scenes),
+          el("td", { class: "small" }, r.reason))));
+      renderRequirements(requirements);
+      renderConfig(config, false);
+      steerClosed = outline.status === "finished";  // a finished novel's outline, ledger and config are closed
+      ["btn-revise", "btn-direct", "btn-config"].forEach((id) => { $(id).disabled = steerClosed; });
+    }
+    const refreshSteering = throttle(loadSteering, 300);
+    live_hook = (e) => { if (STEER_EVENTS.test(String(e.type))) refreshSteering(); };
+
+    $("btn-copy-outline").addEventListener("click", () => { $("layers").value = outlineJson; });
+
+    $("revise").addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const box = $("revise-errors");
+      showErrors(box, []);
+      $("revise-result").textContent = "";
+      ["layers", "expect"].forEach((id) => $(id).removeAttribute("aria-invalid"));
+      $("btn-revise").disabled = true;
+      try {
+        const res = await api(base + "/revise", { method: "POST", body: new FormData($("revise")) });
+        if (res.ok) {
+          const r = res.data;
+          $("revise-result").className = "flash";
+          $("revise-result").textContent = `revision ${r.revision} (#${r.seq}): ${r.chapters} chapters, ${r.scenes} scenes` +
+            (r.supersededUnits.length ? `; superseded ${r.supersededUnits.join(", ")}` : "") +
+            (r.applied.length ? `; applied ${r.applied.join(", ")}` : "") + (r.resumed ? "; resumed" : "");
+          warnings($("revise-result"), r.warnings);
+          $("expect").value = r.revision;
+          prefilled = r.revision;
+          $("layers").value = "";
+          $("layers-file").value = "";
+          loadSteering();
+          return;
+        }
+        const errors = errorsOf(res);
+        showErrors(box, errors, "Nothing was changed:");
+        errors.forEach((x) => { if (x.field === "expect" || x.field === "layers") $(x.field).setAttribute("aria-invalid", "true"); });
+        if (res.data && res.data.code === "revision-conflict" && res.data.currentRevision) {
+          const cur = res.data.currentRevision;
+          const use = el("button", { type: "button", class: "secondary", id: "btn-use-current" },
+            `Revise against the current revision ${cur}`);
+          use.addEventListener("click", () => { $("expect").value = cur; prefilled = cur; showErrors(box, []);
+            $("expect").removeAttribute("aria-invalid"); });
+          box.append(el("p", { class: "conflict" }, "The outline changed since you read it: current revision ",
+            el("code", { id: "current-revision" }, cur), ". Check it above, then ", use));
+        }
+      } finally {
+        $("btn-revise").disabled = steerClosed;
+      }
+    });
+
+    $("direct").addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const box = $("direct-errors");
+      showErrors(box, []);
+      $("direct-result").textContent = "";
+      $("btn-direct").disabled = true;
+      try {
+        const res = await api(base + "/direct", { method: "POST", headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ text: $("directive").value, messageId: messageId() }) });
+        if (res.ok) {
+          $("direct-result").className = "flash";
+          $("direct-result").textContent = `${res.data.requirementId} received (${res.data.status})` +
+            (res.data.duplicate ? " (already received)" : "");
+          $("directive").value = "";
+          loadSteering();
+          return;
+        }
+        showErrors(box, errorsOf(res), "Not sent:");
+      } finally {
+        $("btn-direct").disabled = steerClosed;
+      }
+    });
+
+    $("config").addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const box = $("config-errors");
+      showErrors(box, []);
+      markConfigErrors([]);
+      const set = {};
+      document.querySelectorAll("#config-fields input").forEach((i) => {
+        if (i.value !== shown(configShown[i.dataset.path])) set[i.dataset.path] = i.value;
+      });
+      if (!Object.keys(set).length) {
+        $("config-result").className = "flash";
+        $("config-result").textContent = "nothing changed";
+        return;
+      }
+      $("btn-config").disabled = true;
+      try {
+        const res = await api(base + "/config", { method: "POST", headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ set }) });
+        if (res.ok) {
+          $("config-result").className = "flash";
+          $("config-result").textContent = `changed ${res.data.changed.join(", ") || "nothing"}` +
+            (res.data.resumed ? "; resumed" : "");
+          warnings($("config-result"), res.data.warnings);
+          renderConfig(res.data.config, true);
+          return;
+        }
+        const errors = errorsOf(res);
+        showErrors(box, errors, "Nothing was changed:");
+        markConfigErrors(errors);
+      } finally {
+        $("btn-config").disabled = steerClosed;
+      }
+    });
+
+    loadSteering();
   }
 
   if (page === "novels") novelsPage();
