@@ -86,6 +86,27 @@ def novel(csrf: str, novel_id: str) -> str:
   <a class="button" id="download" href="/novels/{escape(novel_id)}/export.md" download>Download Markdown</a>
   <span id="flash" class="flash" role="status"></span>
 </section>
+<div class="grid">
+  <section class="card" aria-labelledby="h-progress">
+    <h2 id="h-progress">Progress</h2>
+    <div id="length"></div>
+    <div id="chapters"></div>
+  </section>
+  <section class="card" aria-labelledby="h-feed">
+    <h2 id="h-feed">Live events</h2>
+    <ol id="feed" class="feed" reversed></ol>
+  </section>
+  <section class="card" aria-labelledby="h-counters">
+    <h2 id="h-counters">Budgets and counters</h2>
+    <table class="kv" id="counters"></table>
+    <h3>In flight</h3><p id="inflight" class="muted">nothing</p>
+  </section>
+  <section class="card" aria-labelledby="h-runs">
+    <h2 id="h-runs">Writer runs</h2>
+    <table class="runs" id="runs"><thead><tr><th>run</th><th>unit</th><th>#</th><th>mode</th>
+    <th>status</th><th>reason</th><th>output</th></tr></thead><tbody></tbody></table>
+  </section>
+</div>
 <section class="card steer" id="steer" aria-labelledby="h-steer">
   <h2 id="h-steer">Steering <span class="small">outline revisions, directives and config, over
   <code>novelbus.cmd.steer</code> like <code>novelbus novel revise|direct|config</code></span></h2>
@@ -152,25 +173,6 @@ def novel(csrf: str, novel_id: str) -> str:
   </div>
 </section>
 <div class="grid">
-  <section class="card" aria-labelledby="h-progress">
-    <h2 id="h-progress">Progress</h2>
-    <div id="length"></div>
-    <div id="chapters"></div>
-  </section>
-  <section class="card" aria-labelledby="h-feed">
-    <h2 id="h-feed">Live events</h2>
-    <ol id="feed" class="feed" reversed></ol>
-  </section>
-  <section class="card" aria-labelledby="h-counters">
-    <h2 id="h-counters">Budgets and counters</h2>
-    <table class="kv" id="counters"></table>
-    <h3>In flight</h3><p id="inflight" class="muted">nothing</p>
-  </section>
-  <section class="card" aria-labelledby="h-runs">
-    <h2 id="h-runs">Writer runs</h2>
-    <table class="runs" id="runs"><thead><tr><th>run</th><th>unit</th><th>#</th><th>mode</th>
-    <th>status</th><th>reason</th><th>output</th></tr></thead><tbody></tbody></table>
-  </section>
   <section class="card wide" aria-labelledby="h-usage">
     <h2 id="h-usage">Usage: last 50 turns, raw input split</h2>
     <div id="chart" class="chart"></div>
