@@ -151,6 +151,7 @@
     const base = "/api/novels/" + encodeURIComponent(novelId);
     let current = null;
     let chapterShown = null;
+    let modePicked = false;
 
     function flash(text, bad) {
       const f = $("flash");
@@ -271,7 +272,8 @@
       $("btn-pause").disabled = d.status !== "active";
       $("btn-stop").disabled = d.status === "finished";
       $("btn-resume").disabled = d.status !== "paused";
-      if (document.activeElement !== $("mode")) $("mode").value = d.writerMode;
+      // a live refresh must not undo a mode the operator picked but has not switched to yet
+      if (!modePicked && document.activeElement !== $("mode")) $("mode").value = d.writerMode;
       renderChapters(d);
       renderCounters(d);
       renderChart(d.usage);
@@ -299,10 +301,12 @@
         load();
       });
     });
+    $("mode").addEventListener("change", () => { modePicked = true; });
     $("btn-mode").addEventListener("click", async () => {
       const mode = $("mode").value;
       const res = await api(base + "/mode", { method: "POST", headers: { "Content-Type": "application/json" },
         body: JSON.stringify({ mode }) });
+      modePicked = false;
       flash(res.ok ? `writer mode ${mode} from the next unit` : (res.data && res.data.error) || "HTTP " + res.status, !res.ok);
       load();
     });
