@@ -5,6 +5,7 @@ text kept out of events, and a clear word when no driver serves `novelbus.cmd.st
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import uuid
@@ -12,8 +13,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 from novelbus import store
+from novelbus.cli import actions
 from novelbus.messages.subjects import Subjects
+from novelbus.novel.generate import generate_novel_file
+from novelbus.novel.outline import NovelFile
 from novelbus.panel.serve import PanelOptions, panel_server
+from tests.e2e.test_steering import chapter, scene
 from tests.panel.conftest import Panel
 from tests.panel.test_panel_http import _novel, csrf_of, http
 
@@ -153,3 +158,36 @@ async def test_ops2_steering_without_a_driver_says_so(panel: Panel) -> None:
                                     b'{"set": {"budgets.maxTurns": 9}}', csrf)
         assert status == 503 and b"no driver answers" in raw
     assert (await store.get_novel(panel.rt.ctx.pool, novel_id)).config.budgets.maxTurns == 200
+
+
+async def test_ops2_plan1_revise_a_running_novel_from_the_panel(panel: Panel) -> None:
+    """A novel being written gets a chapter from the panel (held while a unit is claimed, PLAN-1)
+    and finishes with it: the revision is in the ledger before `novel.finished`."""
+    ctx = panel.rt.ctx
+    data = generate_novel_file(1, 6, seed=2, unit_chars=300)
+    data["config"]["writerMode"] = "inline"
+    novel_id = await actions.create(ctx, NovelFile.model_validate(data))
+    for _ in range(600):  # until the first unit is committed: it is running now
+        if (await store.get_novel(ctx.pool, novel_id)).turns >= 1:
+            break
+        await asyncio.sleep(0.05)
+    base = f"{panel.url}api/novels/{novel_id}"
+    _, _, body = await http(base + "/steering")
+    state = json.loads(body)["outline"]
+    assert state["status"] == "active", state["status"]
+    o = state["outline"]
+    layers = {"chapters": o["chapters"] + [chapter(2, "Added While Running")],
+              "scenes": o["scenes"] + [scene(2, 1, o["scenes"][0]["participants"])]}
+    csrf = {"X-CSRF-Token": await csrf_of(panel.url), "Content-Type": "application/x-www-form-urlencoded"}
+    status, _, body = await http(base + "/revise", "POST", urlencode(
+        {"layers": json.dumps(layers), "expect": state["revision"], "reason": "one more chapter"}).encode(), csrf)
+    revised = json.loads(body)
+    assert status == 200 and (revised["chapters"], revised["scenes"]) == (2, 7), revised
+    for _ in range(1200):
+        if (await store.get_novel(ctx.pool, novel_id)).status == "finished":
+            break
+        await asyncio.sleep(0.05)
+    snap = await store.load_snapshot(ctx.pool, novel_id, prose=False)
+    assert snap.status == "finished" and {c.chapter_id for c in snap.commits} == {"ch001", "ch002"}
+    types = [e.type for e in await store.list_events(ctx.pool, novel_id)]
+    assert types.index("outline.revised") < types.index("novel.finished")
