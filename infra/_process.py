@@ -102,6 +102,7 @@ def spawn(
     cwd: Path | None = None,
     user: int | None = None,
     group: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a server process that dies with us.
 
@@ -120,6 +121,7 @@ def spawn(
         stdout=log_file,
         stderr=subprocess.STDOUT,
         cwd=cwd,
+        env=env,
         user=user,
         group=group,
         extra_groups=[] if user is not None else None,

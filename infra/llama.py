@@ -143,7 +143,6 @@ class LocalModelServer:
             "--host", LOOPBACK,
             "--port", str(port),
             "--n_ctx", str(self.context_window),
-            "--api_key", self.api_key,
             "--verbose", "False",
         ]
         threads = os.environ.get(ENV_LOCAL_THREADS, "").strip()
@@ -165,7 +164,10 @@ class LocalModelServer:
             self._log.write(f"--- start port {port} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
             self._log.flush()
             try:
-                self._proc = spawn(self._argv(port), log_file=self._log, deathsig=STOP_SIGNAL)
+                # The key goes through the child's environment (its settings read API_KEY), never
+                # its command line, which other local users can list.
+                env = {**os.environ, "API_KEY": self.api_key}
+                self._proc = spawn(self._argv(port), log_file=self._log, deathsig=STOP_SIGNAL, env=env)
                 track(self)
                 self._port = port
                 if await self._wait_ready(deadline):

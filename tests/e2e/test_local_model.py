@@ -289,3 +289,61 @@ async def test_model5_inline_with_a_small_window_compacts_at_0_7_and_never_sends
         assert (after[0].reply.usage.input_tokens or 0) < (last.reply.usage.input_tokens or 0)
     totals = (await store.usage_totals(rt.ctx.pool, novel_id))["inline"]
     assert totals["compactions"] >= 1
+
+
+_OWNER_SCRIPT = """
+import asyncio, sys
+from novelbus.infra.llama import LocalModelServer
+async def main():
+    server = LocalModelServer()
+    await server.start()
+    print(server.pid, flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_model1_the_embedded_server_is_owned_like_nats_and_postgres(local_model: Any) -> None:
+    """MODEL-1 / INFRA: loopback only, a per-start key required (not on its command line), a log
+    only its owner reads, stopped with its provider, and killed with a parent that dies by SIGKILL."""
+    import signal
+    import stat
+    import subprocess
+    import sys
+
+    import psutil
+
+    from novelbus.infra.llama import _get_status
+    from novelbus.writers.provider import ProviderError, make_provider
+
+    server = local_model.server
+    assert server.running and server.base_url.startswith("http://127.0.0.1:")
+    port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
+    assert await _get_status(port, "/v1/models", server.api_key) == 200
+    assert await _get_status(port, "/v1/models", "wrong-key") == 401
+    assert not any(server.api_key in arg for arg in psutil.Process(server.pid).cmdline())
+    assert stat.S_IMODE(server.log_path.stat().st_mode) == 0o600
+    listening = {c.laddr.ip for c in psutil.Process(server.pid).net_connections() if c.status == "LISTEN"}
+    assert listening == {"127.0.0.1"}
+
+    with pytest.raises(ProviderError, match="weights not found"):
+        make_provider("local:/nonexistent/model.gguf")
+
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 120)
+        child = int(line.strip())
+        assert psutil.pid_exists(child)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        for _ in range(150):  # PDEATHSIG: the kernel stops the server with its parent
+            if not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            psutil.Process(child).kill()
+            raise AssertionError("the model server outlived its SIGKILLed parent")
+    finally:
+        if owner.poll() is None:
+            owner.kill()
