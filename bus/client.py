@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 import nats
@@ -42,13 +42,19 @@ async def connect(url: str, *, name: str, user: str | None = None, password: str
     With a user (given, or in the URL as `nats://user:password@host`), replies come to the user's
     private inbox `_INBOX_<user>.>`, which deploy/nats.conf lets only that user read (CLM-5).
     """
+    servers = [u.strip() for u in url.split(",") if u.strip()]  # a cluster: several seed URLs
     opts: dict[str, Any] = dict(
-        servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        servers=servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         allow_reconnect=True, connect_timeout=5, drain_timeout=5,
     )
+    first = urlsplit(servers[0]) if servers else urlsplit(url)
+    if user is None and first.username and first.password:
+        # REL-11, REL-10: credentials from the URL also for the cluster's other nodes the client
+        # discovers (a discovered node's URL carries none).
+        user, password = unquote(first.username), unquote(first.password)
     if user is not None:
         opts.update(user=user, password=password)
-    account = user or urlsplit(url).username
+    account = user or first.username
     if account:
         opts["inbox_prefix"] = f"_INBOX_{account}"
     if error_cb is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -33,12 +36,24 @@ def _stream_configs(s: Subjects) -> list[StreamConfig]:
     ]
 
 
-async def ensure_streams(js: JetStreamContext, s: Subjects) -> None:
-    """Create or update the streams; safe to call from many processes at once."""
+def stream_replicas() -> int:
+    """Replicas of new streams: ``NOVELBUS_STREAM_REPLICAS`` (3 on a 3-node cluster, REL-10), else 1."""
+    value = os.environ.get("NOVELBUS_STREAM_REPLICAS", "1")
+    if not value.isdigit() or not 1 <= int(value) <= 5:
+        raise ValueError(f"NOVELBUS_STREAM_REPLICAS must be 1..5, got {value!r}")
+    return int(value)
+
+
+async def ensure_streams(js: JetStreamContext, s: Subjects, *, replicas: int | None = None) -> None:
+    """Create or update the streams; safe to call from many processes at once. An existing
+    stream keeps its replica count (a process started without the setting never shrinks it)."""
     for cfg in _stream_configs(s):
+        cfg.num_replicas = replicas or stream_replicas()
         try:
             await js.add_stream(cfg)
         except BadRequestError:
+            with contextlib.suppress(Exception):
+                cfg.num_replicas = (await js.stream_info(cfg.name or "")).config.num_replicas
             await js.update_stream(cfg)
 
 

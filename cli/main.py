@@ -16,6 +16,7 @@ from rich.markup import escape
 
 import novelbus.cli.bench_ab  # noqa: F401  (registers `novelbus bench ab`)
 import novelbus.cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
+import novelbus.cli.bench_cluster  # noqa: F401  (registers `novelbus bench cluster`)
 import novelbus.cli.bench_pack  # noqa: F401  (registers `novelbus bench pack`)
 import novelbus.cli.bench_throughput  # noqa: F401  (registers `novelbus bench throughput`)
 from novelbus import store

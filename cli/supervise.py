@@ -92,6 +92,7 @@ class Supervisor:
     claims_instances: tuple[str, ...] = ("claims-0",)
     request_timeout_s: float | None = None
     writer_timeout_s: float | None = None
+    node_urls: tuple[str, ...] = ()  # REL-10: a NATS cluster's nodes; actors spread over them in turn
     children: dict[str, ActorProcess] = field(default_factory=dict)
     retired: set[str] = field(default_factory=set)  # killed on purpose and not restarted
     kills: int = 0
@@ -110,11 +111,13 @@ class Supervisor:
             args += ["--writer-timeout", str(self.writer_timeout_s)]
         return args
 
-    def env(self, name: str) -> dict[str, str]:
+    def env(self, name: str, index: int = 0) -> dict[str, str]:
         """The child's environment: the server URLs, and — when NOVELBUS_NATS_URL_<ACTOR> is set —
-        that actor's own NATS user (deploy/nats.conf gives every actor one)."""
+        that actor's own NATS user (deploy/nats.conf gives every actor one). With `node_urls`, the
+        `index`-th child starts on node `index mod n` (it discovers the others from the cluster)."""
         own = os.environ.get(f"NOVELBUS_NATS_URL_{name.upper()}")
-        return dict(os.environ, PYTHONUNBUFFERED="1", NOVELBUS_NATS_URL=own or self.nats_url,
+        node = self.node_urls[index % len(self.node_urls)] if self.node_urls else None
+        return dict(os.environ, PYTHONUNBUFFERED="1", NOVELBUS_NATS_URL=own or node or self.nats_url,
                     NOVELBUS_DATABASE_URL=self.database_url)
 
     async def start(self) -> None:
@@ -124,7 +127,8 @@ class Supervisor:
             for inst in instances:
                 key = inst if name == "claims" and inst else name
                 log_path = (self.log_dir / f"{key}.log") if self.log_dir else None
-                child = ActorProcess(key, name, self.argv(name, inst), self.env(name), log_path=log_path)
+                child = ActorProcess(key, name, self.argv(name, inst), self.env(name, len(self.children)),
+                                     log_path=log_path)
                 await child.spawn()
                 self.children[key] = child
 

@@ -51,7 +51,10 @@ _logger = logging.getLogger(__name__)
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs)."""
+    """``url`` with any password replaced by ``***`` (for logs); a comma-separated list of
+    URLs (a NATS cluster's nodes) item by item."""
+    if "," in url:
+        return ",".join(redact_url(u) for u in url.split(","))
     parts = urlsplit(url)
     if parts.password is None:
         return url
