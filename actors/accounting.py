@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 USAGE_RETRY_S = 30.0  # a sample is retried this long, then its turn is marked usage.missing
 USAGE_GRACE_S = 60.0  # reconciliation marks a turn's usage missing this long after it (> retry)
 COMMIT_EVENT_GRACE_S = 10.0  # a commit this old without `unit.committed`: its claim manager died
+SWEEP_WINDOW_S = 3600.0  # a periodic sweep looks at commits this recent; a starting driver at all
 
 Notify = Callable[..., Awaitable[str]]  # publish_notice(ctx, novel_id, reason=…, dedupe=…)
 
@@ -135,9 +136,10 @@ class Accounting:
         instance is starting, so whatever its previous incarnation held is settled at once."""
         pool, report = self.ctx.pool, ReconcileReport()
         holder = self.instance if restarted else None
+        window = None if restarted else SWEEP_WINDOW_S
         touched: set[str] = set()
         for c in await store.unaccounted_commits(pool, grace_s=self.lease_s, restarted_holder=holder,
-                                                 exclude_novel_ids=exclude_novel_ids):
+                                                 exclude_novel_ids=exclude_novel_ids, within_s=window):
             counters, first = await store.account_turn(pool, c.novel_id, c.claim_id, outcome="committed",
                                                        unit_id=c.unit_id, holder=self.instance)
             if first:
@@ -154,7 +156,8 @@ class Accounting:
             report.abandoned_runs += 1
             await self.ctx.emit(ev.WriterAbandoned(novel_id=r.novel_id, unit_id=r.unit_id, run_id=r.run_id,
                                                    reason=r.reason))
-        for m in await store.commits_without_event(pool, older_than_s=0 if restarted else self.commit_event_grace_s):
+        for m in await store.commits_without_event(pool, older_than_s=0 if restarted else self.commit_event_grace_s,
+                                                   within_s=window):
             await self._emit_once(ev.UnitCommitted(
                 novel_id=m.novel_id, unit_id=m.unit_id, commit_id=m.commit_id,
                 effective_characters=m.effective_characters, total_characters=m.total_characters,

@@ -61,6 +61,7 @@ async def unaccounted_commits(
     grace_s: float,
     restarted_holder: str | None = None,
     exclude_novel_ids: list[str] | None = None,
+    within_s: float | None = None,
 ) -> list[UnaccountedCommit]:
     """Commits whose claim has no turn row and whose flow is gone, in commit order.
 
@@ -68,6 +69,7 @@ async def unaccounted_commits(
     held by `restarted_holder` (the driver instance now starting: its previous incarnation is
     dead); or the claim was never leased (a client that does not lease) and the commit is older
     than `grace_s`. Novels in `exclude_novel_ids` (driven by the caller right now) are skipped.
+    `within_s`: only commits made that recently (a periodic sweep need not scan all history).
     """
     async with transaction(pool) as conn:
         rows = await conn.fetch(
@@ -80,10 +82,12 @@ async def unaccounted_commits(
             "       AND (u.lease_until < now() OR u.lease_holder = $2))"
             "  OR (u.lease_intent_id IS DISTINCT FROM u.intent_id"
             "      AND c.created_at < now() - make_interval(secs => $3)))"
+            " AND ($4::float8 IS NULL OR c.created_at > now() - make_interval(secs => $4))"
             " ORDER BY c.novel_id, c.seq",
             exclude_novel_ids or [],
             restarted_holder,
             float(grace_s),
+            within_s,
         )
     return [UnaccountedCommit(**dict(r)) for r in rows]
 
@@ -156,9 +160,12 @@ async def abandon_writer_runs(pool: Db) -> list[AbandonedRun]:
     return sorted((AbandonedRun(**dict(r)) for r in rows), key=lambda r: (r.novel_id, r.run_id))
 
 
-async def commits_without_event(pool: Db, *, older_than_s: float) -> list[CommitEventMissing]:
-    """Commits older than `older_than_s` that no `unit.committed` event announces (the claim
-    manager died between the commit and its event), with the receipt's figures."""
+async def commits_without_event(
+    pool: Db, *, older_than_s: float, within_s: float | None = None
+) -> list[CommitEventMissing]:
+    """Commits older than `older_than_s` (and, with `within_s`, not older than that) that no
+    `unit.committed` event announces (the claim manager died between the commit and its event),
+    with the receipt's figures."""
     async with transaction(pool) as conn:
         rows = await conn.fetch(
             "SELECT c.novel_id, c.unit_id, c.commit_id, c.effective_chars AS effective_characters,"
@@ -166,10 +173,12 @@ async def commits_without_event(pool: Db, *, older_than_s: float) -> list[Commit
             "   WHERE p.novel_id = c.novel_id AND p.seq <= c.seq)::int AS total_characters,"
             " c.body_hash AS body_sha256, c.context_hash AS context_sha256"
             " FROM commits c WHERE c.created_at < now() - make_interval(secs => $1)"
+            " AND ($2::float8 IS NULL OR c.created_at > now() - make_interval(secs => $2))"
             " AND NOT EXISTS (SELECT 1 FROM events e"
             "   WHERE e.once_key = 'unit.committed:' || c.novel_id || ':' || c.unit_id)"
             " ORDER BY c.novel_id, c.seq",
             float(older_than_s),
+            within_s,
         )
     return [CommitEventMissing(**dict(r)) for r in rows]
 
