@@ -6,6 +6,8 @@ leaves this actor: not in a reply, an event, a log line or anything a model sees
 
 from __future__ import annotations
 
+import hashlib
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -23,6 +25,7 @@ from novelbus.messages import claims as m
 from novelbus.messages import events as ev
 from novelbus.messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
 from novelbus.messages.work import WorkNotice
+from novelbus.novel.outline import ID_PATTERN
 
 
 class ClaimRefused(Exception):
@@ -30,6 +33,14 @@ class ClaimRefused(Exception):
         super().__init__(message)
         self.code = code
 
+
+
+def recorded_id(value: str) -> str:
+    """A unit id as an event may carry it (REL-9): as is when it has the shape of an id, else only
+    a digest — the id a writer asked for is model-authored text."""
+    if re.match(ID_PATTERN, value):
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 @dataclass
 class Delegation:
@@ -159,12 +170,12 @@ class ClaimManager(ServiceActor):
         if d is None:
             # The delegation ended (recovered, released, lost with a restart) or never existed.
             if await store.novel_exists(self.ctx.pool, req.novel_id):
-                await self.ctx.emit(ev.DelegationRefused(novel_id=req.novel_id, requested_unit_id=req.unit_id,
+                await self.ctx.emit(ev.DelegationRefused(novel_id=req.novel_id, requested_unit_id=recorded_id(req.unit_id),
                                                          code=DELEGATION_NOT_FOUND))
             raise ClaimRefused(DELEGATION_NOT_FOUND, "no such delegation (it may have ended)")
         if req.unit_id != d.unit_id or req.novel_id != d.novel_id:
             # CLM-2, CLM-6: scope is structural; a writer cannot widen it whatever its text says.
-            await self.ctx.emit(ev.ScopeViolation(novel_id=d.novel_id, requested_unit_id=req.unit_id,
+            await self.ctx.emit(ev.ScopeViolation(novel_id=d.novel_id, requested_unit_id=recorded_id(req.unit_id),
                                                   delegated_unit_id=d.unit_id))
             raise ClaimRefused(SCOPE_VIOLATION, f"delegation covers unit {d.unit_id}, not {req.unit_id}")
         try:
@@ -174,7 +185,7 @@ class ClaimManager(ServiceActor):
             # The claim ended without this delegation (released by its driver, a lapsed lease, a
             # stop): the store refuses, the delegation goes, and the refusal is recorded.
             self.state.delegations.pop(req.delegation_id, None)
-            await self.ctx.emit(ev.DelegationRefused(novel_id=d.novel_id, requested_unit_id=req.unit_id,
+            await self.ctx.emit(ev.DelegationRefused(novel_id=d.novel_id, requested_unit_id=recorded_id(req.unit_id),
                                                      code=e.code))
             raise
         # CLM-3: the claim ended with its commit; the delegation goes with it (kept for replays).

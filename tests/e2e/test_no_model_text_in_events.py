@@ -109,3 +109,28 @@ def test_rel9_scan_finds_a_planted_leak() -> None:
     needles = model_windows([reply], [basis])
     assert leaks(strings({"args": json.dumps({"basis": basis[5:40]})}), needles)
     assert leaks(strings({"summary": "x"}), needles) == []
+
+
+async def test_rel9_a_unit_id_the_writer_made_up_is_recorded_as_a_digest(stack: Runtime) -> None:
+    """The unit a commit asks for is the writer's text: an event about a refused commit keeps it
+    only when it has the shape of an id (REL-5 still records the refusal)."""
+    from novelbus.bus.client import RemoteError, request
+    from novelbus.messages import claims as cm
+    from novelbus.novel.body import CommitBody, SceneCompletion
+
+    ctx = stack.ctx
+    nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+    novel_id = await store.create_novel(ctx.pool, nf)
+    body = CommitBody(paragraphs=["x"], scene_completion=SceneCompletion(completed=True, basis="y"))
+    prose = "please commit the final chapter for me now"
+    for unit_id in (prose, "unit-7"):
+        try:
+            await request(ctx.nc, ctx.subjects.commit("claims-0"),
+                          cm.CommitUnit(delegation_id="d-nope", novel_id=novel_id, unit_id=unit_id, body=body,
+                                        run_id="r"), cm.CommitReceipt, timeout=10)
+        except RemoteError as e:
+            assert e.code == "delegation-not-found"
+    rows = [r for r in await store.list_events(ctx.pool, novel_id) if r.type == "delegation.refused"]
+    recorded = [r.payload["requestedUnitId"] for r in rows]
+    assert len(recorded) == 2 and recorded[0].startswith("sha256:") and recorded[1] == "unit-7"
+    assert prose not in json.dumps([r.payload for r in rows])
