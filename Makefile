@@ -47,8 +47,9 @@ demo: $(STAMP)
 	$(BIN)/novelbus demo
 
 # The demo written by a real language model: SmolLM2-135M-Instruct on an embedded llama.cpp server.
+# A 135M model on 2 cores writes ~10 tokens/s: replies are capped at 768 tokens (window-fitted anyway).
 demo-model: $(LOCAL_STAMP)
-	$(BIN)/novelbus demo --model local
+	NOVELBUS_MAX_OUTPUT_TOKENS=768 $(BIN)/novelbus demo --model local
 
 test: $(LOCAL_STAMP) $(CHROMIUM)
 	NOVELBUS_REQUIRE_BROWSER=1 NOVELBUS_REQUIRE_LOCAL_MODEL=1 $(BIN)/python -m pytest -q

@@ -79,11 +79,15 @@ def _settings(model: str = "offline", instance: str = "claims-0") -> Settings:
 def demo(
     home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, model: ModelOpt = "offline",
     out: Annotated[Path | None, typer.Option("--out", help="Where to write the novel as Markdown")] = None,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds")] = 600.0,
+    timeout: Annotated[float | None, typer.Option(
+        help="Give up after this many seconds (default 600 offline, 7200 with a model)")] = None,
     namespace: NsOpt = "",
 ) -> None:
     """Write the bundled sample novel end to end on embedded NATS + PostgreSQL, then print a summary."""
     from novelbus.novel.sample import sample_novel_bytes
+
+    if timeout is None:  # a real model on a small machine takes minutes per unit
+        timeout = 600.0 if model.strip() == "offline" else 7200.0
 
     async def main() -> None:
         started = time.monotonic()

@@ -395,3 +395,50 @@ async def test_ab2_a_real_model_writes_the_summary_through_a_model_call(
     assert messages[1]["content"].startswith("an old brief")  # it read the whole old history
     assert run.history[1]["content"] == f"{SUMMARY_HEADER}\nUnits so far: one. The lamp is out."
     assert all("an old" not in str(m.get("content")) for m in run.history)
+
+
+async def test_model5_the_gate_fires_on_reported_prompt_tokens_at_0_7_of_the_window(
+    sample_file: NovelFile,
+) -> None:
+    """MODEL-5 / §16: the same small history compacts when the provider last REPORTED a prompt
+    near 0.7 of the window, and does not when only the (small) estimate is known; every request's
+    max_tokens fits what the window leaves."""
+    from novelbus.writers.runner import PromptMark, request_tokens
+
+    book = Book(sample_file)
+    pack = book.next_pack()
+    assert pack is not None
+    old: list[ChatMessage] = [
+        {"role": "system", "content": session_preamble(pack)},
+        {"role": "user", "content": "an old brief"},
+        {"role": "assistant", "content": "an old answer"},
+    ]
+    draft = json.loads((await OfflineProvider().complete(
+        [{"role": "user", "content": pack}], None, max_output_tokens=1)).text or "{}")
+    window = 10_000
+
+    class Windowed(ScriptedProvider):
+        context_window = window
+
+    def commit_reply() -> ModelReply:
+        return ModelReply(text=None, stop_reason="tool_calls", tool_calls=[ToolCall(
+            id="k", name=COMMIT_TOOL, arguments=json.dumps({"unitId": book.unit_id, **draft}))])
+
+    summary = ModelReply(text="Units so far: none.", stop_reason="completed")
+    results = {}
+    for reported in (None, 5_000, 7_100):
+        provider = Windowed([summary, commit_reply()] if reported == 7_100 else [commit_reply()])
+        mark = None if reported is None else PromptMark(reported, len(old))
+        run = await run_inline_unit(provider, [dict(m) for m in old], pack, allow_list=W2_ALLOW_LIST,
+                                    read_tool=book.read_tool, commit=lambda a: _ok(), mark=mark,
+                                    max_output_tokens=9_000)
+        assert run.outcome.ok, run.outcome
+        results[reported] = run.compactions
+        for (messages, tools), options in zip(provider.calls, provider.options, strict=True):
+            assert request_tokens(messages, tools) < window
+    # threshold 7,000 = 0.7 × 10,000; the projection adds the new brief (a few hundred tokens)
+    assert results == {None: 0, 5_000: 0, 7_100: 1}
+
+
+async def _ok() -> dict[str, Any]:
+    return {"ok": True, "receipt": {"commitId": "commit-1"}}
