@@ -34,7 +34,10 @@ MECHANISMS: tuple[Mechanism, ...] = ("json_schema", "json_object+schema", "json_
 ENV_STRUCTURED = "NOVELBUS_MODEL_STRUCTURED"  # force a mechanism, skipping P6's choice
 
 
-MAX_PARAGRAPH_CHARS = 1_500  # a longer per-string bound makes grammar servers slow
+# llama.cpp's grammar parser refuses (and llama-cpp-python's server dies on) a grammar of more than
+# about 2,000 rules; a string bounded at N characters costs N of them. 600 per paragraph plus the
+# notes stays well inside; longer units get more paragraphs instead.
+MAX_PARAGRAPH_CHARS = 600
 SHORT_CHARS = 120  # basis, goals, summaries: notes, not prose
 SOURCE_PATTERN = "^(inline(#[0-9]+)?|commit-[1-9][0-9]*(#[0-9]+)?)$"
 
@@ -59,7 +62,7 @@ def draft_schema(*, target_max: int | None = None, max_paragraphs: int | None = 
     paragraphs: dict[str, Any] = {"type": "array", "minItems": 1, "items": paragraph}
     if target_max is not None:
         paragraph["maxLength"] = max(40, min(target_max, MAX_PARAGRAPH_CHARS))
-        paragraphs["maxItems"] = max_paragraphs or max(1, min(8, -(-target_max // 600)))
+        paragraphs["maxItems"] = max_paragraphs or max(1, min(8, -(-target_max // MAX_PARAGRAPH_CHARS)))
     elif max_paragraphs is not None:
         paragraphs["maxItems"] = max_paragraphs
     short = {"type": "string", "minLength": 1, "maxLength": SHORT_CHARS}

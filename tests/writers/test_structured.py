@@ -1,0 +1,85 @@
+"""Structured W1 drafts and forced commits (MODEL-2/3): the schemas carry the draft's constraints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from novelbus.novel.body import CommitBody
+from novelbus.writers.structured import (
+    MAX_PARAGRAPH_CHARS,
+    commit_schema,
+    draft_schema,
+    response_format,
+    unit_target_max,
+)
+
+
+def test_model2_response_formats_per_mechanism() -> None:
+    schema = draft_schema(target_max=900)
+    assert response_format("json_schema", schema) == {
+        "type": "json_schema", "json_schema": {"name": "draft", "schema": schema, "strict": False}}
+    assert response_format("json_object+schema", schema) == {"type": "json_object", "schema": schema}
+    assert response_format("json_object", schema) == {"type": "json_object"}
+    assert response_format("prompt", schema) is None
+    with pytest.raises(ValueError, match="mechanism"):
+        response_format("xml", schema)
+
+
+def test_model2_the_unit_range_bounds_the_paragraphs() -> None:
+    pack = "[[unit]]\nunitId: u-1\nfragment: 1\ntargetMin: 300\ntargetMax: 1300\nstage: early\n"
+    assert unit_target_max(pack) == 1300 and unit_target_max("[[story]]\ntitle: x\n") is None
+    paragraphs = draft_schema(target_max=1300)["properties"]["paragraphs"]
+    assert paragraphs["items"]["maxLength"] == MAX_PARAGRAPH_CHARS and paragraphs["maxItems"] == 3
+    assert "maxLength" not in draft_schema()["properties"]["paragraphs"]["items"]
+    forced = commit_schema("u-1", target_max=1300)
+    assert forced["properties"]["unitId"] == {"type": "string", "enum": ["u-1"]}
+    assert forced["required"][0] == "unitId"
+
+
+@given(st.integers(min_value=1, max_value=10**6))
+def test_model2_grammar_servers_can_take_the_schema_for_any_unit_size(target_max: int) -> None:
+    """llama.cpp refuses a grammar of more than ~2,000 rules (its server then dies); a string
+    bounded at N characters costs N rules. Whatever the unit's range, the bounded strings of the
+    forced commit schema stay far below that."""
+    schema = commit_schema("u-1", target_max=target_max)
+    bounded: list[int] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("maxLength"), int):
+                bounded.append(node["maxLength"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    assert bounded and sum(bounded) <= 1_200
+
+
+def test_model2_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
+    draft = {"paragraphs": ["The bell rang."], "sceneCompletion": {"completed": True, "basis": "rang"},
+             "canonChanges": [{"kind": "event", "summary": "bell", "sources": ["inline#0"]}]}
+    assert set(draft_schema()["required"]) == set(draft)
+    assert msgspec.json.decode(json.dumps(draft), type=CommitBody).paragraphs == ["The bell rang."]
+
+
+def test_model2_the_grammar_llama_cpp_builds_stays_inside_its_rule_limit() -> None:
+    """With the local extra installed: the GBNF llama-cpp-python builds from the largest forced
+    commit schema has fewer than 2,000 rules' worth of nested optionals."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        if os.environ.get("NOVELBUS_REQUIRE_LOCAL_MODEL") == "1":
+            pytest.fail("llama-cpp-python is not installed (make test installs it)")
+        pytest.skip("llama-cpp-python is not installed (pip install -e '.[local]')")
+    from llama_cpp import llama_grammar
+
+    gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(commit_schema("u-1", target_max=10**6)))
+    assert gbnf.count("(char") < 1_500
