@@ -484,7 +484,7 @@
           body: JSON.stringify({ text: $("directive").value, messageId: messageId() }) });
         if (res.ok) {
           $("direct-result").className = "flash";
-          $("direct-result").textContent = `${res.data.requirementId} received (${res.data.status})` +
+          $("direct-result").textContent = `received as ${res.data.requirementId} (its status is in the table below)` +
             (res.data.duplicate ? " (already received)" : "");
           $("directive").value = "";
           loadSteering();
