@@ -121,7 +121,6 @@ class ClaimManager(ServiceActor):
 
     # --- handlers -------------------------------------------------------------------------
     async def on_claim(self, req: m.ClaimUnit) -> m.UnitClaimed:
-        novel = await store.get_novel(self.ctx.pool, req.novel_id)
         try:
             claim = await store.claim_unit(self.ctx.pool, req.novel_id, req.unit_id, req.intent_id,
                                            mode=req.mode, claimed_by=self.state.instance,
@@ -138,7 +137,7 @@ class ClaimManager(ServiceActor):
         for stale in [k for k, d in self.state.delegations.items() if d.novel_id == req.novel_id]:
             del self.state.delegations[stale]
         delegation_id = f"dlg-{self.state.instance}-{secrets.token_hex(12)}"
-        limit = novel.config.budgets.writerDispatchLimit
+        limit = claim.dispatch_limit
         # PERF-2: the first dispatch granted with the claim, counted like a BeginDispatch (DRV-4).
         first = 1 if req.begin_dispatch and limit >= 1 else None
         reply = m.UnitClaimed(claim_id=claim.claim_id, unit_id=claim.unit_id, attempt=claim.attempt,

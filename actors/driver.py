@@ -294,7 +294,8 @@ class Driver:
     async def advance(self, notice: WorkNotice) -> None:
         pool = self.ctx.pool
         # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
-        snapshot = await store.load_snapshot(pool, notice.novel_id, prose=False)
+        # PERF-2: the novel row (budgets, counters, mode) is read with the snapshot, one statement.
+        snapshot, novel = await store.load_snapshot_and_novel(pool, notice.novel_id)
         if _removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
             snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
@@ -331,7 +332,6 @@ class Driver:
                                                      characters=snapshot.committed_characters))
             return
         assert isinstance(decision, WriteUnit)
-        novel = await store.get_novel(pool, snapshot.novel_id)
         budgets = novel.config.budgets
         if novel.turns >= budgets.maxTurns:
             await self.pause(snapshot.novel_id, "budget", f"maxTurns {budgets.maxTurns} reached")

@@ -105,7 +105,7 @@ from novelbus.store.recovery import (
 )
 from novelbus.store.requirements import RequirementRecord, list_requirements, receive_requirement
 from novelbus.store.runs import WriterRunRow, finish_writer_run, list_writer_runs, start_writer_run
-from novelbus.store.snapshots import load_snapshot
+from novelbus.store.snapshots import load_snapshot, load_snapshot_and_novel
 from novelbus.store.units import (
     Claim,
     UnitRow,
@@ -192,6 +192,7 @@ __all__ = [
     "list_writer_runs",
     "load_session",
     "load_snapshot",
+    "load_snapshot_and_novel",
     "mark_processed",
     "novel_exists",
     "migrate",

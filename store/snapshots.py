@@ -12,7 +12,7 @@ from novelbus.novel.outline import NovelConfig
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Db, statement, transaction
 from novelbus.store.errors import NovelNotFound
-from novelbus.store.novels import fetch_outline
+from novelbus.store.novels import NovelRow, fetch_outline, novel_row
 
 
 def _snapshot_sql(body: str) -> str:
@@ -68,6 +68,21 @@ def canon_by_commit(facts: Iterable[Mapping[str, Any]]) -> dict[str, list[CanonC
 async def load_snapshot(
     pool: Db, novel_id: str, *, as_of_seq: int | None = None, prose: bool = True
 ) -> NovelSnapshot:
+    """See `_load` (the snapshot alone)."""
+    snapshot, _ = await _load(pool, novel_id, as_of_seq=as_of_seq, prose=prose)
+    return snapshot
+
+
+async def load_snapshot_and_novel(pool: Db, novel_id: str) -> tuple[NovelSnapshot, NovelRow]:
+    """The driver's decision inputs in ONE statement (PERF-2): the structural snapshot
+    (`prose=False`) and the novel row (budgets, counters, writer mode) it was read with."""
+    snapshot, row = await _load(pool, novel_id, as_of_seq=None, prose=False)
+    return snapshot, novel_row(row)
+
+
+async def _load(
+    pool: Db, novel_id: str, *, as_of_seq: int | None, prose: bool
+) -> tuple[NovelSnapshot, Any]:
     """Everything the pure functions need, read in ONE statement (with prose: inside a
     `REPEATABLE READ READ ONLY` transaction).
 
@@ -112,7 +127,7 @@ async def load_snapshot(
                 body_hash=c["body_hash"],
             )
         )
-    return NovelSnapshot(
+    snapshot = NovelSnapshot(
         novel_id=novel_id,
         title=novel["title"],
         status=novel["status"],
@@ -128,3 +143,4 @@ async def load_snapshot(
         requirements_blocked=novel["requirements_blocked"],
         requirement_watermark=novel["requirement_watermark"],
     )
+    return snapshot, novel

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novelbus.novel.outline import is_valid_id
+from novelbus.novel.outline import NovelConfig, is_valid_id
 from novelbus.store._db import Conn, Db, lock_novel, statement, transaction
 from novelbus.store.errors import (
     NovelNotActive,
@@ -54,6 +54,9 @@ class Claim(msgspec.Struct, frozen=True):
     unit_id: str
     attempt: int
     token: str
+    # The novel's writerDispatchLimit as the claim found it (DRV-4), read under the same lock
+    # (PERF-2: the claim manager needs no second read of the novel).
+    dispatch_limit: int = 3
 
     def __repr__(self) -> str:  # REL-4: a logged Claim never shows the token
         return (
@@ -227,7 +230,8 @@ async def claim_unit(
                 raise UnitInFlight(f"novel {novel_id!r}: unit {other!r} is already claimed")
             state = await _unit_state(conn, novel_id, unit_id)
             raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {state}, not prepared")
-    return Claim(claim_id=claim_id, unit_id=unit_id, attempt=attempt, token=token)
+    limit = NovelConfig.model_validate(novel["config"]).budgets.writerDispatchLimit
+    return Claim(claim_id=claim_id, unit_id=unit_id, attempt=attempt, token=token, dispatch_limit=limit)
 
 
 async def _unit_state(conn: Conn, novel_id: str, unit_id: str) -> str:
