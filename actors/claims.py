@@ -16,15 +16,13 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, ServiceActor
-from novelbus.bus import outbox
 from novelbus.bus.client import BusUnavailable, request
-from novelbus.bus.codec import encode
+from novelbus.bus.notices import publish_notice
 from novelbus.bus.routes import check_instance, claims_instance_subject, delegation_instance
 from novelbus.bus.service import CommandService
 from novelbus.messages import claims as m
 from novelbus.messages import events as ev
 from novelbus.messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
-from novelbus.messages.work import WorkNotice
 from novelbus.novel.outline import ID_PATTERN
 
 
@@ -52,7 +50,7 @@ class Delegation:
     granted_at: float
     dispatch_limit: int
     dispatches: int = 0
-    reply: m.UnitClaimed | None = None  # a retried ClaimUnit of the same intent gets the same answer
+    reply: m.ClaimGranted | None = None  # a retried ClaimUnit of the same intent gets the same answer
 
     def __repr__(self) -> str:  # never print the token, even by accident
         return f"Delegation(novel={self.novel_id}, unit={self.unit_id}, claim={self.claim_id})"
@@ -87,7 +85,7 @@ class ClaimManager(ServiceActor):
             CommandService(ctx.nc, s.claims, {
                 m.ClaimUnit: self.on_claim,
                 m.BeginDispatch: self._routed(self.on_begin_dispatch, m.DispatchGranted),
-                m.ReleaseClaim: self._routed(self.on_release, m.ClaimReleased),
+                m.ReleaseClaim: self._routed(self.on_release, m.ReleaseConfirmed),
                 m.ReleaseUnit: self.on_release_unit,
             }, queue="claims"),
             # This instance's own delegations: dispatch grants and releases ...
@@ -113,14 +111,10 @@ class ClaimManager(ServiceActor):
         for novel_id, unit_ids in by_novel.items():
             await self.ctx.emit(ev.ClaimsRecovered(novel_id=novel_id, unit_ids=unit_ids,
                                                    instance=self.state.instance))
-            notice = WorkNotice(novel_id=novel_id, notice_id=f"recover-{secrets.token_hex(6)}",
-                                reason="recovered")
-            data, headers = encode(notice)
-            await outbox.settle()
-            await self.ctx.js.publish(self.ctx.subjects.work(novel_id), data, headers=headers)
+            await publish_notice(self.ctx, novel_id, reason="recovered")
 
     # --- handlers -------------------------------------------------------------------------
-    async def on_claim(self, req: m.ClaimUnit) -> m.UnitClaimed:
+    async def on_claim(self, req: m.ClaimUnit) -> m.ClaimGranted:
         try:
             claim = await store.claim_unit(self.ctx.pool, req.novel_id, req.unit_id, req.intent_id,
                                            mode=req.mode, claimed_by=self.state.instance,
@@ -140,9 +134,9 @@ class ClaimManager(ServiceActor):
         limit = claim.dispatch_limit
         # PERF-2: the first dispatch granted with the claim, counted like a BeginDispatch (DRV-4).
         first = 1 if req.begin_dispatch and limit >= 1 else None
-        reply = m.UnitClaimed(claim_id=claim.claim_id, unit_id=claim.unit_id, attempt=claim.attempt,
-                              delegation_id=delegation_id, instance=self.state.instance,
-                              dispatch=first, dispatch_limit=limit if first else None)
+        reply = m.ClaimGranted(claim_id=claim.claim_id, unit_id=claim.unit_id, attempt=claim.attempt,
+                               delegation_id=delegation_id, instance=self.state.instance,
+                               dispatch=first, dispatch_limit=limit if first else None)
         # CLM-3: registered before the reply leaves, so no writer can ever call first.
         self.state.delegations[delegation_id] = Delegation(
             novel_id=req.novel_id, unit_id=claim.unit_id, claim_id=claim.claim_id,
@@ -203,7 +197,7 @@ class ClaimManager(ServiceActor):
             delta_characters=receipt.delta_characters, total_characters=receipt.total_characters,
             duplicate=receipt.duplicate, context_sha256=receipt.context_hash)
 
-    async def on_release(self, req: m.ReleaseClaim) -> m.ClaimReleased:
+    async def on_release(self, req: m.ReleaseClaim) -> m.ReleaseConfirmed:
         d = self.state.delegations.pop(req.delegation_id, None)
         if d is None:
             raise ClaimRefused(DELEGATION_NOT_FOUND, "no such delegation (it may have ended)")
@@ -212,16 +206,16 @@ class ClaimManager(ServiceActor):
                                              claim_id=d.claim_id)
         if released:
             await self.ctx.emit(ev.ClaimReleased(novel_id=d.novel_id, unit_id=d.unit_id, reason=req.reason))
-        return m.ClaimReleased(unit_id=d.unit_id, released=released)
+        return m.ReleaseConfirmed(unit_id=d.unit_id, released=released)
 
-    async def on_release_unit(self, req: m.ReleaseUnit) -> m.ClaimReleased:
+    async def on_release_unit(self, req: m.ReleaseUnit) -> m.ReleaseConfirmed:
         for delegation_id, d in list(self.state.delegations.items()):
             if d.novel_id == req.novel_id and d.unit_id == req.unit_id:
                 del self.state.delegations[delegation_id]
         released = await store.release_claim(self.ctx.pool, req.novel_id, req.unit_id, reason=req.reason)
         if released:
             await self.ctx.emit(ev.ClaimReleased(novel_id=req.novel_id, unit_id=req.unit_id, reason=req.reason))
-        return m.ClaimReleased(unit_id=req.unit_id, released=released)
+        return m.ReleaseConfirmed(unit_id=req.unit_id, released=released)
 
     # --- helpers --------------------------------------------------------------------------
     def _routed(self, handler: Any, reply_type: type) -> Any:

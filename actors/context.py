@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext

@@ -3,6 +3,10 @@
 Flow for a `subagent` novel: claim → render pack → dispatch writer → verify → account the turn
 → schedule the next unit (a new durable work notice). Units of one novel are strictly
 sequential (one flow per novel at a time); different novels run concurrently.
+
+What lives elsewhere: the JetStream loop (fetch, heartbeat, nak backoff, dead letters) is
+`bus.consumer.DurablePullConsumer`; the dispatch loop of one claim is `actors.unit_flow`; the
+decisions are pure (`novel.next_work`, `novel.after_turn`). This module leases, decides and accounts.
 """
 
 from __future__ import annotations
@@ -16,28 +20,46 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import asyncpg
 import msgspec
-import nats.errors
-from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 
 from novelbus import store
 from novelbus.actors.accounting import USAGE_RETRY_S, Accounting
 from novelbus.actors.context import ActorContext
 from novelbus.actors.steering import Steering
+from novelbus.actors.unit_flow import (
+    ClaimLost,
+    UnitFlow,
+    UnitOutcome,
+    is_infrastructure_error,
+    usage_record,
+)
 from novelbus.bus import outbox, tally
 from novelbus.bus.client import BusUnavailable, RemoteError, request
-from novelbus.bus.codec import MessageError, decode, encode
+from novelbus.bus.consumer import DurablePullConsumer, error_code
+from novelbus.bus.notices import publish_notice
 from novelbus.bus.routes import check_instance, claims_instance_subject
 from novelbus.bus.streams import WORK_MAX_DELIVER, driver_consumer_config
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
-from novelbus.messages import packs as pm
-from novelbus.messages import runs as rm
-from novelbus.messages import usage as um
-from novelbus.messages import verify as vm
+from novelbus.messages.errors import (
+    INTERNAL,
+    NOVEL_NOT_ACTIVE,
+    REQUIREMENTS_OPEN,
+    REVISION_CONFLICT,
+    UNIT_IN_FLIGHT,
+    UNIT_NOT_CLAIMABLE,
+    WATERMARK_CONFLICT,
+)
 from novelbus.messages.work import WorkNotice
+from novelbus.novel.after_turn import (
+    NextUnit,
+    Pause,
+    after_turn,
+    budget_exhausted,
+    failure_signature,
+    removed_scene_units,
+    turn_kind,
+)
 from novelbus.novel.next_work import (
     AwaitOutline,
     Blocked,
@@ -61,33 +83,6 @@ LEASE_S = 12.0  # a flow's lease on its unit; renewed every LEASE_RENEW_S while 
 LEASE_RENEW_S = 3.0
 SWEEP_S = 2.0  # how often a driver looks for claims nobody drives any more
 INTERNAL_RETRY_S = 30.0  # an actor answering `internal` is retried in place this long, then the notice naks
-EXTERNAL_REASONS = ("provider-error:provider-unavailable", "provider-error:provider-rate-limited")
-
-
-class ClaimLost(Exception):
-    """The claim ended under the flow: its delegation is gone (the claim-manager instance restarted
-    and recovered it, or cannot be reached). The unit goes back to prepared; nothing was lost."""
-
-    code = "claim-lost"
-
-
-def is_infrastructure_error(e: BaseException) -> bool:
-    """NATS or PostgreSQL away (REL-6): the work waits and is retried, it is never dead-lettered."""
-    if isinstance(e, (BusUnavailable, ClaimLost, OSError, asyncpg.PostgresConnectionError,
-                      asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError, asyncpg.InterfaceError,
-                      asyncpg.TooManyConnectionsError, nats.errors.Error, TimeoutError)):
-        return True
-    return isinstance(e, RemoteError) and e.code == BusUnavailable.code
-
-
-@dataclass
-class UnitOutcome:
-    ok: bool
-    reason: str
-    dispatches: int
-    missing_blocks: list[str] = field(default_factory=list)
-    output_chars: int = 0
-    runs: list[rm.WriterFinished] = field(default_factory=list)  # every dispatch, for usage (USE-1)
 
 
 @dataclass
@@ -110,48 +105,40 @@ class Driver:
         # Stable per driver process slot (like a claim-manager instance): a restarted driver gives
         # back exactly the claims its previous incarnation leased (REL-1).
         self.instance = check_instance(instance)
-        self.redelivery_backoff_s = redelivery_backoff_s
-        self.writer_timeout_s = writer_timeout_s or ctx.settings.writer_timeout_s
         self.lease_s = lease_s
-        self._sweeper: asyncio.Task[None] | None = None
-        self._slots = asyncio.Semaphore(max_parallel_novels)
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._loop_task: asyncio.Task[None] | None = None
+        self.flow = UnitFlow(ctx, writer_timeout_s=writer_timeout_s or ctx.settings.writer_timeout_s)
+        s = ctx.subjects
+        self.consumer = DurablePullConsumer(
+            ctx.js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
+            handle=self.on_notice, dead_letter_subject=s.dead_letter("work"), max_deliver=WORK_MAX_DELIVER,
+            backoff_s=redelivery_backoff_s, heartbeat_s=HEARTBEAT_S, max_parallel=max_parallel_novels,
+            before_ack=outbox.settle)  # a flow's last events are stored before its notice is done
         # PLAN-1..5: the driver serves steering commands (revisions, config, directives)
         self.steering = Steering(ctx, self.state.locks,
                                  lambda novel_id, reason: publish_notice(ctx, novel_id, reason=reason))
         # REL-7: settles what a dead process left half done; sends usage off the unit's path.
         self.accounting = Accounting(ctx, self.instance, publish_notice, lease_s=lease_s,
                                      usage_retry_s=usage_retry_s)
+        self._sweeper: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        s = self.ctx.subjects
-        cfg = driver_consumer_config(s)
-        self._psub = await self.ctx.js.pull_subscribe(s.work_all, durable=cfg.durable_name, stream=s.work_stream,
-                                                      config=cfg)
         await self.resume_active_novels()
         await self.steering.reconcile()
         await self.steering.service.start()
-        self._loop_task = asyncio.create_task(self._pull_loop(), name="driver-pull")
+        await self.consumer.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="driver-sweep")
 
     async def stop(self) -> None:
         self.state.running = False
         with contextlib.suppress(Exception):
             await self.steering.service.stop()
-        for task in (self._loop_task, self._sweeper):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if self._tasks:
-            for t in self._tasks:
-                t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sweeper
+        await self.consumer.stop()
         await self.accounting.stop()
-        with contextlib.suppress(Exception):
-            await self._psub.unsubscribe()
 
     async def resume_active_novels(self) -> None:
         """A starting driver drives nothing yet: the claims its previous incarnation leased go back
@@ -192,60 +179,12 @@ class Driver:
             except Exception as e:  # noqa: BLE001 - the store or NATS away: next sweep (REL-6)
                 log.warning("claim sweep failed (%s)", type(e).__name__)
 
-    async def _pull_loop(self) -> None:
-        tally.actor.set("driver")  # this task and the flows it starts count as the driver's
-        while self.state.running:
-            try:
-                msgs = await self._psub.fetch(batch=32, timeout=1.0)
-            except (TimeoutError, NotFoundError):
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - NATS away: wait and retry (REL-6)
-                log.warning("work fetch failed (%s); retrying", type(e).__name__)
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
-                await self._slots.acquire()
-                task = asyncio.create_task(self._handle(msg))
-                self._tasks.add(task)
-                task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._slots.release()
-
-    async def _handle(self, msg: Msg) -> None:
-        self.state.notices += 1
-        try:
-            notice = decode(msg.data, WorkNotice, msg.headers)
-        except MessageError as e:
-            await self._dead_letter(msg, e.code, str(e))
-            return
-        heartbeat = asyncio.create_task(self._heartbeat(msg))
-        try:
-            await self._advance_until_done(notice)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - bounded redelivery, then the dead-letter subject
-            code = getattr(e, "code", type(e).__name__)
-            delivered = msg.metadata.num_delivered if msg.metadata else 1
-            log.warning("notice for %s failed (%s), delivery %s", notice.novel_id, code, delivered)
-            if delivered >= WORK_MAX_DELIVER:
-                await self._dead_letter(msg, str(code), str(e))
-            else:
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=min(30.0, self.redelivery_backoff_s * 2**delivered))
-            return
-        finally:
-            heartbeat.cancel()
-        with contextlib.suppress(Exception):  # NATS away: the notice is redelivered, and changes nothing twice
-            await outbox.settle()  # the flow's last events are stored before its notice is done
-            await msg.ack()
-
-    async def _advance_until_done(self, notice: WorkNotice) -> None:
+    async def on_notice(self, notice: WorkNotice) -> None:
         """Run the notice; NATS or PostgreSQL being away delays it without consuming a delivery
-        (REL-6), an actor answering `internal` is retried for a while, anything else raises."""
+        (REL-6), an actor answering `internal` is retried for a while, anything else raises (the
+        consumer naks it, then dead-letters it after the redelivery bound)."""
+        tally.actor.set("driver")  # this handler's task and the flows it runs count as the driver's
+        self.state.notices += 1
         started, attempt = time.monotonic(), 0
         while True:
             try:
@@ -256,39 +195,15 @@ class Driver:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                internal = isinstance(e, RemoteError) and e.code == "internal"
+                internal = isinstance(e, RemoteError) and e.code == INTERNAL
                 if not self.state.running or not (
                         is_infrastructure_error(e) or (internal and time.monotonic() - started < INTERNAL_RETRY_S)):
                     raise
                 attempt += 1
                 delay = min(5.0, 0.25 * 2 ** min(attempt, 5))
-                log.warning("notice for %s delayed (%s); retry %s in %.1f s", notice.novel_id,
-                            getattr(e, "code", type(e).__name__), attempt, delay)
+                log.warning("notice for %s delayed (%s); retry %s in %.1f s", notice.novel_id, error_code(e),
+                            attempt, delay)
                 await asyncio.sleep(delay)
-
-    async def _heartbeat(self, msg: Msg) -> None:
-        with contextlib.suppress(Exception):
-            while True:
-                await asyncio.sleep(HEARTBEAT_S)
-                await msg.in_progress()
-
-    async def _dead_letter(self, msg: Msg, code: str, detail: str) -> None:
-        """Poison: the notice goes to `novelbus.dlq.work` with its error, then leaves the work stream.
-        If the dead-letter publish fails, the notice stays (nak), so it is never silently dropped."""
-        meta = msg.metadata
-        headers = {"Novelbus-Error": code, "Novelbus-Error-Detail": detail[:300], "Novelbus-Subject": msg.subject,
-                   "Novelbus-Deliveries": str(meta.num_delivered if meta else 1)}
-        if meta is not None:  # a repeated dead-lettering of one stream message is stored once
-            headers["Nats-Msg-Id"] = f"dlq-{meta.stream}-{meta.sequence.stream}"
-        try:
-            await self.ctx.js.publish(self.ctx.subjects.dead_letter("work"), msg.data, headers=headers)
-        except Exception as e:  # noqa: BLE001
-            log.warning("dead-letter publish failed (%s); the notice stays", type(e).__name__)
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=5.0)
-            return
-        with contextlib.suppress(Exception):
-            await msg.term()
 
     # --- decisions ------------------------------------------------------------------------
     async def advance(self, notice: WorkNotice) -> None:
@@ -296,7 +211,7 @@ class Driver:
         # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
         # PERF-2: the novel row (budgets, counters, mode) is read with the snapshot, one statement.
         snapshot, novel = await store.load_snapshot_and_novel(pool, notice.novel_id)
-        if _removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
+        if removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
             snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
         if isinstance(decision, InFlight) and snapshot.novel_id not in self.state.driving:
@@ -312,17 +227,16 @@ class Driver:
             return  # paused/finished, or another flow holds the unit
         if isinstance(decision, AwaitOutline):
             # PLAN-2: planning needed is a conversation: whoever plans is asked, with why.
-            if await self.pause(snapshot.novel_id, "awaiting-outline", decision.reason):
+            if await self.pause(snapshot.novel_id, Pause("awaiting-outline", decision.reason)):
                 request = outline_request(snapshot, decision)
                 await self.ctx.emit(ev.OutlineRequested(novel_id=snapshot.novel_id,
                                                         **msgspec.structs.asdict(request)))
             return
         if isinstance(decision, RequirementConflict):
-            await self.pause(snapshot.novel_id, "requirement-conflict",
-                             f"{decision.blocked} requirement(s) blocked")
+            await self.pause(snapshot.novel_id, Pause("requirement-conflict", f"{decision.blocked} requirement(s) blocked"))
             return
         if isinstance(decision, Blocked):
-            await self.pause(snapshot.novel_id, "awaiting-approval", "; ".join(decision.violations))
+            await self.pause(snapshot.novel_id, Pause("awaiting-approval", "; ".join(decision.violations)))
             return
         if isinstance(decision, Finish):
             await self.accounting.announce_chapters(snapshot.novel_id)  # REL-7: none lost to a death
@@ -332,13 +246,11 @@ class Driver:
                                                      characters=snapshot.committed_characters))
             return
         assert isinstance(decision, WriteUnit)
-        budgets = novel.config.budgets
-        if novel.turns >= budgets.maxTurns:
-            await self.pause(snapshot.novel_id, "budget", f"maxTurns {budgets.maxTurns} reached")
-            return
-        window_start = novel.duration_window_start.timestamp() if novel.duration_window_start else time.time()
-        if (time.time() - window_start) * 1000 > budgets.maxDurationMs:
-            await self.pause(snapshot.novel_id, "budget", f"maxDurationMs {budgets.maxDurationMs} reached")
+        now = time.time()
+        window_start = novel.duration_window_start.timestamp() if novel.duration_window_start else now
+        exhausted = budget_exhausted(novel.config.budgets, turns=novel.turns, elapsed_ms=(now - window_start) * 1000)
+        if exhausted is not None:
+            await self.pause(snapshot.novel_id, exhausted)
             return
         await self.write_unit(snapshot, decision, notice, novel)
 
@@ -353,9 +265,9 @@ class Driver:
                                                   scene_id=scene_id, reason=reason))
         return await store.load_snapshot(pool, novel_id, prose=False) if changed else snapshot
 
-    async def pause(self, novel_id: str, reason: str, detail: str) -> bool:
-        if await store.pause_novel(self.ctx.pool, novel_id, reason):
-            await self.ctx.emit(ev.NovelPaused(novel_id=novel_id, reason=reason, detail=detail[:300]))
+    async def pause(self, novel_id: str, pause: Pause) -> bool:
+        if await store.pause_novel(self.ctx.pool, novel_id, pause.reason):
+            await self.ctx.emit(ev.NovelPaused(novel_id=novel_id, reason=pause.reason, detail=pause.detail[:300]))
             return True
         return False
 
@@ -370,7 +282,8 @@ class Driver:
                                                continuation_anchor=decision.continuation_anchor)
             await ctx.emit(ev.UnitPrepared(novel_id=novel_id, unit_id=unit_id, chapter_id=decision.chapter_id,
                                            scene_id=decision.scene_id, fragment=decision.fragment))
-        mode = novel.writer_mode  # DRV-3: read at claim time; the claim keeps it to the end
+        # DRV-3: read at claim time; the claim keeps it to the end (the store admits only these two)
+        mode: cm.WriterMode = "inline" if novel.writer_mode == "inline" else "subagent"
         intent_id = f"intent-{secrets.token_hex(8)}"
         await store.record_intent(pool, novel_id, intent_id, unit_id, notice.notice_id)
         # REL-1: lease the unit before claiming it (the claim carries this intent), so a claim always
@@ -385,11 +298,11 @@ class Driver:
                                                outline_revision=snapshot.outline_revision,
                                                requirement_watermark=snapshot.requirement_watermark,
                                                begin_dispatch=True),
-                                  cm.UnitClaimed, timeout=ctx.settings.request_timeout_s, retries=2)
+                                  cm.ClaimGranted, timeout=ctx.settings.request_timeout_s, retries=2)
         except RemoteError as e:
-            if e.code in ("unit-not-claimable", "unit-in-flight", "novel-not-active"):
+            if e.code in (UNIT_NOT_CLAIMABLE, UNIT_IN_FLIGHT, NOVEL_NOT_ACTIVE):
                 return  # someone else moved it on; the state decides what comes next
-            if e.code in ("revision-conflict", "watermark-conflict", "requirements-open"):
+            if e.code in (REVISION_CONFLICT, WATERMARK_CONFLICT, REQUIREMENTS_OPEN):
                 # steered in between: look again at the new state
                 await publish_notice(ctx, novel_id, reason="steered", dedupe=f"steered-{intent_id}")
                 return
@@ -404,13 +317,13 @@ class Driver:
             keeper.cancel()
             self.state.driving.discard(novel_id)
 
-    async def _drive_claim(self, novel: store.NovelRow, snapshot: NovelSnapshot, claim: cm.UnitClaimed,
+    async def _drive_claim(self, novel: store.NovelRow, snapshot: NovelSnapshot, claim: cm.ClaimGranted,
                            mode: str) -> None:
         ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
         try:
-            outcome = await self.run_claim(novel, snapshot, claim, mode)
+            outcome = await self.flow.run_claim(novel, claim, mode)
         except ClaimLost:
-            settled = await self._settle(novel_id, unit_id, claim, "claim-lost")
+            settled = await self.flow.settle(novel_id, unit_id, claim, "claim-lost")
             if settled is None:
                 await publish_notice(ctx, novel_id, reason="claim-lost")
                 return
@@ -423,13 +336,13 @@ class Driver:
             settled = None
             with contextlib.suppress(Exception):
                 settled = await self._until_available(
-                    lambda: self._settle(novel_id, unit_id, claim, "flow-interrupted"))
+                    lambda: self.flow.settle(novel_id, unit_id, claim, "flow-interrupted"))
             if settled is None:
                 raise e
             outcome = settled
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._settle(novel_id, unit_id, claim, "driver-stopped"), 5)
+                await asyncio.wait_for(self.flow.settle(novel_id, unit_id, claim, "driver-stopped"), 5)
             raise
         # The turn is accounted exactly once (turn ledger), so waiting out an outage here is safe.
         await self._until_available(
@@ -466,123 +379,10 @@ class Driver:
             except Exception as e:  # noqa: BLE001 - the database away: try again (REL-6)
                 log.warning("lease renewal for %s failed (%s)", unit_id, type(e).__name__)
 
-    async def _committed_under(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed) -> bool:
-        """VER-1: the store, not a reply, says whether this claim's commit landed (a reply lost to a
-        NATS or database hiccup must not turn a written unit into a failed one or a re-dispatch)."""
-        commit = await store.get_commit_for_unit(self.ctx.pool, novel_id, unit_id)
-        return commit is not None and commit.claim_id == claim.claim_id
-
-    async def _settle(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, reason: str) -> UnitOutcome | None:
-        """An interrupted flow: committed under this claim → a success to account (the store is the
-        truth, VER-1); otherwise the claim goes back to prepared (STORE-4) and None is returned."""
-        if await self._committed_under(novel_id, unit_id, claim):
-            return UnitOutcome(True, "committed", 0)
-        if await store.release_claim(self.ctx.pool, novel_id, unit_id, reason=reason, claim_id=claim.claim_id):
-            await self.ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))
-        return None
-
-    async def run_claim(self, novel: store.NovelRow, snapshot: NovelSnapshot, claim: cm.UnitClaimed,
-                        mode: str) -> UnitOutcome:
-        """Dispatch writers for one claim, up to writerDispatchLimit (RUN-4, DRV-4)."""
-        ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
-        # DRV-2: an inline unit goes to the novel's one author session (trimmed pack → brief).
-        shape = "inline" if mode == "inline" else novel.config.writerShape
-        pack_shape = "full" if shape == "W1" else "trimmed"
-        reasons: list[str] = []
-        runs: list[rm.WriterFinished] = []
-        dispatches = 0
-        last_output = 0
-        granted = claim.dispatch  # PERF-2: the claim reply carries the first dispatch grant
-        while True:
-            if granted is not None:
-                dispatches, granted = granted, None
-            else:
-                try:  # CLM-5: to the claim-manager instance holding the delegation
-                    grant = await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
-                                          cm.BeginDispatch(delegation_id=claim.delegation_id),
-                                          cm.DispatchGranted, timeout=ctx.settings.request_timeout_s, retries=2)
-                except RemoteError as e:
-                    if e.code == "dispatch-limit":
-                        break
-                    if e.code == "delegation-not-found":  # CLM-4: the instance restarted and recovered it
-                        raise ClaimLost(e.detail) from None
-                    raise
-                except BusUnavailable:
-                    raise ClaimLost(f"claim-manager instance {claim.instance} not reachable") from None
-                dispatches = grant.dispatch
-            try:
-                pack = await request(ctx.nc, ctx.subjects.packs,
-                                     pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape=pack_shape,
-                                                   profile=novel.config.continuityProfile),
-                                     pm.PackRendered, timeout=ctx.settings.request_timeout_s, retries=2)
-            except RemoteError as e:
-                if e.code == "pack-error":  # PACK-4: no writer starts on a broken pack
-                    return UnitOutcome(False, "pack-error", dispatches, missing_blocks=_missing_blocks(e.detail),
-                                       runs=runs)
-                raise
-            run_id = f"run-{secrets.token_hex(8)}"
-            result = await request(
-                ctx.nc, ctx.subjects.runs,
-                rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=claim.delegation_id,
-                             instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
-                             context_sha256=pack.context_sha256, claim_id=claim.claim_id,
-                             context_window=novel.config.model.contextWindow,
-                             usage_threshold_ratio=novel.config.model.usageThresholdRatio),
-                rm.WriterFinished, timeout=self.writer_timeout_s)
-            runs.append(result)
-            last_output = result.output_chars
-            if not result.ok:
-                reasons.append(result.reason)
-                if await self._committed_under(novel_id, unit_id, claim):  # the commit's reply was lost
-                    return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
-                if result.reason == "window-exceeded":  # MODEL-5: deterministic; no re-dispatch
-                    break
-                continue
-            if shape == "W1":
-                failure = await self._commit_draft(novel_id, unit_id, claim, run_id, result, pack.context_sha256)
-                if failure:
-                    reasons.append(failure)
-                    if await self._committed_under(novel_id, unit_id, claim):
-                        return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
-                    continue
-            verified = await request(ctx.nc, ctx.subjects.verify,
-                                     vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id, claim_id=claim.claim_id,
-                                                     run_id=run_id),
-                                     vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
-            if verified.ok:
-                return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
-            await ctx.emit(ev.VerificationFailed(novel_id=novel_id, unit_id=unit_id, run_id=run_id,
-                                                 failure=verified.failure or "unknown"))
-            reasons.append(f"verify:{verified.failure}")
-        return UnitOutcome(False, reasons[-1] if reasons else "dispatch-limit", dispatches, output_chars=last_output,
-                           runs=runs)
-
-    async def _commit_draft(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, run_id: str,
-                            result: rm.WriterFinished, context_sha256: str | None) -> str | None:
-        """W1: validate the draft (VER-2), then commit it through the claim manager (CLM-2)."""
-        ctx = self.ctx
-        if result.draft is None:
-            return "invalid-draft"
-        valid = await request(ctx.nc, ctx.subjects.verify,
-                              vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=result.draft),
-                              vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
-        if not valid.ok:
-            await ctx.emit(ev.VerificationFailed(novel_id=novel_id, unit_id=unit_id, run_id=run_id,
-                                                 failure=valid.failure or "schema"))
-            return f"verify:{valid.failure}"
-        try:
-            await request(ctx.nc, ctx.subjects.commit(claim.instance),
-                          cm.CommitUnit(delegation_id=claim.delegation_id, novel_id=novel_id, unit_id=unit_id,
-                                        body=result.draft, run_id=run_id, context_sha256=context_sha256),
-                          cm.CommitReceipt, timeout=ctx.settings.request_timeout_s, retries=2)
-        except RemoteError as e:
-            return f"commit:{e.code}"
-        return None
-
-    async def account(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
+    async def account(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, outcome: UnitOutcome,
                       before: NovelSnapshot, mode: str | None = None,
                       novel: store.NovelRow | None = None) -> None:
-        """Account the turn, then schedule the next unit or apply the failure policy (DRV-4, DRV-6).
+        """Account the turn, then act on the pure after-turn policy (DRV-4, DRV-6).
 
         REL-2: the turn is accounted once per claim (the store's turn ledger); a repeated call for
         the same claim records no usage and emits no event twice, it only re-publishes what comes
@@ -590,107 +390,50 @@ class Driver:
         ctx, pool = self.ctx, self.ctx.pool
         if novel is None:  # the flow's own row: budgets and mode as they were at claim time
             novel = await store.get_novel(pool, novel_id)
-        budgets = novel.config.budgets
-        external = not outcome.ok and outcome.reason in EXTERNAL_REASONS
-        kind: store.TurnOutcome = "committed" if outcome.ok else "external" if external else "failed"
-        signature = f"{unit_id}:{outcome.reason}"
+        kind = turn_kind(outcome.ok, outcome.reason)
+        signature = failure_signature(unit_id, outcome.reason)
         counters, first = await store.account_turn(
             pool, novel_id, claim.claim_id, outcome=kind,
             writer_output_chars=outcome.output_chars if outcome.ok else 0,
             failure_signature=signature if kind == "failed" else None, unit_id=unit_id, holder=self.instance)
         if first and outcome.runs:  # USE-1: every call of every dispatch of this turn, in the claimed mode
-            self._record_usage(novel_id, unit_id, claim, outcome, mode or novel.writer_mode, counters.turns)
+            # USE-2: usage is observation — sent from a task the driver owns, never awaited by the
+            # flow, so a sampler that is away delays no unit; recorded exactly once (the turn's key).
+            self.accounting.record_usage_later(
+                usage_record(novel_id, unit_id, claim, outcome, mode or novel.writer_mode, counters.turns))
         elif first:  # REL-7: one sample or marker per turn; this one made no model call to sample
             await self.accounting.mark_missing(novel_id, unit_id, claim.claim_id, counters.turns, "no-writer-run")
-        if outcome.ok:
+        if outcome.ok and first:
+            self.state.units_done += 1
+            after = await store.load_snapshot(pool, novel_id, prose=False)
+            for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
+                await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
+        if not outcome.ok:
             if first:
-                self.state.units_done += 1
-                after = await store.load_snapshot(pool, novel_id, prose=False)
-                for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
-                    await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
-            await publish_notice(ctx, novel_id, reason="next-unit", dedupe=f"after-{unit_id}-{claim.claim_id}")
-            return
-        if first:
-            await ctx.emit(ev.UnitFailed(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason,
-                                         signature=signature, dispatches=outcome.dispatches,
-                                         missing_blocks=outcome.missing_blocks))
-        try:  # CLM-5: to the instance holding the delegation; the store directly if it is away
-            await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
-                          cm.ReleaseClaim(delegation_id=claim.delegation_id, reason=outcome.reason[:120]),
-                          cm.ClaimReleased, timeout=ctx.settings.request_timeout_s, retries=2)
-        except (RemoteError, BusUnavailable):
-            if await store.release_claim(pool, novel_id, unit_id, reason=outcome.reason[:120],
-                                         claim_id=claim.claim_id):
-                await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason[:120]))
-        if outcome.reason == "window-exceeded":
-            # MODEL-5: the model's window cannot hold this unit's request; retrying cannot help.
-            await self.pause(novel_id, "recovery-required",
-                             "window-exceeded: the writer request does not fit the model's context window "
-                             "(raise config.model.contextWindow or use a model with a larger window)")
-            return
-        if external:
-            # DRV-4 externalRetry: the provider was away, not the unit at fault. Retried with a
-            # growing backoff up to maxAttempts consecutive times, then the novel pauses.
-            lost = await store.external_failures(pool, novel_id)
-            retry = budgets.externalRetry
-            if lost >= retry.maxAttempts:
-                await self.pause(novel_id, "recovery-required",
-                                 f"externalRetry: {lost} consecutive turns lost to {outcome.reason}")
-            else:
-                await asyncio.sleep(retry.backoffMs / 1000 * 2 ** (max(lost, 1) - 1))
-                await publish_notice(ctx, novel_id, reason="external-retry")
-            return
-        # DRV-6 after recording progress (the original checked before): same unit, same signature.
-        if counters.stall_count >= budgets.stallThresholdTurns:
-            await self.pause(novel_id, "stalled", signature)
-        elif counters.consecutive_failures >= budgets.consecutiveFailureLimit:
-            await self.pause(novel_id, "recovery-required",
-                             f"{counters.consecutive_failures} consecutive failed units; last {signature}")
+                await ctx.emit(ev.UnitFailed(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason,
+                                             signature=signature, dispatches=outcome.dispatches,
+                                             missing_blocks=outcome.missing_blocks))
+            await self._release(novel_id, unit_id, claim, outcome.reason[:120])
+        lost = await store.external_failures(pool, novel_id) if kind == "external" else 0
+        decision = after_turn(unit_id=unit_id, claim_id=claim.claim_id, ok=outcome.ok, reason=outcome.reason,
+                              budgets=novel.config.budgets, stall_count=counters.stall_count,
+                              consecutive_failures=counters.consecutive_failures, external_failures=lost)
+        if isinstance(decision, NextUnit):
+            await publish_notice(ctx, novel_id, reason="next-unit", dedupe=decision.dedupe)
+        elif isinstance(decision, Pause):
+            await self.pause(novel_id, decision)
         else:
-            await asyncio.sleep(budgets.externalRetry.backoffMs / 1000 * min(counters.consecutive_failures, 3))
-            await publish_notice(ctx, novel_id, reason="retry")
+            await asyncio.sleep(decision.delay_s)
+            await publish_notice(ctx, novel_id, reason=decision.reason)
 
-    def _record_usage(self, novel_id: str, unit_id: str, claim: cm.UnitClaimed, outcome: UnitOutcome,
-                      mode: str, turn: int) -> None:
-        """USE-2: usage is observation — sent from a task the driver owns, never awaited by the
-        flow, so a sampler that is away delays no unit; recorded exactly once (the turn's key)."""
-        tool_bytes: dict[str, int] = {}
-        for r in outcome.runs:
-            for tool, n in r.tool_bytes.items():
-                tool_bytes[tool] = tool_bytes.get(tool, 0) + n
-        self.accounting.record_usage_later(um.RecordTurn(
-            novel_id=novel_id, unit_id=unit_id, mode=mode, turn=turn,
-            provider=outcome.runs[-1].provider, calls=[c for r in outcome.runs for c in r.calls],
-            tool_bytes=tool_bytes, writer_output_chars=outcome.output_chars, committed=outcome.ok,
-            claim_id=claim.claim_id, dispatches=len(outcome.runs),
-            model_ms=sum(r.model_ms for r in outcome.runs)))
-
-
-def _removed_scene_units(snapshot: NovelSnapshot) -> list[str]:
-    """Prepared units whose (chapter, scene) the current outline no longer has."""
-    outline = snapshot.outline
-    if outline is None:
-        return []
-    chapters = {c.chapterId for c in outline.chapters}
-    scenes = {(s.chapterId, s.sceneId) for s in outline.scenes if s.chapterId in chapters}
-    return [u.unit_id for u in snapshot.units
-            if u.state == "prepared" and (u.chapter_id, u.scene_id) not in scenes]
-
-
-def _missing_blocks(detail: str) -> list[str]:
-    # WriterPackError's message ends with "missing: a, b" (PACK-4)
-    if "missing:" not in detail:
-        return []
-    return [b.strip() for b in detail.rsplit("missing:", 1)[1].split(",") if b.strip()]
-
-
-async def publish_notice(ctx: ActorContext, novel_id: str, *, reason: str, dedupe: str | None = None) -> str:
-    """Publish a durable work notice; `dedupe` makes a repeated publish a no-op (BUS-2, REL-2)."""
-    notice_id = dedupe or f"notice-{secrets.token_hex(8)}"
-    data, headers = encode(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason=reason))
-    headers["Nats-Msg-Id"] = f"{novel_id}:{notice_id}"
-    await outbox.settle()  # the flow's events are stored before the notice that follows them
-    tally.count("publishes")
-    tally.count("publish_waits")
-    await ctx.js.publish(ctx.subjects.work(novel_id), data, headers=headers)
-    return notice_id
+    async def _release(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, reason: str) -> None:
+        """A failed turn gives its claim back: through the claim-manager instance holding the
+        delegation (CLM-5), or directly in the store if that instance is away."""
+        ctx = self.ctx
+        try:
+            await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
+                          cm.ReleaseClaim(delegation_id=claim.delegation_id, reason=reason),
+                          cm.ReleaseConfirmed, timeout=ctx.settings.request_timeout_s, retries=2)
+        except (RemoteError, BusUnavailable):
+            if await store.release_claim(ctx.pool, novel_id, unit_id, reason=reason, claim_id=claim.claim_id):
+                await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))

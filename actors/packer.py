@@ -36,7 +36,7 @@ class PackRenderer(ServiceActor):
         self.state = PackRendererState()
         self.services = [CommandService(ctx.nc, ctx.subjects.packs, {m.RenderPack: self.on_render}, queue="packs")]
 
-    async def on_render(self, req: m.RenderPack) -> m.PackRendered:
+    async def on_render(self, req: m.RenderPack) -> m.PackReady:
         pool = self.ctx.pool
         try:
             frozen = await store.load_context(pool, novel_id=req.novel_id, unit_id=req.unit_id,
@@ -56,7 +56,7 @@ class PackRenderer(ServiceActor):
         await self.ctx.emit(ev.PackRendered(novel_id=req.novel_id, unit_id=req.unit_id, shape=pack.shape,
                                             chars=pack.chars, est_tokens=pack.est_tokens,
                                             prefix_sha256=pack.prefix_sha256))
-        return m.PackRendered(unit_id=req.unit_id, shape=pack.shape, text=pack.text,
+        return m.PackReady(unit_id=req.unit_id, shape=pack.shape, text=pack.text,
                               prefix_sha256=pack.prefix_sha256, sha256=pack.sha256, chars=pack.chars,
                               est_tokens=pack.est_tokens, blocks=list(pack.blocks),
                               context_sha256=frozen.context_sha256, manifest_sha256=frozen.manifest_sha256,

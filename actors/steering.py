@@ -104,7 +104,7 @@ class Steering:
             requirement_watermark=novel.requirement_watermark,
             requirements_pending=novel.requirements_pending, requirements_blocked=novel.requirements_blocked)
 
-    async def on_revise(self, req: m.ReviseOutline) -> m.OutlineRevised:
+    async def on_revise(self, req: m.ReviseOutline) -> m.RevisionApplied:
         if not 0 <= req.hold_ms <= MAX_HOLD_MS:
             raise SteeringRefused("bad-request", f"holdMs must be within 0..{MAX_HOLD_MS}")
         layers = req.layers.get("outline", req.layers) if set(req.layers) == {"outline"} else req.layers
@@ -126,7 +126,7 @@ class Steering:
             lock.release()
 
     async def _revise(self, req: m.ReviseOutline, layers: dict[str, Any], deadline: float,
-                      started: float) -> m.OutlineRevised:
+                      started: float) -> m.RevisionApplied:
         ctx, pool = self.ctx, self.ctx.pool
         while True:
             try:
@@ -169,7 +169,7 @@ class Steering:
         snapshot = await store.load_snapshot(pool, req.novel_id, prose=False)
         resumed = await self._resume_if_resolved(snapshot)
         novel = await store.get_novel(pool, req.novel_id)
-        return m.OutlineRevised(
+        return m.RevisionApplied(
             novel_id=req.novel_id, revision=result.revision, parent=result.parent, seq=result.seq,
             chapters=result.chapters, scenes=result.scenes, superseded_units=result.superseded_units,
             applied=moved["applied"], blocked=moved["blocked"], superseded=moved["superseded"],

@@ -16,6 +16,7 @@ import msgspec
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.actors.writer_sessions import PgSessionStore
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.service import CommandService
 from novelbus.messages import claims as cm
@@ -23,9 +24,10 @@ from novelbus.messages import events as ev
 from novelbus.messages import runs as m
 from novelbus.novel.body import CommitBody
 from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.writers.factory import make_provider
 from novelbus.writers.inline import compact_threshold, run_inline_unit
 from novelbus.writers.inline import session_id as inline_session_id
-from novelbus.writers.provider import ModelProvider, context_window, make_provider
+from novelbus.writers.provider import ModelProvider, context_window
 from novelbus.writers.runner import (
     ExecutionPolicy,
     PromptMark,
@@ -34,7 +36,6 @@ from novelbus.writers.runner import (
     run_w1,
     run_w2,
 )
-from novelbus.writers.sessions import PgSessionStore
 from novelbus.writers.structured import mechanism_override, probe_structured
 from novelbus.writers.timing import TimedProvider
 from novelbus.writers.tools import (
@@ -84,7 +85,7 @@ class WriterRunner(ServiceActor):
         if self._owns_provider and close is not None:  # e.g. the openai client's connections
             await close()
 
-    async def on_run(self, req: m.RunWriter) -> m.WriterFinished:
+    async def on_run(self, req: m.RunWriter) -> m.WriterResult:
         provider = TimedProvider(self.state.provider)  # model time, for benchmarks to subtract
         await store.start_writer_run(self.ctx.pool, run_id=req.run_id, novel_id=req.novel_id, unit_id=req.unit_id,
                                      claim_id=req.claim_id or None, dispatch=req.dispatch, mode=req.shape, provider=provider.label)
@@ -195,7 +196,7 @@ class WriterRunner(ServiceActor):
                             chapter_id=chapter_id, rewrite=req.rewrite, window=window, unit_id=req.unit_id)
 
     async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome,
-                      started: set[int] | None = None) -> m.WriterFinished:
+                      started: set[int] | None = None) -> m.WriterResult:
         reason = outcome.reason or "completed"
         tool_bytes: dict[str, int] = {}
         for rec in outcome.tool_calls:
@@ -212,7 +213,7 @@ class WriterRunner(ServiceActor):
                                               ok=outcome.ok, reason=reason,
                                               output_chars=outcome.output_chars, tool_calls=len(outcome.tool_calls)))
         calls = [call_sample(c) for c in outcome.usage]
-        return m.WriterFinished(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=reason,
+        return m.WriterResult(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=reason,
                                 provider=provider.label, output_chars=outcome.output_chars,
                                 tool_calls=len(outcome.tool_calls), tool_bytes=tool_bytes, calls=calls,
                                 draft=outcome.draft if req.shape == "W1" else None,

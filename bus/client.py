@@ -15,7 +15,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from novelbus.bus import outbox, tally
 from novelbus.bus.codec import decode_reply, encode
-from novelbus.messages.errors import ErrorReply
+from novelbus.messages.errors import BUS_UNAVAILABLE, ErrorReply
 
 T = TypeVar("T")
 
@@ -23,16 +23,17 @@ T = TypeVar("T")
 class RemoteError(Exception):
     """The serving actor answered with an error reply (stable `code`)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, missing_blocks: list[str] | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.detail = message
+        self.missing_blocks = list(missing_blocks or ())  # PACK-4, for a `pack-error`
 
 
 class BusUnavailable(Exception):
     """Nobody answered in time (no responders or a timeout); the request may be retried."""
 
-    code = "bus-unavailable"
+    code = BUS_UNAVAILABLE
 
 
 async def connect(url: str, *, name: str, user: str | None = None, password: str | None = None,
@@ -84,5 +85,5 @@ async def request(
             await asyncio.sleep(retry_delay * attempt)
     answer = decode_reply(raw.data, reply)
     if isinstance(answer, ErrorReply):
-        raise RemoteError(answer.code, answer.message)
+        raise RemoteError(answer.code, answer.message, missing_blocks=answer.missing_blocks)
     return answer

@@ -69,4 +69,4 @@ def decode(data: bytes, kind: type[T] | Any, headers: dict[str, str] | None = No
 
 
 def decode_reply(data: bytes, kind: type[T]) -> T | ErrorReply:
-    return decode(data, kind | ErrorReply)  # type: ignore[no-any-return]
+    return decode(data, kind | ErrorReply)

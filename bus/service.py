@@ -32,7 +32,9 @@ def error_reply_for(exc: BaseException) -> ErrorReply:
     """The one place that maps exceptions to stable error codes."""
     code = getattr(exc, "code", None)
     if isinstance(code, str) and code:
-        return ErrorReply(code=code, message=str(exc)[:500])
+        missing = getattr(exc, "missing_blocks", None)  # PACK-4: the error's data travels as a field
+        blocks = [str(b) for b in missing] if isinstance(missing, list) else []
+        return ErrorReply(code=code, message=str(exc)[:500], missing_blocks=blocks)
     return ErrorReply(code=INTERNAL, message=f"internal error ({type(exc).__name__})")
 
 

@@ -30,11 +30,11 @@ class SteeringClient:
 
     async def revise(self, novel_id: str, layers: Mapping[str, Any], *, expected_revision: str | None,
                      reason: str, requirements: Sequence[RequirementUpdate] = (),
-                     hold_ms: int = 10_000) -> m.OutlineRevised:
+                     hold_ms: int = 10_000) -> m.RevisionApplied:
         msg = m.ReviseOutline(novel_id=novel_id, expected_revision=expected_revision, reason=reason,
                               layers=dict(layers), requirements=list(requirements), hold_ms=hold_ms)
         # the reply may wait for a claim to settle: give it the hold on top of the usual timeout
-        return await request(self.nc, self.subject, msg, m.OutlineRevised, timeout=self.timeout + hold_ms / 1000)
+        return await request(self.nc, self.subject, msg, m.RevisionApplied, timeout=self.timeout + hold_ms / 1000)
 
     async def revisions(self, novel_id: str) -> m.Revisions:
         return await request(self.nc, self.subject, m.ListRevisions(novel_id=novel_id), m.Revisions,

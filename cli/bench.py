@@ -1,5 +1,20 @@
-"""`novelbus bench …`: benchmarks that print figures (and one JSON object with --json)."""
+"""`novelbus bench …`: benchmarks that print figures (and one JSON object with --json).
+
+Every bench is registered here, explicitly: a new bench is a module with one command function
+(figures printed beside their targets; shared helpers in `cli.bench_common`) and one line below.
+"""
 
 import typer
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: pack, ab, throughput, chaos.")
+from novelbus.cli.bench_ab import bench_ab
+from novelbus.cli.bench_chaos import chaos
+from novelbus.cli.bench_cluster import cluster
+from novelbus.cli.bench_pack import pack
+from novelbus.cli.bench_throughput import bench_throughput
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: pack, ab, throughput, chaos, cluster.")
+bench_app.command("pack")(pack)
+bench_app.command("ab")(bench_ab)
+bench_app.command("throughput")(bench_throughput)
+bench_app.command("chaos")(chaos)
+bench_app.command("cluster")(cluster)

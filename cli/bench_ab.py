@@ -29,15 +29,15 @@ from rich.console import Console
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
-from novelbus.bus.codec import decode
-from novelbus.cli.bench import bench_app
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
+from novelbus.cli.bench_common import drop_namespace_streams, ledger, novel_dict
 from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
 from novelbus.messages import events as ev
+from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
-from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.outline import OutlineError, parse_novel_file
 from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO, gate_tokens
 from novelbus.writers.provider import ProviderError
@@ -55,21 +55,6 @@ console = Console(highlight=False, soft_wrap=True)  # tables never wrap, whateve
 # --- running one novel through the actors ---------------------------------------------------------
 
 
-def novel_dict(chapters: int, scenes: int, *, seed: int, unit_chars: int, cjk: bool, mode: str,
-               label: str, window: int | None = None, ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO
-               ) -> dict[str, Any]:
-    """The generated novel for one mode; budgets wide enough for the whole book; `window` and
-    `ratio` become its config.model (MODEL-5)."""
-    data = generate_novel_file(chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk)
-    units = chapters * scenes
-    data["title"] = f"{data['title']} [{label}]"
-    data["config"]["writerMode"] = mode
-    data["config"]["budgets"] = {"maxTurns": max(200, 3 * units + 10), "maxDurationMs": 7 * 24 * 3_600_000,
-                                 "consecutiveFailureLimit": 10}
-    data["config"]["model"] = {"contextWindow": window, "usageThresholdRatio": ratio}
-    return data
-
-
 async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float, label: str,
                       quiet: bool = False, live: bool = True) -> tuple[str, float]:
     """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds).
@@ -84,12 +69,8 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
     committed = 0
     bar = Bar()
 
-    async def on_event(msg: Any) -> None:
+    async def on_event(e: ev.NovelEvent) -> None:
         nonlocal committed
-        try:
-            e: ev.NovelEvent = decode(msg.data, ev.NovelEvent)
-        except Exception:  # noqa: BLE001 - a monitor ignores what it cannot read
-            return
         if isinstance(e, ev.UnitCommitted):
             committed += 1
             bar.update(committed)
@@ -98,42 +79,20 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
         elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
             done.set_result(e)
 
-    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
     started = time.monotonic()
-    try:
-        with progress(f"{label}: units", total, enabled=live and not quiet) as bar:
-            await publish_notice(ctx, novel_id, reason="bench")
-            final = await asyncio.wait_for(done, timeout)
-    except TimeoutError:
-        with contextlib.suppress(Exception):
-            await store.pause_novel(ctx.pool, novel_id, "stopped")
-        raise RuntimeError(f"{label}: novel {novel_id} did not finish within {timeout:.0f} s "
-                           f"({committed}/{total} units)") from None
-    finally:
-        await sub.unsubscribe()
+    async with EventFollower(ctx.nc, ctx.subjects, novel_id=novel_id, on_event=on_event):
+        try:
+            with progress(f"{label}: units", total, enabled=live and not quiet) as bar:
+                await publish_notice(ctx, novel_id, reason="bench")
+                final = await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await store.pause_novel(ctx.pool, novel_id, "stopped")
+            raise RuntimeError(f"{label}: novel {novel_id} did not finish within {timeout:.0f} s "
+                               f"({committed}/{total} units)") from None
     if isinstance(final, ev.NovelPaused):
         raise RuntimeError(f"{label}: novel {novel_id} paused ({final.reason}: {final.detail})")
     return novel_id, time.monotonic() - started
-
-
-async def ledger(ctx: ActorContext, novel_id: str, types: set[str] | None = None) -> list[store.EventRow]:
-    """The novel's events from the ledger, in order (optionally only some types)."""
-    rows: list[store.EventRow] = []
-    after = 0
-    while True:
-        page = await store.list_events(ctx.pool, novel_id, after_seq=after, limit=1000)
-        if not page:
-            return rows
-        rows.extend(r for r in page if types is None or r.type in types)
-        after = page[-1].seq
-
-
-async def drop_namespace_streams(ctx: ActorContext) -> None:
-    """A benchmark leaves no JetStream streams behind on a NATS server it did not start."""
-    s = ctx.subjects
-    for name in (s.work_stream, s.events_stream, s.dlq_stream):
-        with contextlib.suppress(Exception):
-            await ctx.js.delete_stream(name)
 
 
 # --- what one mode measured ---------------------------------------------------------------------------
@@ -212,7 +171,7 @@ class ModeResult:
 async def measure(ctx: ActorContext, label: str, mode: str, novel_id: str, seconds: float) -> ModeResult:
     result = ModeResult(label=label, mode=mode, novel_id=novel_id, seconds=seconds)
     by_unit: dict[str, list[int]] = {}
-    for row in await ledger(ctx, novel_id, {"usage.sampled"}):
+    for row in await ledger(ctx, novel_id, {tag_of(ev.UsageSampled)}):
         p = row.payload
         unit = str(p.get("unitId"))
         if unit not in by_unit:
@@ -437,7 +396,6 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
     return report
 
 
-@bench_app.command("ab")
 def bench_ab(
     chapters: Annotated[int, typer.Option(help="Chapters of the generated novel")] = 12,
     scenes: Annotated[int, typer.Option(help="Scenes per chapter")] = 5,

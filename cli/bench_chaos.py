@@ -47,14 +47,14 @@ from typing import Annotated, Any
 import typer
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import connected
-from novelbus.bus.codec import decode
-from novelbus.cli.bench import bench_app
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.common import err_console, fail, run, servers
 from novelbus.cli.common import progress as progress_bar
 from novelbus.cli.supervise import Supervisor
 from novelbus.messages import events as ev
+from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.next_work import completed_chapters
@@ -183,98 +183,95 @@ async def run_chaos(
         max_deliveries = 0
         claimed = asyncio.Event()  # set at every unit.claimed: half the kills land inside a unit's flow
 
-        async def on_event(msg: Any) -> None:
+        async def on_event(e: ev.NovelEvent) -> None:
             nonlocal commits
-            with contextlib.suppress(Exception):
-                e = decode(msg.data, ev.NovelEvent)
-                if isinstance(e, ev.UnitClaimed):
-                    claimed.set()
-                elif isinstance(e, ev.UnitCommitted):
-                    commits += 1
-                    if on_commit is not None:
-                        on_commit(commits)
-                    else:
-                        say(f"  commit {commits}/{units}: {e.unit_id} ({e.commit_id})")
-                elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
-                    done.set_result(e)
+            if isinstance(e, ev.UnitClaimed):
+                claimed.set()
+            elif isinstance(e, ev.UnitCommitted):
+                commits += 1
+                if on_commit is not None:
+                    on_commit(commits)
+                else:
+                    say(f"  commit {commits}/{units}: {e.unit_id} ({e.commit_id})")
+            elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
+                done.set_result(e)
 
         async def on_advisory(msg: Any) -> None:
             nonlocal max_deliveries
             max_deliveries += 1
 
-        events_sub = await ctx.nc.subscribe(subjects.events_of(novel_id), cb=on_event)
-        advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.work_stream}.>"
-        advisory_sub = await ctx.nc.subscribe(advisory, cb=on_advisory)
-        watcher: asyncio.Task[None] | None = None
-        try:
-            await sup.start()
-            watcher = asyncio.create_task(sup.watch())
-            await sup.wait_ready(timeout=60)
-            say(f"chaos: {len(sup.children)} actor processes ready; novel {novel_id}, {units} units, "
-                f"{kills} kills, seed {seed}")
-            await publish_notice(ctx, novel_id, reason="chaos-start")
-            deadline = time.monotonic() + timeout
-            by_actor: Counter[str] = Counter()
-            plan = kill_plan(kills, rng)
-            while not done.done() and time.monotonic() < deadline:
-                # Spread the kills over the first 60 % of the units: kill i once i/kills of that
-                # share is written (a kill that waits for a restarting victim catches up).
-                if sup.kills >= kills or commits < sup.kills * KILL_SPAN * units / max(kills, 1):
-                    await asyncio.sleep(0.02)
-                    continue
-                behind = commits >= (sup.kills + 1) * KILL_SPAN * units / max(kills, 1)
-                if rng.random() < 0.5 and not behind:  # (behind schedule: no waiting for a claim)
-                    claimed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(claimed.wait(), 5)
-                    await asyncio.sleep(rng.uniform(0, 0.15))
-                else:
-                    await asyncio.sleep(rng.uniform(min_gap_s, max_gap_s))
-                # The next planned kind that is up (a kind still restarting waits for a later turn).
-                up = {c.name for c in sup.children.values() if c.ready}
-                j = next((j for j in range(sup.kills, kills) if plan[j] in up), None)
-                if j is None or done.done():
-                    continue
-                plan[sup.kills], plan[j] = plan[j], plan[sup.kills]
-                kind = plan[sup.kills]
-                ready = sorted(k for k, c in sup.children.items() if c.ready and c.name == kind)
-                victim = rng.choice(ready)
-                pid = sup.kill(victim)
-                if pid is None:
-                    continue
-                by_actor[kind] += 1
-                result.kill_progress.append(round(commits / units, 3))
-                say(f"  kill {sup.kills}/{kills}: SIGKILL {victim} (pid {pid}) at {commits}/{units} units")
-                # a notice published while an actor is down must not be lost either
-                await publish_notice(ctx, novel_id, reason="chaos-probe")
-                result.probe_notices += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(done), max(0.0, deadline - time.monotonic()))
-            result.kills = sup.kills
-            result.kills_by_actor = dict(by_actor)
-            # Settle: every notice delivered and acknowledged (a dead driver's is redelivered).
-            settle_until = time.monotonic() + 45
-            while True:
-                info = await ctx.js.consumer_info(subjects.work_stream, "driver")
-                result.pending_notices = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-                if result.pending_notices == 0 or time.monotonic() > settle_until:
-                    break
-                await asyncio.sleep(0.25)
-            # Settle the accounting: reconciliation closes what the kills left open (REL-7).
-            settle_until = time.monotonic() + SETTLE_S
-            while await _accounting_open(ctx.pool, novel_id) and time.monotonic() < settle_until:
-                await asyncio.sleep(0.5)
-            await _check_events(ctx, subjects, novel_id, result)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-            await sup.stop()
-            result.restarts = sup.restarts
-            with contextlib.suppress(Exception):
-                await events_sub.unsubscribe()
-                await advisory_sub.unsubscribe()
+        async with EventFollower(ctx.nc, subjects, novel_id=novel_id, on_event=on_event):
+            advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{subjects.work_stream}.>"
+            advisory_sub = await ctx.nc.subscribe(advisory, cb=on_advisory)
+            watcher: asyncio.Task[None] | None = None
+            try:
+                await sup.start()
+                watcher = asyncio.create_task(sup.watch())
+                await sup.wait_ready(timeout=60)
+                say(f"chaos: {len(sup.children)} actor processes ready; novel {novel_id}, {units} units, "
+                    f"{kills} kills, seed {seed}")
+                await publish_notice(ctx, novel_id, reason="chaos-start")
+                deadline = time.monotonic() + timeout
+                by_actor: Counter[str] = Counter()
+                plan = kill_plan(kills, rng)
+                while not done.done() and time.monotonic() < deadline:
+                    # Spread the kills over the first 60 % of the units: kill i once i/kills of that
+                    # share is written (a kill that waits for a restarting victim catches up).
+                    if sup.kills >= kills or commits < sup.kills * KILL_SPAN * units / max(kills, 1):
+                        await asyncio.sleep(0.02)
+                        continue
+                    behind = commits >= (sup.kills + 1) * KILL_SPAN * units / max(kills, 1)
+                    if rng.random() < 0.5 and not behind:  # (behind schedule: no waiting for a claim)
+                        claimed.clear()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(claimed.wait(), 5)
+                        await asyncio.sleep(rng.uniform(0, 0.15))
+                    else:
+                        await asyncio.sleep(rng.uniform(min_gap_s, max_gap_s))
+                    # The next planned kind that is up (a kind still restarting waits for a later turn).
+                    up = {c.name for c in sup.children.values() if c.ready}
+                    j = next((j for j in range(sup.kills, kills) if plan[j] in up), None)
+                    if j is None or done.done():
+                        continue
+                    plan[sup.kills], plan[j] = plan[j], plan[sup.kills]
+                    kind = plan[sup.kills]
+                    ready = sorted(k for k, c in sup.children.items() if c.ready and c.name == kind)
+                    victim = rng.choice(ready)
+                    pid = sup.kill(victim)
+                    if pid is None:
+                        continue
+                    by_actor[kind] += 1
+                    result.kill_progress.append(round(commits / units, 3))
+                    say(f"  kill {sup.kills}/{kills}: SIGKILL {victim} (pid {pid}) at {commits}/{units} units")
+                    # a notice published while an actor is down must not be lost either
+                    await publish_notice(ctx, novel_id, reason="chaos-probe")
+                    result.probe_notices += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(done), max(0.0, deadline - time.monotonic()))
+                result.kills = sup.kills
+                result.kills_by_actor = dict(by_actor)
+                # Settle: every notice delivered and acknowledged (a dead driver's is redelivered).
+                settle_until = time.monotonic() + 45
+                while True:
+                    info = await ctx.js.consumer_info(subjects.work_stream, "driver")
+                    result.pending_notices = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+                    if result.pending_notices == 0 or time.monotonic() > settle_until:
+                        break
+                    await asyncio.sleep(0.25)
+                # Settle the accounting: reconciliation closes what the kills left open (REL-7).
+                settle_until = time.monotonic() + SETTLE_S
+                while await accounting_open(ctx.pool, novel_id) and time.monotonic() < settle_until:
+                    await asyncio.sleep(0.5)
+                await _check_events(ctx, subjects, novel_id, result)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watcher
+                await sup.stop()
+                result.restarts = sup.restarts
+                with contextlib.suppress(Exception):
+                    await advisory_sub.unsubscribe()
         result.seconds = round(time.monotonic() - started, 1)
         result.max_deliveries = max_deliveries
         dlq = await ctx.js.stream_info(subjects.dlq_stream)
@@ -319,8 +316,8 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
     result.turns_without_usage = result.turns - result.usage_samples
     result.usage_missing = await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage = 'missing'",
                                    novel_id)
-    result.usage_events = await q("SELECT count(*) FROM events WHERE novel_id = $1"
-                                  " AND type IN ('usage.sampled', 'usage.missing')", novel_id)
+    result.usage_events = await q("SELECT count(*) FROM events WHERE novel_id = $1 AND type = ANY($2::text[])",
+                                  novel_id, [tag_of(ev.UsageSampled), tag_of(ev.UsageMissing)])
     result.open_writer_runs = await q("SELECT count(*) FROM writer_runs WHERE novel_id = $1 AND status = 'running'",
                                       novel_id)
     assert snap.outline is not None
@@ -332,9 +329,9 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
     result.out_of_order = keys != sorted(keys)
     reasons: Counter[str] = Counter()
     for e in await store.list_events(pool, novel_id, limit=100_000):
-        if e.type == "claims.recovered":
+        if e.type == tag_of(ev.ClaimsRecovered):
             reasons["claim-manager-restart"] += len(e.payload.get("unitIds", []))
-        elif e.type == "claim.released" and e.payload.get("reason") in RECOVERY_REASONS:
+        elif e.type == tag_of(ev.ClaimReleased) and e.payload.get("reason") in RECOVERY_REASONS:
             reasons[str(e.payload["reason"])] += 1
     result.recoveries_by_reason = dict(reasons)
     result.recoveries = sum(reasons.values())
@@ -343,10 +340,12 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
 _COMMITS_WITHOUT_TURN = (
     "SELECT count(*) FROM commits c WHERE c.novel_id = $1 AND NOT EXISTS ("
     " SELECT 1 FROM turn_ledger t WHERE t.novel_id = c.novel_id AND t.turn_key = c.claim_id)")
-ONCE_EVENTS = ("unit.committed", "chapter.completed", "novel.finished")
+UNIT_COMMITTED, CHAPTER_COMPLETED, NOVEL_FINISHED = (tag_of(ev.UnitCommitted), tag_of(ev.ChapterCompleted),
+                                                   tag_of(ev.NovelFinished))
+ONCE_EVENTS = (UNIT_COMMITTED, CHAPTER_COMPLETED, NOVEL_FINISHED)
 
 
-async def _accounting_open(pool: Any, novel_id: str) -> bool:
+async def accounting_open(pool: Any, novel_id: str) -> bool:
     """Whether reconciliation still has something to close for this novel."""
     q = pool.fetchval
     return bool(await q(_COMMITS_WITHOUT_TURN, novel_id)
@@ -378,11 +377,11 @@ def once_event_counts(events: list[tuple[str, dict[str, Any]]]) -> Counter[tuple
     """(type, subject of the event: unit, chapter or novel) → how often it occurs."""
     counts: Counter[tuple[str, str]] = Counter()
     for kind, payload in events:
-        if kind == "unit.committed":
+        if kind == UNIT_COMMITTED:
             counts[(kind, str(payload.get("unitId")))] += 1
-        elif kind == "chapter.completed":
+        elif kind == CHAPTER_COMPLETED:
             counts[(kind, str(payload.get("chapterId")))] += 1
-        elif kind == "novel.finished":
+        elif kind == NOVEL_FINISHED:
             counts[(kind, "")] += 1
     return counts
 
@@ -391,10 +390,10 @@ async def _check_events(ctx: Any, subjects: Subjects, novel_id: str, result: Cha
     """`unit.committed` once per unit, `chapter.completed` once per chapter, `novel.finished`
     once — in the events table and in the stream alike (REL-8)."""
     snap = await store.load_snapshot(ctx.pool, novel_id, prose=False)
-    expected = {("unit.committed", c.unit_id) for c in snap.commits}
-    expected |= {("chapter.completed", c) for c in completed_chapters(snap)}
+    expected = {(UNIT_COMMITTED, c.unit_id) for c in snap.commits}
+    expected |= {(CHAPTER_COMPLETED, c) for c in completed_chapters(snap)}
     if snap.status == "finished":
-        expected.add(("novel.finished", ""))
+        expected.add((NOVEL_FINISHED, ""))
     rows = await store.list_events(ctx.pool, novel_id, limit=1_000_000)
     table = once_event_counts([(r.type, r.payload) for r in rows])
     stream = once_event_counts(await stream_events(ctx, subjects, novel_id))
@@ -406,7 +405,6 @@ async def _check_events(ctx: Any, subjects: Subjects, novel_id: str, result: Cha
         for where, c in (("table", table), ("stream", stream))}
 
 
-@bench_app.command("chaos")
 def chaos(
     units: Annotated[int, typer.Option(min=1, max=500, help="Scenes in the generated novel")] = 100,
     kills: Annotated[int, typer.Option(min=0, max=1000, help="SIGKILLs to deliver during the run "

@@ -28,14 +28,13 @@ from typing import Annotated, Any
 import typer
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import connected
-from novelbus.bus.codec import decode
-from novelbus.cli.bench import bench_app
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.bench_chaos import (
     SETTLE_S,
     ChaosResult,
-    _accounting_open,
+    accounting_open,
     chaos_novel,
     check_novel,
 )
@@ -120,16 +119,15 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
     commits = 0
     done: asyncio.Future[ev.Event] = asyncio.get_running_loop().create_future()
 
-    async def on_event(msg: Any) -> None:
+    async def on_event(e: ev.NovelEvent) -> None:
         nonlocal commits
-        with contextlib.suppress(Exception):
-            e = decode(msg.data, ev.NovelEvent)
-            if isinstance(e, ev.UnitCommitted):
-                commits += 1
-            elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
-                done.set_result(e)
+        if isinstance(e, ev.UnitCommitted):
+            commits += 1
+        elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
+            done.set_result(e)
 
-    sub = await ctx.nc.subscribe(subjects.events_of(novel_id), cb=on_event)
+    events = EventFollower(ctx.nc, subjects, novel_id=novel_id, on_event=on_event)
+    await events.__aenter__()  # left in `finally` below
     sup = Supervisor(cluster.url, dsn, namespace=subjects.namespace, log_dir=log_dir, node_urls=tuple(cluster.urls),
                      claims_instances=("claims-0", "claims-1"), request_timeout_s=5.0, writer_timeout_s=15.0)
     watcher: asyncio.Task[None] | None = None
@@ -167,7 +165,7 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
                     break
             await asyncio.sleep(0.5)
         settle_until = time.monotonic() + SETTLE_S
-        while await _accounting_open(ctx.pool, novel_id) and time.monotonic() < settle_until:
+        while await accounting_open(ctx.pool, novel_id) and time.monotonic() < settle_until:
             await asyncio.sleep(0.5)
         checks = ChaosResult(kills_target=0, novel_id=novel_id, seed=seed)
         checks.pending_notices = max(pending, 0)
@@ -185,14 +183,12 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
         await sup.stop()
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        await events.__aexit__()
         for stream in (subjects.work_stream, subjects.events_stream, subjects.dlq_stream):
             with contextlib.suppress(Exception):
                 await ctx.js.delete_stream(stream)
 
 
-@bench_app.command("cluster")
 def cluster(
     units: Annotated[int, typer.Option(min=4, max=500, help="Scenes in the generated novel")] = 40,
     seed: Annotated[int, typer.Option(help="Random seed of the novel")] = 1,

@@ -38,7 +38,7 @@ import msgspec
 import typer
 
 from novelbus import store
-from novelbus.cli.bench import bench_app
+from novelbus.cli.bench_common import percentile
 from novelbus.cli.common import Bar, err_console, fail, print_json, run
 from novelbus.cli.common import progress as progress_bar
 from novelbus.novel.body import CommitBody
@@ -54,13 +54,6 @@ TARGET_PURE_P99_MS = 2.0
 TARGET_PREFIX_SHARE = 1.0
 MIN_COMMITTED_CHARS = 100_000
 UNIT_CHARS = 2_000  # per-unit target handed to the generator (the book target is units × this)
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 @contextlib.asynccontextmanager
@@ -163,12 +156,12 @@ async def bench_variant(pool: asyncpg.Pool, *, cjk: bool, units: int, chapters: 
             f"{shape}_chars_max": max(fig["chars"]),
             f"{shape}_chars_p50": int(statistics.median(fig["chars"])),
             f"{shape}_prefix_match_share": matched / len(pairs) if pairs else 1.0,
-            f"{shape}_render_pure_p50_ms": round(_pct(fig["pure_ms"], 0.50), 3),
-            f"{shape}_render_pure_p99_ms": round(_pct(fig["pure_ms"], 0.99), 3),
-            f"{shape}_render_pure_wall_p50_ms": round(_pct(fig["pure_wall_ms"], 0.50), 3),
-            f"{shape}_render_pure_wall_p99_ms": round(_pct(fig["pure_wall_ms"], 0.99), 3),
-            f"{shape}_render_with_db_p50_ms": round(_pct(fig["db_ms"], 0.50), 3),
-            f"{shape}_render_with_db_p99_ms": round(_pct(fig["db_ms"], 0.99), 3),
+            f"{shape}_render_pure_p50_ms": round(percentile(fig["pure_ms"], 50), 3),
+            f"{shape}_render_pure_p99_ms": round(percentile(fig["pure_ms"], 99), 3),
+            f"{shape}_render_pure_wall_p50_ms": round(percentile(fig["pure_wall_ms"], 50), 3),
+            f"{shape}_render_pure_wall_p99_ms": round(percentile(fig["pure_wall_ms"], 99), 3),
+            f"{shape}_render_with_db_p50_ms": round(percentile(fig["db_ms"], 50), 3),
+            f"{shape}_render_with_db_p99_ms": round(percentile(fig["db_ms"], 99), 3),
             f"wide_{shape}_tokens_max": max(fig["wide_tokens"]),
         })
     out["prefix_pairs"] = len(pairs)
@@ -259,7 +252,6 @@ def _print(r: dict[str, Any]) -> None:
     echo(f"\n{'all targets met' if r['ok'] else 'TARGET MISSED: ' + ', '.join(k for k, ok in r['met'].items() if not ok)}")
 
 
-@bench_app.command("pack")
 def pack(
     units: Annotated[int, typer.Option(min=10, max=600, help="Units (scenes) per variant")] = 60,
     chapters: Annotated[int, typer.Option(min=1, max=120, help="Chapters (units must divide evenly)")] = 12,

@@ -60,13 +60,15 @@ from rich.console import Console
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import connected, running
 from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
-from novelbus.cli.bench import bench_app
-from novelbus.cli.bench_ab import drop_namespace_streams, ledger, novel_dict
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
+from novelbus.cli.bench_common import drop_namespace_streams, ledger, novel_dict, percentile
 from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
+from novelbus.messages import events as ev
+from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file
 
@@ -82,18 +84,18 @@ console = Console(highlight=False, soft_wrap=True)
 
 # A unit's cycle starts at its `unit.prepared`; hops in flow order: (name, event that ends it).
 # "model" is cut out of the writer hop; the last hop ends at the NEXT unit's `unit.prepared`.
-START_EVENT = "unit.prepared"
+START_EVENT = tag_of(ev.UnitPrepared)
 NEXT_UNIT = "next"
 HOP_EVENTS = (
-    ("claim", "unit.claimed"),  # the claim reply carries the first dispatch grant
-    ("pack", "pack.rendered"),
-    ("dispatch", "writer.dispatched"),
-    ("writer", "unit.committed"),  # tool reads + commit through the claim manager, model excluded
-    ("finish", "writer.finished"),
+    ("claim", tag_of(ev.UnitClaimed)),  # the claim reply carries the first dispatch grant
+    ("pack", tag_of(ev.PackRendered)),
+    ("dispatch", tag_of(ev.WriterDispatched)),
+    ("writer", tag_of(ev.UnitCommitted)),  # tool reads + commit through the claim manager, model excluded
+    ("finish", tag_of(ev.WriterFinished)),
     ("verify+notice", NEXT_UNIT),  # verify, account, next notice → JetStream → driver → prepare
 )
 HOP_NAMES = tuple(name for name, _ in HOP_EVENTS) + ("model",)
-UNIT_EVENTS = {START_EVENT} | {ev for _, ev in HOP_EVENTS if ev != NEXT_UNIT}
+UNIT_EVENTS = {START_EVENT} | {tag for _, tag in HOP_EVENTS if tag != NEXT_UNIT}
 
 
 @dataclass
@@ -126,15 +128,6 @@ class PhaseResult:
         return {h: round(percentile([t.hops.get(h, 0.0) for t in self.timings], 50), 3) for h in HOP_NAMES}
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
 def _ms(a: datetime, b: datetime) -> float:
     return (b - a).total_seconds() * 1000.0
 
@@ -156,7 +149,7 @@ async def unit_timings(ctx: ActorContext, novel_id: str) -> list[UnitTiming]:
     out: list[UnitTiming] = []
     for unit, following in zip(order, order[1:], strict=False):
         stamps = dict(per_unit[unit])
-        if any(ev not in stamps for ev in UNIT_EVENTS) or START_EVENT not in per_unit[following] \
+        if any(tag not in stamps for tag in UNIT_EVENTS) or START_EVENT not in per_unit[following] \
                 or unit not in model_ms:
             continue  # a retried or unfinished unit, or its usage sample not in: not a clean cycle
         stamps[NEXT_UNIT] = per_unit[following][START_EVENT]
@@ -180,21 +173,18 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
     done = asyncio.Event()
     failed: list[str] = []
 
-    async def on_event(msg: Any) -> None:
-        novel_id = msg.subject[len(ctx.subjects.namespace):].split(".")[2]
-        if novel_id in pending:
-            pending.discard(novel_id)
+    async def on_event(e: ev.NovelEvent) -> None:
+        if e.novel_id in pending:
+            pending.discard(e.novel_id)
             bar.update(len(ids) - len(pending))
-            if msg.subject.endswith(".novel.paused"):
-                failed.append(novel_id)
+            if isinstance(e, ev.NovelPaused):
+                failed.append(e.novel_id)
             if not pending:
                 done.set()
 
-    subs = [await ctx.nc.subscribe(ctx.subjects.event("*", t), cb=on_event)
-            for t in ("novel.finished", "novel.paused")]
     started = time.monotonic()
     bar = Bar()
-    try:
+    async with EventFollower(ctx.nc, ctx.subjects, types=(ev.NovelFinished, ev.NovelPaused), on_event=on_event):
         await asyncio.gather(*(publish_notice(ctx, i, reason="bench") for i in ids))
         try:
             with progress(f"{label}: novels finished", len(ids), enabled=live) as bar:
@@ -206,10 +196,6 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
             raise RuntimeError(f"{label}: {len(pending)} of {len(ids)} novels did not finish within "
                                f"{timeout:.0f} s") from None
         seconds = time.monotonic() - started
-    finally:
-        for sub in subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
     if failed:
         raise RuntimeError(f"{label}: {len(failed)} novels paused instead of finishing (e.g. {failed[0]})")
     return ids, seconds
@@ -453,7 +439,6 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
     return deploy, latency, load, floor, counts
 
 
-@bench_app.command("throughput")
 def bench_throughput(
     novels: Annotated[int, typer.Option(help="Novels written at once in the load phase")] = 40,
     chapters: Annotated[int, typer.Option(help="Chapters per load novel")] = 2,

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import typer
 from rich.console import Console
 
-from novelbus.infra import Infrastructure
+from novelbus.infra import Infrastructure, home_dir
 from novelbus.infra.nats import write_private
 
 
@@ -36,10 +36,6 @@ err_console = _make_console(stderr=True)
 _started_here: list[Endpoints] = []
 
 T = TypeVar("T")
-
-
-def home_dir(home: Path | None) -> Path:
-    return (home or Path(os.environ.get("NOVELBUS_HOME", ".novelbus"))).expanduser().resolve()
 
 
 def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:

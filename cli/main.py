@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -14,17 +13,12 @@ import msgspec
 import typer
 from rich.markup import escape
 
-import novelbus.cli.bench_ab  # noqa: F401  (registers `novelbus bench ab`)
-import novelbus.cli.bench_chaos  # noqa: F401  (registers `novelbus bench chaos`)
-import novelbus.cli.bench_cluster  # noqa: F401  (registers `novelbus bench cluster`)
-import novelbus.cli.bench_pack  # noqa: F401  (registers `novelbus bench pack`)
-import novelbus.cli.bench_throughput  # noqa: F401  (registers `novelbus bench throughput`)
 from novelbus import store
 from novelbus.actors.context import Settings
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import ACTOR_NAMES, connected, running
-from novelbus.bus.codec import decode
-from novelbus.cli import actions
+from novelbus.app import actions
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.bench import bench_app
 from novelbus.cli.common import (
     Bar,
@@ -47,6 +41,7 @@ from novelbus.cli.steer_cmd import register as register_steering
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
 from novelbus.infra import redact_url
 from novelbus.messages import events as ev
+from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.export import export_markdown
 from novelbus.novel.outline import OutlineError, is_valid_id, parse_novel_file
@@ -119,11 +114,7 @@ async def _watch_until_done(ctx: Any, novel_id: str, scenes: int, timeout: float
     counts = {"committed": 0, "tools": 0}
     bar = Bar()
 
-    async def on_event(msg: Any) -> None:
-        try:
-            e = decode(msg.data, ev.NovelEvent)
-        except Exception:  # noqa: BLE001
-            return
+    async def on_event(e: ev.NovelEvent) -> None:
         if isinstance(e, ev.UnitClaimed):
             counts["tools"] = 0
             bar.update(note=f"{e.unit_id}: claimed (attempt {e.attempt}, {e.mode})")
@@ -147,17 +138,15 @@ async def _watch_until_done(ctx: Any, novel_id: str, scenes: int, timeout: float
             console.print(f"  [yellow]paused:[/] {e.reason} {e.detail}")
             done.set_result(False)
 
-    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
-    try:
-        with progress("writing", scenes) as bar:
-            if publish:
-                await publish_notice(ctx, novel_id, reason="demo")
-            return bool(await asyncio.wait_for(done, timeout))
-    except TimeoutError:
-        err_console.print(f"[red]the novel did not finish within {timeout:.0f} s[/]")
-        return False
-    finally:
-        await sub.unsubscribe()
+    async with EventFollower(ctx.nc, ctx.subjects, novel_id=novel_id, on_event=on_event):
+        try:
+            with progress("writing", scenes) as bar:
+                if publish:
+                    await publish_notice(ctx, novel_id, reason="demo")
+                return bool(await asyncio.wait_for(done, timeout))
+        except TimeoutError:
+            err_console.print(f"[red]the novel did not finish within {timeout:.0f} s[/]")
+            return False
 
 
 async def _summary(pool: Any, novel_id: str, wall: float, out_dir: Path, finished: bool) -> None:
@@ -212,7 +201,7 @@ def up(
         return
 
     async def main() -> None:
-        from novelbus.panel.serve import maybe_panel
+        from novelbus.cli.panel_cmd import maybe_panel
 
         async with servers(home, nats_url, database_url) as ep:
             async with running(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
@@ -436,7 +425,7 @@ def status(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
         for u in snap.units:
             states[u.state] = states.get(u.state, 0) + 1
         scenes = len(snap.outline.scenes) if snap.outline else 0
-        paused = await store.last_event_payload(ctx.pool, novel_id, "novel.paused") if n.pause_reason else None
+        paused = await store.last_event_payload(ctx.pool, novel_id, tag_of(ev.NovelPaused)) if n.pause_reason else None
         claimed = [u for u in await store.list_units(ctx.pool, novel_id) if u.state == "claimed"]
         in_flight = (f"{claimed[0].unit_id} ({claimed[0].claimed_mode}, attempt {claimed[0].attempt})"
                      if claimed else None)
@@ -492,8 +481,6 @@ def monitor(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt 
             count: Annotated[int | None, typer.Option("--count", min=1, help="Exit after this many events")] = None,
             as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False) -> None:
     """Tail the event stream live; starting late replays what was missed (BUS-3)."""
-    from nats.js.api import DeliverPolicy
-
     if novel is not None and not is_valid_id(novel):
         fail(f"--novel {escape(repr(novel[:80]))} is not a novel id",
              hint="a novel id is letters, digits, '-' and '_' (see `novelbus novel list`); "
@@ -502,14 +489,13 @@ def monitor(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt 
     async def go(ctx: Any) -> None:
         if novel is not None:
             await store.get_novel(ctx.pool, novel)  # novel-not-found: say so rather than wait forever
-        subject = ctx.subjects.events_of(novel)
-        policy = DeliverPolicy.NEW if new_only else DeliverPolicy.ALL
-        sub = await ctx.js.subscribe(subject, stream=ctx.subjects.events_stream, ordered_consumer=True,
-                                     deliver_policy=policy)
         seen = 0
-        try:
-            async for msg in sub.messages:
-                data = json.loads(msg.data)
+        # Leaving the follower unsubscribes the ordered consumer before the connection drains
+        # (draining an abandoned subscription would wait out the drain timeout, OPS-5).
+        async with EventFollower(ctx.nc, ctx.subjects, novel_id=novel, js=ctx.js, replay=True,
+                                 new_only=new_only) as events:
+            async for event in events:
+                data = msgspec.to_builtins(event)
                 if as_json:
                     typer.echo(json.dumps(data, ensure_ascii=False))
                 else:
@@ -518,11 +504,6 @@ def monitor(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt 
                 seen += 1
                 if count is not None and seen >= count:
                     break
-        finally:
-            # Leave the ordered consumer before the connection drains: draining a subscription
-            # whose iterator was abandoned waits out the drain timeout (OPS-5).
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
 
     try:
         run(_with_ctx(home, nats_url, database_url, namespace, go))
@@ -579,7 +560,7 @@ def schema(as_file: Annotated[Path | None, typer.Option("--out", help="Write to 
     from novelbus.messages.errors import ErrorReply
     from novelbus.messages.work import WorkNotice
 
-    replies = (sm.OutlineState | sm.OutlineRevised | sm.Revisions | sm.NovelConfigured | sm.DirectiveReceived
+    replies = (sm.OutlineState | sm.RevisionApplied | sm.Revisions | sm.NovelConfigured | sm.DirectiveReceived
                | sm.RequirementsState | ErrorReply)
     _, components = msgspec.json.schema_components([WorkNotice, ev.NovelEvent, sm.SteerRequest, replies],
                                                    ref_template="#/$defs/{name}")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from novelbus.cli.common import console, err_console, fail, home_dir, run, servers
 from novelbus.messages.subjects import Subjects
+
+if TYPE_CHECKING:  # the panel is an optional extra, imported where it is served
+    from novelbus.panel.serve import PanelOptions
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs "
                                                       "NOVELBUS_PANEL_TOKEN (users log in with it)")]
@@ -61,3 +66,19 @@ def panel(
                     fail(str(e), code=1)
 
     run(main())
+
+
+@contextlib.asynccontextmanager
+async def maybe_panel(ctx: Any, options: PanelOptions | None) -> AsyncIterator[str | None]:
+    """`up --panel`: serve the panel beside the actors and print its URL; nothing without options."""
+    if options is None:
+        yield None
+        return
+    from novelbus.panel.serve import PanelError, panel_server  # the `panel` extra
+
+    try:
+        async with panel_server(ctx, options) as url:
+            console.print(f"novelbus panel: {url}", soft_wrap=True)
+            yield url
+    except PanelError as e:
+        fail(str(e), code=1)

@@ -3,7 +3,7 @@
     novelbus probe [--model offline|local[:PATH.gguf]|openai:<model>] [--json]
 
 The probe runs on a private embedded NATS + PostgreSQL it starts and removes itself, so it never
-touches a user's novels (see `writers.probe`). `--json` prints exactly one object keyed P1…P6,
+touches a user's novels (see `app.probe`). `--json` prints exactly one object keyed P1…P6,
 each `{status, evidence}`; progress goes to stderr. The exit code is 0 when P1–P3 pass (what a
 W2 or inline novel requires; W1 needs P6), 1 when one of them does not, 2 on a configuration
 error.
@@ -14,33 +14,25 @@ passing result younger than `CACHE_TTL_S` instead of probing again (`require_sha
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from novelbus.cli.common import Bar, console, err_console, fail, home_dir, print_json, progress, run
-from novelbus.writers.probe import (
+from novelbus.app.probe import (
     PROBE_IDS,
     REQUIRED_FOR_SHAPE,
     REQUIRED_FOR_SUBAGENT,
     ProbeReport,
+    cached_report,
     run_probes,
+    save_report,
 )
-from novelbus.writers.provider import (
-    ENV_BASE_URL,
-    HOSTED_OPENAI_BASE_URL,
-    ProviderError,
-    make_provider,
-)
-
-CACHE_FILE = "probes.json"
-CACHE_TTL_S = 24 * 3600.0
+from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
+from novelbus.writers.factory import make_provider
+from novelbus.writers.provider import ProviderError
 
 _STYLE = {"pass": "green", "fail": "red", "not-applicable": "yellow"}
 _TITLES = {
@@ -51,48 +43,6 @@ _TITLES = {
     "P5": "prefix cache hits on consecutive units",
     "P6": "structured W1 drafts validate",
 }
-
-
-def cache_key(model: str, env: Mapping[str, str] | None = None) -> str:
-    """One model = one spec on one server: the same name behind another URL is another model."""
-    model = model.strip()
-    if model == "offline" or model.split(":", 1)[0] == "local":
-        return model  # no server URL involved: the spec names the weights
-    env = os.environ if env is None else env
-    return f"{model}@{(env.get(ENV_BASE_URL) or '').strip() or HOSTED_OPENAI_BASE_URL}"
-
-
-def _cache_path(home: Path | None) -> Path:
-    return home_dir(home) / CACHE_FILE
-
-
-def _read_cache(home: Path | None) -> dict[str, Any]:
-    try:
-        data = json.loads(_cache_path(home).read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def save_report(home: Path | None, report: ProbeReport) -> None:
-    path = _cache_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _read_cache(home)
-    data[cache_key(report.model)] = {"model": report.model, "provider": report.provider, "at": time.time(),
-                                     "results": report.to_json()}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
-    tmp.replace(path)
-
-
-def cached_report(home: Path | None, model: str, *, max_age_s: float = CACHE_TTL_S) -> ProbeReport | None:
-    entry = _read_cache(home).get(cache_key(model))
-    if not isinstance(entry, dict) or time.time() - float(entry.get("at", 0)) > max_age_s:
-        return None
-    try:
-        return ProbeReport.from_json(model, str(entry.get("provider", "")), entry["results"])
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _count_model_calls(provider: Any, bar: Bar) -> None:

@@ -14,9 +14,9 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 import typer
 
+from novelbus.app import actions
 from novelbus.bus.client import BusUnavailable, RemoteError, connect
 from novelbus.bus.steering import SteeringClient
-from novelbus.cli import actions
 from novelbus.cli.common import console, err_console, fail, print_json, run, servers
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import OutlineError

@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING
 
 from novelbus.actors.runtime import ACTOR_NAMES
 from novelbus.cli.common import console, servers
-from novelbus.infra._process import deathsig_preexec
+from novelbus.infra import deathsig_preexec
 
 if TYPE_CHECKING:
     from novelbus.panel.serve import PanelOptions
@@ -219,8 +219,8 @@ async def supervise(home: Path | None, nats_url: str | None, database_url: str |
                 await sup.watch()
             else:
                 from novelbus.actors.runtime import connected
+                from novelbus.cli.panel_cmd import maybe_panel
                 from novelbus.messages.subjects import Subjects
-                from novelbus.panel.serve import maybe_panel
 
                 async with connected(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
                                      name="novelbus-panel") as ctx, maybe_panel(ctx, panel):

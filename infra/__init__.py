@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
-from novelbus.infra._process import ServerStartError, free_port, stop_all_sync
+from novelbus.infra._process import ServerStartError, deathsig_preexec, free_port, stop_all_sync
 from novelbus.infra.nats import EmbeddedNats
 from novelbus.infra.postgres import EmbeddedPostgres, dsn_with_database
 
@@ -35,8 +35,10 @@ __all__ = [
     "EmbeddedPostgres",
     "Infrastructure",
     "ServerStartError",
+    "deathsig_preexec",
     "dsn_with_database",
     "free_port",
+    "home_dir",
     "install_signal_handlers",
     "redact_url",
     "stop_all_sync",
@@ -46,6 +48,11 @@ ENV_NATS_URL = "NOVELBUS_NATS_URL"
 ENV_DATABASE_URL = "NOVELBUS_DATABASE_URL"
 ENV_HOME = "NOVELBUS_HOME"
 DEFAULT_HOME = Path(".novelbus")
+
+
+def home_dir(home: Path | None = None) -> Path:
+    """The data directory: `home`, else `NOVELBUS_HOME`, else `./.novelbus` (absolute)."""
+    return (home or Path(os.environ.get(ENV_HOME, str(DEFAULT_HOME)))).expanduser().resolve()
 
 _logger = logging.getLogger(__name__)
 

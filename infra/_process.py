@@ -172,7 +172,7 @@ async def terminate(proc: subprocess.Popen[bytes], sig: signal.Signals, grace: f
 
 def terminate_pid(pid: int, sig: signal.Signals, grace: float) -> None:
     """Stop a process we did not spawn ourselves (a stale server from a killed run)."""
-    import psutil
+    import psutil  # type: ignore[import-untyped]
 
     try:
         proc = psutil.Process(pid)

@@ -34,7 +34,7 @@ from types import TracebackType
 from typing import IO
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 
 from novelbus.infra._process import (
     LOOPBACK,
@@ -277,7 +277,7 @@ class EmbeddedPostgres:
             what="PostgreSQL",
         ):
             return
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         if psutil.pid_exists(pid):
             _logger.warning("removing %s: pid %d is not a server of this directory", pidfile, pid)

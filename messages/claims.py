@@ -3,14 +3,16 @@
 from typing import Literal
 
 from novelbus.messages.base import Message
-from novelbus.novel.body import CommitBody
+from novelbus.messages.body import CommitBody
+
+WriterMode = Literal["inline", "subagent"]
 
 
 class ClaimUnit(Message, tag="claims.claim", frozen=True):
     novel_id: str
     unit_id: str
     intent_id: str
-    mode: Literal["inline", "subagent"]
+    mode: WriterMode
     # SPEC §16 Claim: what the decision was made on; a mismatch refuses the claim (PLAN-1, PLAN-4)
     outline_revision: str | None = None
     requirement_watermark: int | None = None
@@ -18,7 +20,7 @@ class ClaimUnit(Message, tag="claims.claim", frozen=True):
     begin_dispatch: bool = False
 
 
-class UnitClaimed(Message, tag="claims.claimed", frozen=True):
+class ClaimGranted(Message, tag="claims.claimed", frozen=True):
     claim_id: str
     unit_id: str
     attempt: int
@@ -65,7 +67,7 @@ class ReleaseClaim(Message, tag="claims.release", frozen=True):
     reason: str
 
 
-class ClaimReleased(Message, tag="claims.released", frozen=True):
+class ReleaseConfirmed(Message, tag="claims.released", frozen=True):
     unit_id: str
     released: bool
 

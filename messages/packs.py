@@ -22,7 +22,7 @@ class RenderPack(Message, tag="packs.render", frozen=True):
     as_of_seq: int | None = None
 
 
-class PackRendered(Message, tag="packs.rendered", frozen=True):
+class PackReady(Message, tag="packs.rendered", frozen=True):
     unit_id: str
     shape: PackShape
     text: str

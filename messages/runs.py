@@ -3,7 +3,7 @@
 from typing import Literal
 
 from novelbus.messages.base import Message
-from novelbus.novel.body import CommitBody
+from novelbus.messages.body import CommitBody
 
 
 class RunWriter(Message, tag="runs.run", frozen=True):
@@ -45,7 +45,7 @@ class CallSample(Message, tag="runs.call", frozen=True):
     tool_definition_tokens: int = 0  # MODEL-6: tool definitions sent with this call (tokens)
 
 
-class WriterFinished(Message, tag="runs.finished", frozen=True):
+class WriterResult(Message, tag="runs.finished", frozen=True):
     run_id: str
     unit_id: str
     ok: bool

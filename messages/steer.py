@@ -9,7 +9,7 @@ Replies to the caller may carry the outline and directive texts; events never do
 from typing import Any
 
 from novelbus.messages.base import Message
-from novelbus.novel.requirements import RequirementUpdate, ResolvedConflict
+from novelbus.messages.requirements import RequirementUpdate, ResolvedConflict
 
 # --- outline (PLAN-1) -----------------------------------------------------------------------
 
@@ -51,7 +51,7 @@ class ReviseOutline(Message, tag="steer.revise", frozen=True):
     hold_ms: int = 10_000
 
 
-class OutlineRevised(Message, tag="steer.revised", frozen=True):
+class RevisionApplied(Message, tag="steer.revised", frozen=True):
     novel_id: str
     revision: str
     parent: str | None

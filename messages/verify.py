@@ -1,8 +1,8 @@
 """Commit verifier commands (VER-1..4)."""
 
 from novelbus.messages.base import Message
+from novelbus.messages.body import CommitBody
 from novelbus.messages.claims import CommitReceipt
-from novelbus.novel.body import CommitBody
 
 
 class VerifyCommit(Message, tag="verify.commit", frozen=True):

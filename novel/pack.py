@@ -53,13 +53,11 @@ from novelbus.novel.context import (
     FrozenContext,
     IdentityCache,
     WriterPackError,
-    cjk_count,
     freeze_from_snapshot,
-    tokens_of,
 )
 from novelbus.novel.outline import Chapter, Character, Scene, Story
 from novelbus.novel.snapshot import NovelSnapshot
-from novelbus.novel.text import one_line, truncate
+from novelbus.novel.text import cached_cjk_count, one_line, tokens_of, truncate
 
 __all__ = [
     "BLOCK_ORDER",
@@ -454,7 +452,7 @@ def render_writer_pack(frozen: FrozenContext, shape: PackShape) -> WriterPack:
         shape=shape,
         chars=len(text),
         # == novel.text.estimate_tokens(text): CJK counts are additive and cached per block
-        est_tokens=tokens_of(sum(cjk_count(rendered[n]) for n in names), len(text)),
+        est_tokens=tokens_of(sum(cached_cjk_count(rendered[n]) for n in names), len(text)),
         blocks=names,
         context_sha256=frozen.context_sha256,
         manifest_sha256=frozen.manifest_sha256,

@@ -17,9 +17,14 @@ from typing import Literal
 
 import msgspec
 
+# The ledger's wire data is defined with the steering messages; the domain names it here too.
+from novelbus.messages.requirements import RequirementUpdate as RequirementUpdate
+from novelbus.messages.requirements import ResolutionKind as ResolutionKind
+from novelbus.messages.requirements import ResolvedBy as ResolvedBy
+from novelbus.messages.requirements import ResolvedConflict as ResolvedConflict
+from novelbus.messages.requirements import TargetStatus as TargetStatus
+
 RequirementStatus = Literal["pending", "applied", "blocked", "superseded"]
-TargetStatus = Literal["applied", "blocked", "superseded"]
-ResolutionKind = Literal["clarification", "withdrawal"]
 
 MESSAGE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$"
 _MESSAGE_ID_RE = re.compile(MESSAGE_ID_PATTERN)
@@ -36,32 +41,6 @@ class RequirementError(ValueError):
         super().__init__(message)
         if code is not None:
             self.code = code
-
-
-class ResolvedBy(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
-    """What resolved a blocked requirement: a clarification or a withdrawal, by its message id."""
-
-    kind: ResolutionKind
-    message_id: str
-
-
-class ResolvedConflict(msgspec.Struct, frozen=True, rename="camel"):
-    """The conflict a blocked requirement had, kept when it is resolved."""
-
-    reason: str
-    resolved_by: ResolvedBy
-
-
-class RequirementUpdate(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
-    """One transition a revision asks for. `blockedReason` only with `blocked`, `supersededBy`
-    (another requirement of the ledger) only with `superseded`, `resolvedBy` only (and always)
-    when the requirement is blocked now."""
-
-    requirement_id: str
-    status: TargetStatus
-    blocked_reason: str | None = None
-    superseded_by: str | None = None
-    resolved_by: ResolvedBy | None = None
 
 
 class RequirementView(msgspec.Struct, frozen=True, rename="camel"):

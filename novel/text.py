@@ -6,7 +6,7 @@ All limits in novelbus are Unicode code points (SPEC §7); the only thing counte
 
 from __future__ import annotations
 
-import math
+import functools
 import re
 import unicodedata
 
@@ -33,6 +33,7 @@ _CJK_RANGES: tuple[tuple[int, int], ...] = (
 _CJK_CLASS = "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _CJK_RANGES)
 _CJK_RE = re.compile(f"[{_CJK_CLASS}]")
 _CJK_RUN_RE = re.compile(f"[{_CJK_CLASS}]+")
+_NON_CJK_RUN_RE = re.compile(f"[^{_CJK_CLASS}]+")
 
 _STOPWORDS = frozenset(
     """
@@ -62,8 +63,27 @@ def is_cjk(ch: str) -> bool:
     return len(ch) == 1 and _CJK_RE.match(ch) is not None
 
 
+def cjk_count(text: str) -> int:
+    """CJK code points in ``text``: the ones ``estimate_tokens`` counts as one token each.
+
+    Additive over concatenation, so an estimate can be summed from parts:
+    ``estimate_tokens(a + b) == tokens_of(cjk_count(a) + cjk_count(b), len(a) + len(b))``.
+    """
+    return len(_NON_CJK_RUN_RE.sub("", text))
+
+
+# Short texts rendered again and again (pack blocks, context excerpts) are counted once. Not for
+# whole conversations: the cache keeps its texts alive.
+cached_cjk_count = functools.lru_cache(maxsize=8192)(cjk_count)
+
+
+def tokens_of(cjk: int, length: int) -> int:
+    """The token estimate from a CJK count and a length: ``cjk + ceil(other / 4)``."""
+    return cjk + -(-(length - cjk) // 4)
+
+
 def estimate_tokens(text: str) -> int:
-    """Rough, provider-independent token estimate used for pack sizes (PACK-5).
+    """Rough, provider-independent token estimate used for pack sizes (PACK-5); the one estimator.
 
     Each CJK ideograph, kana or hangul code point counts as one token; every other code point
     (Latin letters, digits, whitespace, punctuation including full-width CJK punctuation) counts
@@ -71,8 +91,12 @@ def estimate_tokens(text: str) -> int:
     estimate only; where a provider reports usage, the reported numbers win (SPEC §16, the
     original under-counted Chinese by ~1.95x with a pure chars/4 estimate).
     """
-    cjk = len(_CJK_RE.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 4)
+    return tokens_of(cjk_count(text), len(text))
+
+
+def estimate_tokens_cached(text: str) -> int:
+    """``estimate_tokens`` with the CJK count cached (short texts counted on every render)."""
+    return tokens_of(cached_cjk_count(text), len(text))
 
 
 def truncate(text: str, limit: int) -> str:

@@ -50,8 +50,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from novelbus import store
+from novelbus.app import actions
+from novelbus.app.probe import REQUIRED_FOR_SUBAGENT, cached_report, run_probes, save_report
 from novelbus.bus.client import BusUnavailable, RemoteError
-from novelbus.cli import actions
 from novelbus.novel.export import export_markdown
 from novelbus.novel.outline import (
     NovelConfig,
@@ -61,6 +62,8 @@ from novelbus.novel.outline import (
     parse_novel_file,
 )
 from novelbus.panel import pages, views
+from novelbus.writers.factory import make_provider
+from novelbus.writers.provider import ProviderError
 
 STATIC_DIR = Path(__file__).parent / "static"
 COOKIE = "novelbus_panel"
@@ -274,10 +277,6 @@ def _invalid(errors: list[dict[str, str | None]]) -> JSONResponse:
 
 async def _subagent_refusal(state: PanelState) -> str | None:
     """What `novel create` checks for a subagent novel: the writer model passes P1–P3 (SPEC §13)."""
-    from novelbus.cli.probe_cmd import cached_report, save_report
-    from novelbus.writers.probe import REQUIRED_FOR_SUBAGENT, run_probes
-    from novelbus.writers.provider import ProviderError, make_provider
-
     report = cached_report(state.home, state.model)
     if report is None or not report.subagent_ok:
         try:
@@ -363,7 +362,7 @@ async def api_mode(request: Request) -> Response:
 
 # --- steering (PLAN-1..5): requests on novelbus.cmd.steer, served by the driver ---------------
 # The same functions as `novelbus novel outline|revise|revisions|config|direct|requirements`
-# (novelbus.cli.actions): the panel reads the input the CLI's way and sends the same request.
+# (novelbus.app.actions): the panel reads the input the CLI's way and sends the same request.
 MAX_STEER_JSON = 256 * 1024  # bytes of a directive / config request body
 NO_DRIVER = ("no driver answers on novelbus.cmd.steer: steering needs a running deployment "
              "(`novelbus up`, or `novelbus actor driver`)")

@@ -113,19 +113,3 @@ async def panel_server(ctx: Any, options: PanelOptions) -> AsyncIterator[str]:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-
-
-@contextlib.asynccontextmanager
-async def maybe_panel(ctx: Any, options: PanelOptions | None) -> AsyncIterator[str | None]:
-    """`up --panel`: serve the panel beside the actors and print its URL; nothing without options."""
-    if options is None:
-        yield None
-        return
-    from novelbus.cli.common import console, fail
-
-    try:
-        async with panel_server(ctx, options) as url:
-            console.print(f"novelbus panel: {url}", soft_wrap=True)
-            yield url
-    except PanelError as e:
-        fail(str(e), code=1)

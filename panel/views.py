@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from novelbus import store
+from novelbus.messages.base import tag_of
+from novelbus.messages.events import NovelPaused
 from novelbus.novel.length import book_band
 from novelbus.novel.next_work import live_units, scene_commits, scene_finished
 from novelbus.novel.snapshot import NovelSnapshot
@@ -35,7 +37,7 @@ def _scene_counts(snap: NovelSnapshot) -> tuple[int, int]:
 async def _pause_detail(pool: Any, novel: store.NovelRow) -> str | None:
     if not novel.pause_reason:
         return None
-    paused = await store.last_event_payload(pool, novel.novel_id, "novel.paused")
+    paused = await store.last_event_payload(pool, novel.novel_id, tag_of(NovelPaused))
     return (paused or {}).get("detail") or None
 
 

@@ -6,6 +6,15 @@ Messages name ids and fields only: never prose, tokens or token hashes (BUS-6, R
 
 from __future__ import annotations
 
+from novelbus.messages.errors import (
+    NOVEL_NOT_ACTIVE,
+    REQUIREMENTS_OPEN,
+    REVISION_CONFLICT,
+    UNIT_IN_FLIGHT,
+    UNIT_NOT_CLAIMABLE,
+    WATERMARK_CONFLICT,
+)
+
 
 class StoreError(Exception):
     code: str = "store-error"
@@ -20,7 +29,7 @@ class NovelExists(StoreError):
 
 
 class NovelNotActive(StoreError):
-    code = "novel-not-active"
+    code = NOVEL_NOT_ACTIVE
 
 
 class UnitNotFound(StoreError):
@@ -34,13 +43,13 @@ class SceneNotFound(StoreError):
 
 
 class UnitNotClaimable(StoreError):
-    code = "unit-not-claimable"
+    code = UNIT_NOT_CLAIMABLE
 
 
 class UnitInFlight(StoreError):
     """Another unit of the novel is claimed (units of one novel are strictly sequential)."""
 
-    code = "unit-in-flight"
+    code = UNIT_IN_FLIGHT
 
 
 class UnitNotClaimed(StoreError):
@@ -58,7 +67,7 @@ class CommitConflict(StoreError):
 class RevisionConflict(StoreError):
     """Compare-and-set on the outline revision failed."""
 
-    code = "revision-conflict"
+    code = REVISION_CONFLICT
 
 
 class RevisionRefused(StoreError):
@@ -76,13 +85,13 @@ class ConfigInvalid(StoreError):
 class RequirementsOpen(StoreError):
     """A claim while a requirement is pending or blocked (SPEC §16 Claim, PLAN-4)."""
 
-    code = "requirements-open"
+    code = REQUIREMENTS_OPEN
 
 
 class WatermarkConflict(StoreError):
     """A claim carrying a requirement watermark that is not the ledger's (SPEC §16 Claim)."""
 
-    code = "watermark-conflict"
+    code = WATERMARK_CONFLICT
 
 
 class SupersedeRefused(StoreError):

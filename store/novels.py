@@ -35,6 +35,8 @@ from novelbus.store.errors import (
 from novelbus.store.requirements import ledger_views, write_transitions
 
 WRITER_MODES = ("inline", "subagent")
+# units.last_error of a unit an outline revision retired: a code, read back by equality (SPEC §16)
+SUPERSEDED_SCENE_REMOVED = "scene-removed"
 OUTLINE_LAYERS = ("story", "chapters", "scenes", "characters", "lore", "foreshadowing")
 
 
@@ -382,14 +384,14 @@ async def revise_novel(
         # SPEC §16 finish guards: prepared units whose scene was removed are superseded.
         scenes = [(s.chapterId, s.sceneId) for s in new_outline.scenes]
         superseded = await conn.fetch(
-            "UPDATE units SET state = 'superseded', updated_at = now(),"
-            " last_error = 'scene removed by outline revision'"
+            "UPDATE units SET state = 'superseded', updated_at = now(), last_error = $4"
             " WHERE novel_id = $1 AND state = 'prepared'"
             " AND (chapter_id, scene_id) NOT IN"
             "  (SELECT * FROM unnest($2::text[], $3::text[])) RETURNING unit_id",
             novel_id,
             [c for c, _ in scenes],
             [s for _, s in scenes],
+            SUPERSEDED_SCENE_REMOVED,
         )
         mark = novel["requirement_watermark"]
         if transitions:

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from novelbus.messages.base import tag_of
+from novelbus.messages.events import UnitSuperseded
 from novelbus.store._db import Db, lock_novel, novel_must_exist, statement, transaction
-from novelbus.store.novels import NovelRow, fetch_outline, novel_row
-from novelbus.store.units import _RELEASE
+from novelbus.store.novels import SUPERSEDED_SCENE_REMOVED, NovelRow, fetch_outline, novel_row
+from novelbus.store.units import RELEASE_CLAIM_SQL
 
 TurnOutcome = Literal["committed", "failed", "external"]
 
+# Rows written before the reason became a code carry one of these texts.
+_SCENE_REMOVED_MARKS = (SUPERSEDED_SCENE_REMOVED, "scene removed by a revision", "scene removed by outline revision")
 _CLEAR_LEASE = "lease_holder = NULL, lease_intent_id = NULL, lease_until = NULL"
 
 
@@ -68,7 +72,7 @@ async def release_lapsed_claims(
     """
     async with statement(pool) as conn:
         rows = await conn.fetch(
-            f"UPDATE units SET {_RELEASE}, {_CLEAR_LEASE}, last_error = $3"
+            f"UPDATE units SET {RELEASE_CLAIM_SQL}, {_CLEAR_LEASE}, last_error = $3"
             " WHERE state = 'claimed' AND NOT (novel_id = ANY($1::text[]))"
             " AND ((lease_intent_id = intent_id AND lease_until < now())"
             "  OR (lease_intent_id IS DISTINCT FROM intent_id"
@@ -88,7 +92,7 @@ async def release_held_claims(
     with `novel_id`, a driver its claim on a novel it no longer drives)."""
     async with statement(pool) as conn:
         rows = await conn.fetch(
-            f"UPDATE units SET {_RELEASE}, {_CLEAR_LEASE}, last_error = $2"
+            f"UPDATE units SET {RELEASE_CLAIM_SQL}, {_CLEAR_LEASE}, last_error = $2"
             " WHERE state = 'claimed' AND lease_holder = $1 AND lease_intent_id = intent_id"
             " AND ($3::text IS NULL OR novel_id = $3)"
             " RETURNING novel_id, unit_id",
@@ -189,8 +193,7 @@ async def supersede_removed_units(pool: Db, novel_id: str) -> list[str]:
         chapters = {c.chapterId for c in outline.chapters}
         scenes = [(s.chapterId, s.sceneId) for s in outline.scenes if s.chapterId in chapters]
         rows = await conn.fetch(
-            "UPDATE units SET state = 'superseded', last_error = 'scene removed by a revision',"
-            " updated_at = now()"
+            "UPDATE units SET state = 'superseded', last_error = $4, updated_at = now()"
             " WHERE novel_id = $1 AND state = 'prepared' AND NOT EXISTS ("
             "  SELECT 1 FROM unnest($2::text[], $3::text[]) AS s(chapter_id, scene_id)"
             "  WHERE s.chapter_id = units.chapter_id AND s.scene_id = units.scene_id)"
@@ -198,6 +201,7 @@ async def supersede_removed_units(pool: Db, novel_id: str) -> list[str]:
             novel_id,
             [c for c, _ in scenes],
             [sc for _, sc in scenes],
+            SUPERSEDED_SCENE_REMOVED,
         )
     return [r["unit_id"] for r in sorted(rows, key=lambda r: r["created_seq"])]
 
@@ -209,17 +213,18 @@ async def unannounced_superseded_units(pool: Db, novel_id: str) -> list[tuple[st
         rows = await conn.fetch(
             "SELECT unit_id, chapter_id, scene_id, last_error FROM units u"
             " WHERE novel_id = $1 AND state = 'superseded' AND NOT EXISTS ("
-            "  SELECT 1 FROM events e WHERE e.novel_id = $1 AND e.type = 'unit.superseded'"
+            "  SELECT 1 FROM events e WHERE e.novel_id = $1 AND e.type = $2"
             "  AND e.payload ->> 'unitId' = u.unit_id)"
             " ORDER BY created_seq",
             novel_id,
+            tag_of(UnitSuperseded),
         )
     return [
         (
             r["unit_id"],
             r["chapter_id"],
             r["scene_id"],
-            "scene-removed" if "scene removed" in (r["last_error"] or "") else "explicit",
+            "scene-removed" if r["last_error"] in _SCENE_REMOVED_MARKS else "explicit",
         )
         for r in rows
     ]

@@ -243,7 +243,7 @@ async def _unit_state(conn: Conn, novel_id: str, unit_id: str) -> str:
     return str(state)
 
 
-_RELEASE = (
+RELEASE_CLAIM_SQL = (
     "state = 'prepared', attempt = attempt + 1, token_hash = NULL, claim_id = NULL,"
     " claimed_mode = NULL, intent_id = NULL, claimed_by = NULL, updated_at = now()"
 )
@@ -259,7 +259,7 @@ async def release_claim(
     """
     async with statement(pool) as conn:
         released = await conn.fetchval(
-            f"UPDATE units SET {_RELEASE}, last_error = $3"
+            f"UPDATE units SET {RELEASE_CLAIM_SQL}, last_error = $3"
             " WHERE novel_id = $1 AND unit_id = $2 AND state = 'claimed'"
             " AND ($4::text IS NULL OR claim_id = $4) RETURNING unit_id",
             novel_id,
@@ -288,7 +288,7 @@ async def recover_claims(
     """
     async with statement(pool) as conn:
         rows = await conn.fetch(
-            f"UPDATE units SET {_RELEASE}, last_error = $3"
+            f"UPDATE units SET {RELEASE_CLAIM_SQL}, last_error = $3"
             " WHERE state = 'claimed' AND ($1::text[] IS NULL OR novel_id = ANY($1::text[]))"
             " AND ($2::text IS NULL OR claimed_by = $2)"
             " RETURNING novel_id, unit_id",

@@ -25,7 +25,6 @@ history (`store.load_session` / `store.save_session`) and injects `read_tool` an
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -33,34 +32,41 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.pack import parse_pack
-from novelbus.novel.text import estimate_tokens, tail
-from novelbus.writers.provider import (
-    ChatMessage,
-    ModelProvider,
-    ModelReply,
-    ProviderError,
+from novelbus.novel.text import estimate_tokens
+from novelbus.writers.chat import (
     assistant_message,
-    complete,
-    context_window,
-    forced_tool_choice,
-    measured_tool_tokens,
     message_chars,
     system_message,
     tool_message,
     user_message,
 )
+from novelbus.writers.compaction import COMPACT_INSTRUCTION, SUMMARY_HEADER
+from novelbus.writers.loop import (
+    CommitFn,
+    ReadTool,
+    execute_tool_call,
+    reply_output_chars,
+    result_text,
+)
+from novelbus.writers.provider import (
+    ChatMessage,
+    ModelProvider,
+    ModelReply,
+    ProviderError,
+    complete,
+    context_window,
+    forced_tool_choice,
+    measured_tool_tokens,
+)
 from novelbus.writers.record import record_tool_name
 from novelbus.writers.runner import (
     W2_INSTRUCTION,
     CallUsage,
-    CommitFn,
     InputSplit,
     PromptMark,
-    ReadTool,
     RunOutcome,
     ToolRecord,
     WindowError,
-    _execute,
     fit_output_tokens,
     forced_commit_tools,
     projected_tokens,
@@ -85,17 +91,6 @@ SESSION_INSTRUCTION = (
     "brief, then wait for the next one."
 )
 BRIEF_HEADER = "[[brief]]"
-SUMMARY_HEADER = "[[session-summary]]"
-# The host's compaction request; a provider recognises it as the last user message of a call
-# without tools (the offline provider answers it with `offline_summary`).
-COMPACT_MARKER = "[[compact]]"
-COMPACT_INSTRUCTION = (
-    COMPACT_MARKER + "\nThe conversation is about to be compacted. Summarise it for yourself so "
-    "you can continue writing the novel: units written (their ids), where the story stands, "
-    "character states, open threads, and the last lines of prose. Reply with the summary only."
-)
-SUMMARY_TAIL_CHARS = 600
-SUMMARY_RECENT_UNITS = 12
 
 
 def session_id(novel_id: str) -> str:
@@ -202,10 +197,6 @@ def inline_split(messages: list[ChatMessage], brief_at: int, new_from: int) -> I
     )
 
 
-def _reply_output_chars(reply: ModelReply) -> int:
-    return len(reply.text or "") + sum(len(c.name) + len(c.arguments) for c in reply.tool_calls)
-
-
 def _fit_compaction(
     request: list[ChatMessage], window: int | None, mark: PromptMark | None
 ) -> list[ChatMessage]:
@@ -239,7 +230,7 @@ def _call_usage(
     tool_tokens = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
     return InlineCallUsage(
         input_chars=split.total,
-        output_chars=0 if reply is None else _reply_output_chars(reply),
+        output_chars=0 if reply is None else reply_output_chars(reply),
         tool_result_chars=split.tool_result_chars,
         pack_chars=split.pack_chars,
         history_chars=split.history_chars,
@@ -253,69 +244,6 @@ def _call_usage(
 
 
 # --- compaction ---------------------------------------------------------------------------------
-
-
-def is_compaction_request(messages: Sequence[ChatMessage]) -> bool:
-    last = messages[-1] if messages else {}
-    content = last.get("content")
-    return (
-        last.get("role") == "user"
-        and isinstance(content, str)
-        and content.startswith(COMPACT_MARKER)
-    )
-
-
-def _loads(text: Any) -> Any:
-    try:
-        return json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError:
-        return None
-
-
-def offline_summary(messages: Sequence[ChatMessage]) -> str:
-    """A deterministic summary of a session history (the offline provider's compaction reply):
-    how many units were committed, the latest unit ids, and the tail of the last committed prose.
-    An earlier summary in the history is carried forward."""
-    results = {
-        m.get("tool_call_id"): _loads(m.get("content")) for m in messages if m.get("role") == "tool"
-    }
-    count = 0
-    units: list[str] = []
-    last_prose = ""
-    for m in messages:
-        content = m.get("content")
-        if (
-            m.get("role") == "user"
-            and isinstance(content, str)
-            and content.startswith(SUMMARY_HEADER)
-        ):
-            for line in content.split("\n"):
-                key, _, value = line.partition(": ")
-                if key == "unitsCommitted" and value.isdigit():
-                    count = int(value)
-                elif key == "recentUnits":
-                    units = [u for u in value.split(", ") if u]
-                elif key == "lastProse":
-                    last_prose = value
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function", {})
-            result = results.get(call.get("id"))
-            if fn.get("name") != COMMIT_TOOL or not (isinstance(result, dict) and result.get("ok")):
-                continue
-            args = _loads(fn.get("arguments"))
-            if not isinstance(args, dict):
-                continue
-            count += 1
-            units.append(str(args.get("unitId", "")))
-            paragraphs = [p for p in args.get("paragraphs") or () if isinstance(p, str)]
-            if paragraphs:
-                last_prose = " ".join(paragraphs[-1].split())
-    lines = [
-        f"unitsCommitted: {count}",
-        f"recentUnits: {', '.join(units[-SUMMARY_RECENT_UNITS:])}",
-        f"lastProse: {tail(last_prose, SUMMARY_TAIL_CHARS)}" if last_prose else "lastProse: ",
-    ]
-    return "\n".join(lines)
 
 
 def _compactable(messages: list[ChatMessage], brief_at: int) -> bool:
@@ -339,10 +267,6 @@ class InlineRun(msgspec.Struct, frozen=True):
     mark: PromptMark | None = None
 
 
-def _result_text(result: dict[str, Any]) -> str:
-    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-
-
 async def run_inline_unit(
     provider: ModelProvider,
     history: list[ChatMessage],
@@ -361,7 +285,7 @@ async def run_inline_unit(
 ) -> InlineRun:
     """Continue the session with one unit: brief → research → commit, re-sending all history.
 
-    The tool policy is the W2 one (`writers.runner._execute`): closed allow-list, refusals
+    The tool policy is the W2 one (`writers.loop.execute_tool_call`): closed allow-list, refusals
     recorded, the first successful commit ends the unit's turn, `tool-round-limit` after
     `max_tool_rounds` executed rounds. Failures carry a RUN-4 reason; the history is returned
     either way, since a host session keeps a failed attempt too.
@@ -476,8 +400,8 @@ async def run_inline_unit(
         messages.append(assistant_message(reply))
         new_from = len(messages)
         for call in reply.tool_calls:
-            result, code, committed = await _execute(call, allowed, read_tool, commit)
-            content = _result_text(result)
+            result, code, committed = await execute_tool_call(call, allowed, read_tool, commit)
+            content = result_text(result)
             records.append(
                 ToolRecord(
                     seq=len(records) + 1,
@@ -497,7 +421,7 @@ async def run_inline_unit(
                 later = reply.tool_calls[reply.tool_calls.index(call) + 1 :]
                 for skipped in later:
                     messages.append(
-                        tool_message(skipped.id, _result_text({"error": "not-executed"}))
+                        tool_message(skipped.id, result_text({"error": "not-executed"}))
                     )
                 draft, receipt = committed
                 return done(True, draft=draft, receipt=receipt)

@@ -17,9 +17,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from novelbus.infra._process import ServerStartError
+from novelbus.infra import ServerStartError  # MODEL-1: this provider owns its server (see factory)
+from novelbus.writers.chat import user_message
 from novelbus.writers.openai_provider import OpenAIProvider
-from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, user_message
+from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError
 
 LOCAL_TIMEOUT_S = 900.0  # grammar-constrained generation on 2 cores takes tens of seconds
 

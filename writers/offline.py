@@ -36,7 +36,7 @@ from typing import Any
 from novelbus.novel.guard import ProseGuardError, guard_prose
 from novelbus.novel.pack import block_fields, parse_pack
 from novelbus.novel.text import effective_characters, estimate_tokens, is_cjk
-from novelbus.writers.inline import is_compaction_request, offline_summary
+from novelbus.writers.compaction import is_compaction_request, offline_summary
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
 from novelbus.writers.runner import tool_definition_tokens
 
@@ -536,8 +536,8 @@ class OfflineProvider:
         )
         # Only this unit's calls count: in an inline session earlier units are history.
         for m in messages[_pack_index(messages) or 0 :]:
-            for call in m.get("tool_calls") or ():
-                calls[call["id"]] = call.get("function", {}).get("name", "")
+            for issued_call in m.get("tool_calls") or ():
+                calls[issued_call["id"]] = issued_call.get("function", {}).get("name", "")
             if m.get("role") == "tool":
                 results[m.get("tool_call_id", "")] = m.get("content") or ""
         by_tool: dict[str, list[dict[str, Any]]] = {}

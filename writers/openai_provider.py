@@ -22,6 +22,7 @@ from novelbus.writers.provider import (
     ChatMessage,
     ModelReply,
     ProviderError,
+    ProviderErrorCode,
     StopReason,
     ToolCall,
     Usage,
@@ -138,7 +139,7 @@ class OpenAIProvider:
                 "(it usually ends in /v1)",
             )
         if isinstance(e, openai.APIStatusError):
-            kind = "provider-unavailable" if e.status_code >= 500 else "provider-bad-reply"
+            kind: ProviderErrorCode = "provider-unavailable" if e.status_code >= 500 else "provider-bad-reply"
             detail = f" ({e.code})" if isinstance(e.code, str) and len(e.code) <= 64 else ""
             return ProviderError(kind, f"{where} answered HTTP {e.status_code}{detail}")
         # APIResponseValidationError and anything else the client could not make sense of.
@@ -156,7 +157,7 @@ class OpenAIProvider:
             raise ProviderError(
                 "provider-bad-reply", f"model server at {self.host} sent a choice with no message"
             )
-        calls = []
+        calls: list[ToolCall] = []
         for call in getattr(message, "tool_calls", None) or ():
             fn = getattr(call, "function", None)
             name = getattr(fn, "name", None)

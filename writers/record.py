@@ -17,7 +17,7 @@ import re
 from functools import cache
 from typing import Any
 
-from novelbus.writers.tools import TOOL_REGISTRY
+from novelbus.writers.tools import TOOL_REGISTRY, tool_parameters_schema
 
 ARGS_RECORD_CAP = 4000  # recorded JSON text at most this long (then a marker of what was left out)
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # SPEC §16 ids
@@ -52,8 +52,8 @@ def _walk_enums(schema: Any, defs: dict[str, Any], out: dict[str, set[str]], key
 def registry_enums() -> dict[str, frozenset[str]]:
     """Property name → the enum values any registry tool declares for it."""
     out: dict[str, set[str]] = {}
-    for spec in TOOL_REGISTRY.values():
-        schema = spec.params.model_json_schema()
+    for name in TOOL_REGISTRY:
+        schema = tool_parameters_schema(name)  # generated once per tool, references inlined
         _walk_enums(schema, schema.get("$defs", {}), out, None)
     return {k: frozenset(v) for k, v in out.items()}
 

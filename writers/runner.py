@@ -22,44 +22,37 @@ import msgspec
 from novelbus.novel.body import CommitBody
 from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
 from novelbus.novel.text import estimate_tokens
+from novelbus.writers.chat import (
+    assistant_message,
+    message_chars,
+    system_message,
+    tool_message,
+    user_message,
+)
+from novelbus.writers.loop import (
+    CommitFn,
+    ReadTool,
+    execute_tool_call,
+    reply_output_chars,
+    result_text,
+)
 from novelbus.writers.provider import (
     ChatMessage,
     ModelProvider,
     ModelReply,
     ProviderError,
-    ToolCall,
     Usage,
-    assistant_message,
     complete,
     context_window,
     forced_tool_choice,
     measured_tool_tokens,
-    message_chars,
-    system_message,
-    tool_message,
-    user_message,
 )
 from novelbus.writers.record import record_args, record_tool_name
 from novelbus.writers.sessions import SessionStore, closed_history, resume_history
 from novelbus.writers.structured import unit_target_max
 from novelbus.writers.tools import (
     COMMIT_TOOL,
-    BodyCommitParams,
-    ToolContractError,
-    commit_body_from_args,
     openai_tool_definitions,
-    parse_tool_arguments,
-    validate_tool_args,
-)
-
-TOOL_NAME_RECORD_CAP = 64  # a model-invented tool name is recorded, but not at any length
-# CTX-8: what the writer is told about its own commit; never hashes or claim ids.
-_RECEIPT_FIELDS_FOR_MODEL = (
-    "commitId",
-    "unitId",
-    "effectiveCharacters",
-    "totalCharacters",
-    "duplicate",
 )
 
 W1_INSTRUCTION = (
@@ -73,8 +66,6 @@ W2_INSTRUCTION = (
     "the run; do not explain or report progress."
 )
 
-ReadTool = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-CommitFn = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class ToolStart(msgspec.Struct, frozen=True):
@@ -182,10 +173,6 @@ class ExecutionPolicy:
 # --- recording helpers --------------------------------------------------------------------------
 
 
-def _reply_output_chars(reply: ModelReply) -> int:
-    return len(reply.text or "") + sum(len(c.name) + len(c.arguments) for c in reply.tool_calls)
-
-
 def truncate_args(raw: str) -> str:
     """Recorded form of a call's arguments (RUN-6, REL-9): ids, numbers, booleans and enum values
     kept, every other string `{chars, sha256}` — never the writer's text (`writers.record`)."""
@@ -288,7 +275,7 @@ class _Meter:
         self.calls.append(
             CallUsage(
                 input_chars=split.total,
-                output_chars=0 if reply is None else _reply_output_chars(reply),
+                output_chars=0 if reply is None else reply_output_chars(reply),
                 tool_result_chars=split.tool_result_chars,
                 pack_chars=split.pack_chars,
                 history_chars=split.history_chars,
@@ -472,10 +459,6 @@ def fit_output_tokens(
 # --- W2 -----------------------------------------------------------------------------------------
 
 
-def _result_text(result: dict[str, Any]) -> str:
-    return json.dumps(result, ensure_ascii=False, separators=(",", ":"))
-
-
 async def run_w2(
     provider: ModelProvider,
     pack_text: str,
@@ -639,8 +622,8 @@ async def _w2_loop(
                         refused=call.name not in allowed,
                     )
                 )
-            result, code, committed = await _execute(call, allowed, read_tool, commit)
-            content = _result_text(result)
+            result, code, committed = await execute_tool_call(call, allowed, read_tool, commit)
+            content = result_text(result)
             records.append(
                 ToolRecord(
                     seq=seq,
@@ -666,34 +649,3 @@ async def _w2_loop(
                     usage=meter.calls,
                     output_chars=meter.output_chars,
                 )
-
-
-async def _execute(
-    call: ToolCall, allowed: tuple[str, ...], read_tool: ReadTool, commit: CommitFn
-) -> tuple[dict[str, Any], str | None, tuple[CommitBody, dict[str, Any]] | None]:
-    """Run one tool call: (result for the model, error code or None, committed body+receipt)."""
-    if call.name not in allowed:
-        # RUN-3 / PROBE P2: refused by the host, whatever the model believes it may call.
-        refused = {"error": "tool-not-allowed", "tool": call.name[:TOOL_NAME_RECORD_CAP]}
-        return refused, "tool-not-allowed", None
-    try:
-        args = parse_tool_arguments(call.arguments)
-        params = validate_tool_args(call.name, args)
-    except ToolContractError as e:
-        return {"error": e.code, "message": str(e)}, e.code, None
-    if call.name == COMMIT_TOOL:
-        assert isinstance(params, BodyCommitParams)
-        outcome = await commit(args)
-        if outcome.get("ok"):
-            receipt = outcome.get("receipt") or {}
-            seen = {k: receipt[k] for k in _RECEIPT_FIELDS_FOR_MODEL if k in receipt}
-            return {"ok": True, **seen}, None, (commit_body_from_args(params), receipt)
-        code = str(outcome.get("code") or "commit-failed")
-        result = {"ok": False, "error": code}
-        if outcome.get("message"):
-            result["message"] = str(outcome["message"])
-        return result, code, None
-    try:
-        return await read_tool(call.name, args), None, None
-    except ToolContractError as e:
-        return {"error": e.code, "message": str(e)}, e.code, None

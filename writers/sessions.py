@@ -9,15 +9,15 @@ together or neither (`writers.runner.ExecutionPolicy`). Continuing is a decision
 
 Either way the run's conversation is saved back under the same id when it ends, so the next
 revision can continue it. Stores hold histories only; they never see tokens, claim ids or
-delegations (ARCH-2). `PgSessionStore` keeps sessions in the novel's PostgreSQL `sessions`
-table; `MemorySessionStore` is for tools and tests.
+delegations (ARCH-2). `actors.writer_sessions.PgSessionStore` keeps sessions in PostgreSQL;
+`MemorySessionStore` is for tools and tests.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from novelbus.writers.provider import ChatMessage
 
@@ -55,35 +55,6 @@ class MemorySessionStore:
 
     async def save(self, session_id: str, chapter_id: str | None, history: list[ChatMessage]) -> None:
         self.sessions[session_id] = StoredSession(session_id, chapter_id, copy.deepcopy(history))
-
-
-class PgSessionStore:
-    """Sessions of ONE novel in PostgreSQL (`store.save_session` / `store.load_session`).
-
-    A session id that belongs to another novel is never continued: `load` answers None.
-    """
-
-    def __init__(self, pool: Any, novel_id: str) -> None:
-        self.pool = pool
-        self.novel_id = novel_id
-
-    @property
-    def location(self) -> str:
-        return f"postgres:sessions[novel={self.novel_id}]"
-
-    async def load(self, session_id: str) -> StoredSession | None:
-        from novelbus import store
-
-        row = await store.load_session(self.pool, session_id)
-        if row is None or row.novel_id != self.novel_id:
-            return None
-        history = [m for m in row.history if isinstance(m, dict)]
-        return StoredSession(row.session_id, row.chapter_id, history)
-
-    async def save(self, session_id: str, chapter_id: str | None, history: list[ChatMessage]) -> None:
-        from novelbus import store
-
-        await store.save_session(self.pool, session_id, self.novel_id, chapter_id, history)
 
 
 async def resume_history(

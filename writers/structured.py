@@ -21,13 +21,8 @@ import time
 from typing import Any, Literal
 
 from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
-from novelbus.writers.provider import (
-    ModelProvider,
-    ProviderError,
-    complete,
-    system_message,
-    user_message,
-)
+from novelbus.writers.chat import system_message, user_message
+from novelbus.writers.provider import ModelProvider, ProviderError, complete
 
 Mechanism = Literal["json_schema", "json_object+schema", "json_object", "prompt"]
 MECHANISMS: tuple[Mechanism, ...] = ("json_schema", "json_object+schema", "json_object", "prompt")
@@ -131,7 +126,7 @@ def mechanism_override(env: dict[str, str] | None = None) -> Mechanism | None:
     if raw not in MECHANISMS:
         raise ProviderError("provider-config",
                             f"{ENV_STRUCTURED} must be one of {', '.join(MECHANISMS)}")
-    return raw  # type: ignore[return-value]
+    return raw
 
 
 # --- P6 ------------------------------------------------------------------------------------------

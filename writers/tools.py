@@ -25,9 +25,9 @@ from typing import Any, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from novelbus.novel.body import CommitBody
+from novelbus.novel.body import CommitArgs, CommitBody
 from novelbus.novel.next_work import completed_chapters, live_commits, live_units, scene_finished
-from novelbus.novel.outline import Chapter
+from novelbus.novel.outline import Chapter, Outline
 from novelbus.novel.snapshot import NovelSnapshot, UnitView
 from novelbus.novel.text import keywords
 
@@ -73,7 +73,7 @@ class ToolSpec:
     name: str
     description: str
     tables_read: tuple[str, ...]
-    params: type[BaseModel]
+    params: type[BaseModel] | type[CommitArgs]  # read tools: pydantic; the commit: the body's own Struct
     # None for the write tool: its implementation is supplied by the caller (the claim manager).
     impl: Callable[[NovelSnapshot, Any], Any] | None
     kind: Literal["read", "write"] = "read"
@@ -120,42 +120,9 @@ class MemoryReadParams(_Params):
     noteId: str = Field(min_length=1, description="A note id returned by memory_search.")
 
 
-# The commit arguments mirror novel.body.CommitBody (camelCase on the wire) plus the unit id.
-class SceneCompletionParams(_Params):
-    completed: bool = Field(description="True when the scene's goal is reached by this unit.")
-    basis: str = Field(min_length=1, description="Why the scene is (or is not) complete.")
-    outstandingGoals: list[str] = Field(default_factory=list)
-    nextAnchor: str | None = Field(default=None, description="Where a continuation should pick up.")
-
-
-class CanonChangeParams(_Params):
-    kind: Literal["event", "character-state", "relation", "foreshadowing", "variable"]
-    summary: str = Field(min_length=1)
-    sources: list[str] = Field(
-        min_length=1,
-        description="'inline', 'inline#<paragraph index>' or an existing 'commit-N[#i]'.",
-    )
-    detail: str | None = None
-    characterIds: list[str] = Field(default_factory=list)
-    foreshadowingId: str | None = Field(
-        default=None, description="kind foreshadowing: the outline item planted or resolved."
-    )
-    foreshadowingStatus: Literal["planted", "resolved"] = "resolved"
-
-
-class BodyCommitParams(_Params):
-    unitId: str = Field(min_length=1, description="The unit id from the [[unit]] block.")
-    paragraphs: list[str] = Field(
-        min_length=1, description="Prose paragraphs only; no headings or notes."
-    )
-    sceneCompletion: SceneCompletionParams
-    canonChanges: list[CanonChangeParams] = Field(default_factory=list)
-
-
-def commit_body_from_args(args: BodyCommitParams) -> CommitBody:
+def commit_body_from_args(args: CommitArgs) -> CommitBody:
     """The CommitBody a validated commit call carries (unitId stripped)."""
-    data = args.model_dump(mode="json", exclude={"unitId"})
-    return msgspec.convert(data, CommitBody)
+    return args.body()
 
 
 # --- small helpers ------------------------------------------------------------------------------
@@ -181,7 +148,7 @@ def _current_chapter_id(snapshot: NovelSnapshot) -> str | None:
     return None
 
 
-def _require_outline(snapshot: NovelSnapshot) -> Any:
+def _require_outline(snapshot: NovelSnapshot) -> Outline:
     if snapshot.outline is None:
         raise ToolContractError("the novel has no outline yet")
     return snapshot.outline
@@ -517,7 +484,7 @@ TOOL_REGISTRY: dict[str, ToolSpec] = {
             "Commit the prose of the unit being written, once. Paragraphs are prose only: no "
             "headings, ids, notes or closing markers. The first successful commit ends the run.",
             (),
-            BodyCommitParams,
+            CommitArgs,
             None,
             kind="write",
         ),
@@ -564,12 +531,17 @@ def parse_tool_arguments(raw: str) -> dict[str, Any]:
     return value
 
 
-def validate_tool_args(name: str, args: dict[str, Any]) -> BaseModel:
-    spec = get_tool(name)
+def validate_tool_args(name: str, args: dict[str, Any]) -> BaseModel | CommitArgs:
+    params = get_tool(name).params
+    if issubclass(params, BaseModel):
+        try:
+            return params.model_validate(args)
+        except ValidationError as e:
+            raise ToolContractError(f"{name}: invalid arguments: {_describe(e)}") from None
     try:
-        return spec.params.model_validate(args)
-    except ValidationError as e:
-        raise ToolContractError(f"{name}: invalid arguments: {_describe(e)}") from None
+        return msgspec.convert(args, params)
+    except msgspec.ValidationError as e:
+        raise ToolContractError(f"{name}: invalid arguments: {e}") from None
 
 
 def call_read_tool(snapshot: NovelSnapshot, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -612,7 +584,12 @@ def tool_parameters_schema(name: str) -> dict[str, Any]:
 @functools.cache
 def _parameters_schema(name: str) -> dict[str, Any]:
     # The registry is fixed for the process: generate each schema once (it is on every run's path).
-    schema = _inline_refs(get_tool(name).params.model_json_schema())
+    params = get_tool(name).params
+    if issubclass(params, BaseModel):
+        schema = _inline_refs(params.model_json_schema())
+    else:  # the commit: generated from the one body schema (novel.body)
+        schema = _inline_refs(msgspec.json.schema(params))
+        schema.pop("description", None)  # the tool's own description says it
     schema.setdefault("properties", {})
     schema["additionalProperties"] = False
     return schema

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from novelbus.bus.codec import SCHEMA_HEADER, TYPE_HEADER, MessageError, decode, encode
 from novelbus.messages import SCHEMA_VERSION
-from novelbus.messages.claims import ClaimsRequest, ClaimUnit, UnitClaimed
+from novelbus.messages.claims import ClaimGranted, ClaimsRequest, ClaimUnit
 from novelbus.messages.events import NovelEvent, UnitCommitted
 from novelbus.messages.work import WorkNotice
 
@@ -43,7 +43,7 @@ def test_bus4_unknown_field_and_type_of_another_family_are_refused() -> None:
     with pytest.raises(MessageError) as info:
         decode(b'{"type": "work.notice", "novelId": "n", "noticeId": "x", "token": "t"}', WorkNotice)
     assert info.value.code == "bad-message"
-    data, _ = encode(UnitClaimed(claim_id="c", unit_id="u", attempt=1, delegation_id="d", instance="i"))
+    data, _ = encode(ClaimGranted(claim_id="c", unit_id="u", attempt=1, delegation_id="d", instance="i"))
     with pytest.raises(MessageError) as info:
         decode(data, ClaimsRequest)
     assert info.value.code == "unknown-type"

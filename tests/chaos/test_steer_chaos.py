@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import connected
 from novelbus.bus.client import BusUnavailable, RemoteError
+from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
 from novelbus.cli.supervise import Supervisor
 from novelbus.messages.subjects import Subjects

@@ -16,9 +16,10 @@ import pytest
 
 from novelbus import store
 from novelbus.actors import writer as writer_module
-from novelbus.actors.driver import Driver, publish_notice
+from novelbus.actors.driver import Driver
 from novelbus.actors.runtime import connected, running
 from novelbus.bus.client import request
+from novelbus.bus.notices import publish_notice
 from novelbus.messages import claims as cm
 from novelbus.messages import usage as um
 from novelbus.messages.subjects import Subjects

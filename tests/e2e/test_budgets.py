@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import Runtime, running
 from novelbus.bus.codec import decode
+from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile

@@ -54,9 +54,9 @@ async def test_perf2_claim_reply_carries_the_first_dispatch_grant_counted_agains
     novel_id, unit_id = await _prepared(stack)
     limit = (await store.get_novel(ctx.pool, novel_id)).config.budgets.writerDispatchLimit
     ask = cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-1", mode="subagent", begin_dispatch=True)
-    claim = await request(ctx.nc, ctx.subjects.claims, ask, cm.UnitClaimed)
+    claim = await request(ctx.nc, ctx.subjects.claims, ask, cm.ClaimGranted)
     assert (claim.dispatch, claim.dispatch_limit) == (1, limit)
-    again = await request(ctx.nc, ctx.subjects.claims, ask, cm.UnitClaimed)
+    again = await request(ctx.nc, ctx.subjects.claims, ask, cm.ClaimGranted)
     assert again == claim
     grants = [claim.dispatch]
     for _ in range(limit + 1):
@@ -72,7 +72,7 @@ async def test_perf2_claim_reply_carries_the_first_dispatch_grant_counted_agains
     await store.release_claim(ctx.pool, novel_id, unit_id, reason="test")
     plain = await request(ctx.nc, ctx.subjects.claims,
                           cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-2", mode="subagent"),
-                          cm.UnitClaimed)
+                          cm.ClaimGranted)
     assert plain.dispatch is None and plain.dispatch_limit is None
 
 
@@ -96,7 +96,7 @@ async def test_ver1_ver4_structured_failures(stack: Runtime) -> None:
     novel_id, unit_id = await _prepared(stack)
     claim = await request(ctx.nc, ctx.subjects.claims,
                           cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-2", mode="subagent"),
-                          cm.UnitClaimed)
+                          cm.ClaimGranted)
     # not committed yet: a writer saying "done" changes nothing (VER-1)
     v = await request(ctx.nc, ctx.subjects.verify, vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id,
                                                                    claim_id=claim.claim_id, run_id="r"), vm.Verified)

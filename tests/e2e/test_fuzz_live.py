@@ -78,7 +78,7 @@ async def live(stack: Runtime) -> AsyncIterator[Live]:
         # leased for an hour, as a live driver flow would: no sweep takes this claim away
         assert await store.hold_lease(ctx.pool, mid, unit, intent, "fuzz-driver", 3600)
         c = await request(ctx.nc, ctx.subjects.claims, cm.ClaimUnit(novel_id=mid, unit_id=unit, intent_id=intent,
-                                                                    mode="subagent"), cm.UnitClaimed, timeout=10)
+                                                                    mode="subagent"), cm.ClaimGranted, timeout=10)
         delegations.append(c.delegation_id)
         intents.append(intent)
         if n == 0:

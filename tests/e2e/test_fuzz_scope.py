@@ -127,7 +127,7 @@ async def test_rel5_out_of_scope_and_unknown_delegations_refused_every_time(stac
                                       continuation_anchor=None) for s in scenes[:2]]
     claim = await request(ctx.nc, ctx.subjects.claims,
                           cm.ClaimUnit(novel_id=novel_id, unit_id=units[0], intent_id="i-1", mode="subagent"),
-                          cm.UnitClaimed)
+                          cm.ClaimGranted)
     cases = ([(claim.delegation_id, units[1], "scope-violation")] * 10
              + [(f"dlg-{claim.instance}-{i:024x}", units[0], "delegation-not-found") for i in range(10)]
              + [(f"dlg-claims-9-{i:024x}", units[0], "delegation-not-found") for i in range(10)])

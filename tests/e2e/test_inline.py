@@ -8,15 +8,16 @@ import json
 from typing import Any
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import Runtime, running
 from novelbus.bus.codec import decode
+from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
-from novelbus.writers.inline import BRIEF_HEADER, SUMMARY_HEADER, session_id
+from novelbus.writers.compaction import SUMMARY_HEADER
+from novelbus.writers.inline import BRIEF_HEADER, session_id
 from tests.e2e.conftest import run_novel
 
 

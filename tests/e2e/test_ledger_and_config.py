@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import Runtime, running
 from novelbus.bus.client import RemoteError
+from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects

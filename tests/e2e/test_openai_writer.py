@@ -13,7 +13,7 @@ from novelbus import store
 from novelbus.actors.context import Settings
 from novelbus.cli.tools_cmd import model_tool_listing
 from novelbus.messages import events as ev
-from novelbus.writers.provider import ENV_API_KEY, ENV_BASE_URL, ENV_OPENAI_API_KEY
+from novelbus.writers.factory import ENV_API_KEY, ENV_BASE_URL, ENV_OPENAI_API_KEY
 from tests.writers.chat_server import ChatServer, json_response
 from tests.writers.harness import FakeModel, drive, sample_with, tiny_novel, writer_stack
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import Runtime
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.codec import decode
+from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages import packs as pm
 from novelbus.messages import runs as rm
@@ -210,14 +210,14 @@ async def test_ctx1_render_pack_command_rejects_a_future_as_of_and_serves_both_p
     with pytest.raises(RemoteError) as err:
         await request(ctx.nc, ctx.subjects.packs,
                       pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape="full", as_of_seq=5),
-                      pm.PackRendered)
+                      pm.PackReady)
     assert err.value.code == "context-input" and "after the novel's latest commit 0" in err.value.detail
     replies = {}
     for profile in ("bounded", "wide"):
         reply = await request(ctx.nc, ctx.subjects.packs,
                               pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape="full",
                                             profile=profile),  # type: ignore[arg-type]
-                              pm.PackRendered)
+                              pm.PackReady)
         assert reply.profile == profile and reply.as_of_seq == 0
         assert reply.context_sha256 and reply.manifest_sha256
         row = await store.get_context_freeze(pool, reply.manifest_sha256)
@@ -228,5 +228,5 @@ async def test_ctx1_render_pack_command_rejects_a_future_as_of_and_serves_both_p
     assert replies["bounded"].manifest_sha256 != replies["wide"].manifest_sha256
     # re-rendering the same context writes no second freeze row (CTX-6)
     await request(ctx.nc, ctx.subjects.packs,
-                  pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape="trimmed"), pm.PackRendered)
+                  pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape="trimmed"), pm.PackReady)
     assert await pool.fetchval("SELECT count(*) FROM context_freeze WHERE novel_id = $1", novel_id) == 2

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import connected, running
 from novelbus.bus.client import connect
+from novelbus.bus.notices import publish_notice
 from novelbus.infra.nats import EmbeddedNats
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file

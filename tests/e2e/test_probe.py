@@ -13,10 +13,10 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime
+from novelbus.app.probe import FORBIDDEN_TOOL, PROBE_IDS, ProbeReport, run_probes
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.offline import OfflineProvider, compose_draft
 from novelbus.writers.openai_provider import OpenAIProvider
-from novelbus.writers.probe import FORBIDDEN_TOOL, PROBE_IDS, ProbeReport, run_probes
 from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
 from tests.writers.chat_server import ChatServer, completion
 from tests.writers.harness import FakeModel

@@ -34,13 +34,13 @@ async def new_novel_with_unit(pool: Any) -> tuple[str, str]:
     return novel_id, unit_id
 
 
-async def claim(ctx: Any, novel_id: str, unit_id: str, intent: str = "intent-test") -> cm.UnitClaimed:
+async def claim(ctx: Any, novel_id: str, unit_id: str, intent: str = "intent-test") -> cm.ClaimGranted:
     return await request(ctx.nc, ctx.subjects.claims,  # type: ignore[no-any-return]
                          cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id=intent, mode="subagent"),
-                         cm.UnitClaimed, timeout=10)
+                         cm.ClaimGranted, timeout=10)
 
 
-async def commit(ctx: Any, c: cm.UnitClaimed, novel_id: str, body: CommitBody = BODY,
+async def commit(ctx: Any, c: cm.ClaimGranted, novel_id: str, body: CommitBody = BODY,
                  instance: str | None = None) -> cm.CommitReceipt:
     return await request(ctx.nc, ctx.subjects.commit(instance or c.instance),  # type: ignore[no-any-return]
                          cm.CommitUnit(delegation_id=c.delegation_id, novel_id=novel_id, unit_id=c.unit_id,

@@ -15,9 +15,9 @@ import asyncpg
 import pytest
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import running
-from novelbus.infra._process import free_port
+from novelbus.bus.notices import publish_notice
+from novelbus.infra import free_port
 from novelbus.infra.nats import EmbeddedNats
 from novelbus.infra.postgres import EmbeddedPostgres
 from novelbus.messages.subjects import Subjects

@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import connected
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.bench_chaos import chaos_novel
 from novelbus.cli.supervise import Supervisor
 from novelbus.messages.subjects import Subjects

@@ -11,9 +11,10 @@ from typing import Any
 from nats.js.api import DeliverPolicy
 
 from novelbus import store
-from novelbus.actors.driver import UnitOutcome, publish_notice
 from novelbus.actors.runtime import Runtime, running
+from novelbus.actors.unit_flow import UnitOutcome
 from novelbus.bus.codec import decode, encode
+from novelbus.bus.notices import publish_notice
 from novelbus.bus.streams import WORK_MAX_DELIVER
 from novelbus.messages import claims as cm
 from novelbus.messages.subjects import Subjects
@@ -103,7 +104,7 @@ async def test_rel2_accounting_the_same_claim_again_counts_nothing(stack: Runtim
     before = await ledger(stack, novel_id)
     last = (await store.list_commits(ctx.pool, novel_id))[-1]
     snap = await store.load_snapshot(ctx.pool, novel_id)
-    claim = cm.UnitClaimed(claim_id=last.claim_id, unit_id=last.unit_id, attempt=1, delegation_id="dlg-x-0",
+    claim = cm.ClaimGranted(claim_id=last.claim_id, unit_id=last.unit_id, attempt=1, delegation_id="dlg-x-0",
                            instance="claims-0")
     driver: Any = stack.actor("driver")
     for ok in (True, False):

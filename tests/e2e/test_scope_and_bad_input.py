@@ -22,7 +22,7 @@ from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 
 
-async def _claimed_novel(rt: Runtime) -> tuple[str, str, str, cm.UnitClaimed]:
+async def _claimed_novel(rt: Runtime) -> tuple[str, str, str, cm.ClaimGranted]:
     """A novel with its first two scenes prepared and the first one claimed (no driver involved)."""
     ctx = rt.ctx
     nf = parse_novel_file(sample_novel_bytes())
@@ -35,7 +35,7 @@ async def _claimed_novel(rt: Runtime) -> tuple[str, str, str, cm.UnitClaimed]:
                                   continuation_anchor=None)
     claim = await request(ctx.nc, ctx.subjects.claims,
                           cm.ClaimUnit(novel_id=novel_id, unit_id=u1, intent_id="intent-test", mode="subagent"),
-                          cm.UnitClaimed)
+                          cm.ClaimGranted)
     return novel_id, u1, u2, claim
 
 
@@ -75,7 +75,7 @@ async def test_clm2_unknown_delegation_is_refused_and_recorded(stack: Runtime) -
     assert "delegation.refused" in [e.type for e in await store.list_events(ctx.pool, novel_id)]
 
 
-def _valid_probe(subjects: Any, claim: cm.UnitClaimed, novel_id: str) -> dict[str, tuple[str, msgspec.Struct]]:
+def _valid_probe(subjects: Any, claim: cm.ClaimGranted, novel_id: str) -> dict[str, tuple[str, msgspec.Struct]]:
     """One well-formed request per command subject, each with a known answer."""
     return {
         "claims": (subjects.claims, cm.BeginDispatch(delegation_id=claim.delegation_id)),

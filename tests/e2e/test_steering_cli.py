@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import Runtime
+from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile

@@ -72,17 +72,17 @@ async def test_run6_receipt_dependency_summary_and_run5_redispatch_continues_a_s
         unit_a = await store.prepare_unit(pool, novel_id, scene_a.chapterId, scene_a.sceneId, fragment=1,
                                           continuation_anchor=None)
 
-        async def dispatch(unit: str, claim: cm.UnitClaimed, n: int, shape: str, session: str | None
-                           ) -> rm.WriterFinished:
+        async def dispatch(unit: str, claim: cm.ClaimGranted, n: int, shape: str, session: str | None
+                           ) -> rm.WriterResult:
             pack = await request(ctx.nc, ctx.subjects.packs, pm.RenderPack(
-                novel_id=novel_id, unit_id=unit, shape="full" if shape == "W1" else "trimmed"), pm.PackRendered)
+                novel_id=novel_id, unit_id=unit, shape="full" if shape == "W1" else "trimmed"), pm.PackReady)
             return await request(ctx.nc, ctx.subjects.runs, rm.RunWriter(
                 novel_id=novel_id, unit_id=unit, run_id=f"run-{unit}-{n}", delegation_id=claim.delegation_id,
                 instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=n,  # type: ignore[arg-type]
-                session_id=session), rm.WriterFinished, timeout=30)
+                session_id=session), rm.WriterResult, timeout=30)
 
         claim = await request(ctx.nc, ctx.subjects.claims, cm.ClaimUnit(
-            novel_id=novel_id, unit_id=unit_a, intent_id="intent-a", mode="subagent"), cm.UnitClaimed)
+            novel_id=novel_id, unit_id=unit_a, intent_id="intent-a", mode="subagent"), cm.ClaimGranted)
         first = await dispatch(unit_a, claim, 1, "W2", "sess-a")
         assert not first.ok and first.reason == "not-committed"
         assert (first.dependencies, first.dependencies_at, first.session_continued) == (0, None, False)
@@ -105,7 +105,7 @@ async def test_run6_receipt_dependency_summary_and_run5_redispatch_continues_a_s
         unit_b = await store.prepare_unit(pool, novel_id, scene_b.chapterId, scene_b.sceneId, fragment=1,
                                           continuation_anchor=None)
         claim_b = await request(ctx.nc, ctx.subjects.claims, cm.ClaimUnit(
-            novel_id=novel_id, unit_id=unit_b, intent_id="intent-b", mode="subagent"), cm.UnitClaimed)
+            novel_id=novel_id, unit_id=unit_b, intent_id="intent-b", mode="subagent"), cm.ClaimGranted)
         w1 = await dispatch(unit_b, claim_b, 1, "W1", None)
         assert w1.ok and w1.draft is not None and w1.tool_calls == 0
         assert (w1.dependencies, w1.dependencies_at) == (0, None)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from novelbus import store
-from novelbus.cli import actions
+from novelbus.app import actions
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.panel.app import field_errors

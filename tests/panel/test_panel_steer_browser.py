@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from novelbus import store
-from novelbus.cli import actions
+from novelbus.app import actions
 from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from tests.panel.conftest import Panel

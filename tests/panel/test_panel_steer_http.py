@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from novelbus import store
-from novelbus.cli import actions
+from novelbus.app import actions
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile

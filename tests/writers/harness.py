@@ -18,15 +18,15 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.context import Settings
-from novelbus.actors.driver import publish_notice
 from novelbus.actors.runtime import Runtime, running
+from novelbus.app.probe import PROBE_NOVEL
 from novelbus.bus.codec import decode
+from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.novel.text import estimate_tokens
 from novelbus.writers.offline import OfflineProvider, UnitBrief
-from novelbus.writers.probe import PROBE_NOVEL
 from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
 from novelbus.writers.runner import W1_REPAIR
 from tests.writers.chat_server import Response, completion

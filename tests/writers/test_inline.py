@@ -17,16 +17,14 @@ from novelbus.novel.next_work import WriteUnit, next_work
 from novelbus.novel.outline import NovelFile
 from novelbus.novel.pack import parse_pack, render_pack
 from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.writers.compaction import COMPACT_MARKER, SUMMARY_HEADER, offline_summary
 from novelbus.writers.inline import (
     BRIEF_HEADER,
-    COMPACT_MARKER,
     ENV_COMPACT_TOKENS,
-    SUMMARY_HEADER,
     InlineRun,
     compact_threshold,
     estimate_input_tokens,
     gate_tokens,
-    offline_summary,
     run_inline_unit,
     session_preamble,
     unit_brief,

@@ -16,8 +16,10 @@ from novelbus.novel.next_work import Blocked, Finish, WriteUnit, next_work
 from novelbus.novel.pack import block_fields, parse_pack, render_pack
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.novel.text import effective_characters, is_cjk
+from novelbus.writers.chat import system_message, user_message
+from novelbus.writers.factory import make_provider
 from novelbus.writers.offline import OFFLINE_LABEL, OfflineProvider, UnitBrief, compose_draft
-from novelbus.writers.provider import ModelReply, make_provider, system_message, user_message
+from novelbus.writers.provider import ModelReply
 from novelbus.writers.runner import run_w1, run_w2
 from novelbus.writers.tools import W2_ALLOW_LIST, call_read_tool, openai_tool_definitions
 from tests.writers.conftest import snapshot_of

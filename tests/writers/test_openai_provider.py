@@ -10,18 +10,15 @@ import pytest
 
 from novelbus.novel.pack import render_pack
 from novelbus.novel.snapshot import NovelSnapshot
-from novelbus.writers.offline import OfflineProvider
-from novelbus.writers.openai_provider import OpenAIProvider
-from novelbus.writers.provider import (
+from novelbus.writers.factory import (
     HOSTED_OPENAI_BASE_URL,
     LOCAL_PLACEHOLDER_KEY,
-    ModelProvider,
-    ProviderError,
-    ToolCall,
-    Usage,
     is_local_base_url,
     make_provider,
 )
+from novelbus.writers.offline import OfflineProvider
+from novelbus.writers.openai_provider import OpenAIProvider
+from novelbus.writers.provider import ModelProvider, ProviderError, ToolCall, Usage
 from novelbus.writers.runner import run_w2
 from novelbus.writers.tools import (
     COMMIT_TOOL,

@@ -7,15 +7,11 @@ from typing import Any
 
 import pytest
 
+from novelbus.writers.chat import message_chars
 from novelbus.writers.offline import ScriptedProvider
-from novelbus.writers.provider import ModelReply, ProviderError, ToolCall, Usage, message_chars
+from novelbus.writers.provider import ModelReply, ProviderError, ToolCall, Usage
 from novelbus.writers.record import ARGS_RECORD_CAP, digest
-from novelbus.writers.runner import (
-    ExecutionPolicy,
-    RunOutcome,
-    run_w1,
-    run_w2,
-)
+from novelbus.writers.runner import ExecutionPolicy, RunOutcome, run_w1, run_w2
 from novelbus.writers.sessions import MemorySessionStore
 from novelbus.writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 

@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from novelbus import store
+from novelbus.actors.writer_sessions import PgSessionStore
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
+from novelbus.writers.chat import message_chars
 from novelbus.writers.offline import ScriptedProvider
-from novelbus.writers.provider import message_chars
 from novelbus.writers.runner import ExecutionPolicy, RunOutcome, run_w2
-from novelbus.writers.sessions import MemorySessionStore, PgSessionStore, closed_history
+from novelbus.writers.sessions import MemorySessionStore, closed_history
 from novelbus.writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 from tests.writers.test_runner import COMMIT_ARGS, PACK, Host, call, text, tools
 

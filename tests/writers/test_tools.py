@@ -8,7 +8,7 @@ import re
 import msgspec
 import pytest
 
-from novelbus.novel.body import CanonChange, CommitBody
+from novelbus.novel.body import CanonChange, CommitArgs, CommitBody
 from novelbus.novel.snapshot import NovelSnapshot, UnitView
 from novelbus.writers.tools import (
     BODY_READ_CAP,
@@ -19,7 +19,6 @@ from novelbus.writers.tools import (
     TOOL_REGISTRY,
     W2_ALLOW_LIST,
     WRITE_TOOLS,
-    BodyCommitParams,
     ToolContractError,
     ToolGateError,
     call_read_tool,
@@ -81,7 +80,7 @@ def test_commit_schema_matches_the_commit_body() -> None:
     assert set(params["required"]) == {"unitId", "paragraphs", "sceneCompletion"}
     args = {"unitId": "u-1", **msgspec.to_builtins(_body())}
     validated = validate_tool_args(COMMIT_TOOL, args)
-    assert isinstance(validated, BodyCommitParams)
+    assert isinstance(validated, CommitArgs)
     assert commit_body_from_args(validated) == _body()
 
 

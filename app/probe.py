@@ -1,5 +1,9 @@
 """Capability probes P1–P5 (SPEC §13, seed 0007 §9) for a configured writer model.
 
+Application layer (app/): it starts servers and actors and speaks to them over the bus, so it
+lives above every room it uses (it was `writers/probe.py`); the CLI and the web panel share it,
+and its report cache (`<home>/probes.json`, fresh for `CACHE_TTL_S`).
+
 The probe drives the configured provider through the REAL delegation path: claim manager, pack
 renderer, writer runner and commit verifier run in-process on real NATS and PostgreSQL. By
 default it starts a private embedded NATS + PostgreSQL in a temporary directory and removes them
@@ -32,14 +36,31 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from novelbus import store
+from novelbus.actors.context import ActorContext, Settings
+from novelbus.actors.runtime import running
+from novelbus.bus.client import RemoteError, request
+from novelbus.infra import Infrastructure, home_dir
+from novelbus.messages import claims as cm
+from novelbus.messages import events as ev
+from novelbus.messages import packs as pm
+from novelbus.messages import runs as rm
+from novelbus.messages import verify as vm
+from novelbus.messages.base import tag_of
+from novelbus.messages.subjects import Subjects
+from novelbus.novel.body import CommitBody, SceneCompletion
+from novelbus.novel.outline import parse_novel_file
+from novelbus.writers.factory import ENV_BASE_URL, HOSTED_OPENAI_BASE_URL
 from novelbus.writers.provider import (
     ChatMessage,
     ModelProvider,
@@ -260,8 +281,6 @@ class ProbeProvider:
 @contextlib.asynccontextmanager
 async def _private_servers() -> AsyncIterator[tuple[str, str]]:
     """A private embedded NATS + PostgreSQL in a temporary directory, removed afterwards."""
-    from novelbus.infra import Infrastructure
-
     home = Path(tempfile.mkdtemp(prefix="novelbus-probe-"))
     try:
         async with Infrastructure(home=home, fast=True, environ={}) as infra:
@@ -284,9 +303,6 @@ async def run_probes(
         async with _private_servers() as (nats, dsn):
             return await run_probes(provider, model=model, nats_url=nats, database_url=dsn,
                                     namespace=namespace or "", writer_timeout_s=writer_timeout_s)
-    from novelbus.actors.context import Settings
-    from novelbus.actors.runtime import running
-    from novelbus.messages.subjects import Subjects
 
     probe = ProbeProvider(provider)
     settings = Settings(model=model, claims_instance=f"probe-{secrets.token_hex(4)}",
@@ -303,30 +319,24 @@ class _Unit:
     unit_id: str
     run_id: str
     claim: Any = None
-    finished: Any = None  # runs.WriterFinished
+    finished: Any = None  # runs.WriterResult
     verified: Any = None  # verify.Verified
     error: str | None = None
 
 
-async def _write_unit(ctx: Any, probe: ProbeProvider, novel_id: str, unit: _Unit) -> None:
+async def _write_unit(ctx: ActorContext, probe: ProbeProvider, novel_id: str, unit: _Unit) -> None:
     """Claim → dispatch → render → run → verify, as the driver does for a W2 unit."""
-    from novelbus.bus.client import RemoteError, request
-    from novelbus.messages import claims as cm
-    from novelbus.messages import packs as pm
-    from novelbus.messages import runs as rm
-    from novelbus.messages import verify as vm
-
     timeout = ctx.settings.request_timeout_s
     try:
         unit.claim = await request(ctx.nc, ctx.subjects.claims,
                                    cm.ClaimUnit(novel_id=novel_id, unit_id=unit.unit_id,
                                                 intent_id=f"intent-probe-{secrets.token_hex(6)}",
-                                                mode="subagent"), cm.UnitClaimed, timeout=timeout)
+                                                mode="subagent"), cm.ClaimGranted, timeout=timeout)
         await request(ctx.nc, ctx.subjects.claims, cm.BeginDispatch(delegation_id=unit.claim.delegation_id),
                       cm.DispatchGranted, timeout=timeout)
         pack = await request(ctx.nc, ctx.subjects.packs,
                              pm.RenderPack(novel_id=novel_id, unit_id=unit.unit_id, shape="trimmed"),
-                             pm.PackRendered, timeout=timeout)
+                             pm.PackReady, timeout=timeout)
         probe.run = unit.run_id
         probe.log(unit.run_id)
         unit.finished = await request(
@@ -334,7 +344,7 @@ async def _write_unit(ctx: Any, probe: ProbeProvider, novel_id: str, unit: _Unit
             rm.RunWriter(novel_id=novel_id, unit_id=unit.unit_id, run_id=unit.run_id,
                          delegation_id=unit.claim.delegation_id, instance=unit.claim.instance, shape="W2",
                          pack_text=pack.text, dispatch=1, context_sha256=pack.context_sha256),
-            rm.WriterFinished, timeout=ctx.settings.writer_timeout_s)
+            rm.WriterResult, timeout=ctx.settings.writer_timeout_s)
         unit.verified = await request(ctx.nc, ctx.subjects.verify,
                                       vm.VerifyCommit(novel_id=novel_id, unit_id=unit.unit_id,
                                                       claim_id=unit.claim.claim_id, run_id=unit.run_id),
@@ -347,16 +357,10 @@ async def _write_unit(ctx: Any, probe: ProbeProvider, novel_id: str, unit: _Unit
         with contextlib.suppress(RemoteError, Exception):
             await request(ctx.nc, ctx.subjects.claims,
                           cm.ReleaseClaim(delegation_id=unit.claim.delegation_id, reason="probe"),
-                          cm.ClaimReleased, timeout=timeout)
+                          cm.ReleaseConfirmed, timeout=timeout)
 
 
-async def _probe(ctx: Any, probe: ProbeProvider, model: str) -> ProbeReport:
-    from novelbus import store
-    from novelbus.bus.client import RemoteError, request
-    from novelbus.messages import claims as cm
-    from novelbus.novel.body import CommitBody, SceneCompletion
-    from novelbus.novel.outline import parse_novel_file
-
+async def _probe(ctx: ActorContext, probe: ProbeProvider, model: str) -> ProbeReport:
     pool = ctx.pool
     nf = parse_novel_file(json.dumps(PROBE_NOVEL))
     novel_id = await store.create_novel(pool, nf.model_copy(update={"novelId": f"probe-{secrets.token_hex(4)}"}))
@@ -415,8 +419,9 @@ async def _p6(probe: ProbeProvider) -> Any:
 # --- verdicts -------------------------------------------------------------------------------------
 
 
-def _payloads(events: list[Any], kind: str, run_id: str | None = None) -> list[dict[str, Any]]:
-    return [e.payload for e in events if e.type == kind and (run_id is None or e.payload.get("runId") == run_id)]
+def _payloads(events: list[Any], kind: type[ev.Event], run_id: str | None = None) -> list[dict[str, Any]]:
+    tag = tag_of(kind)
+    return [e.payload for e in events if e.type == tag and (run_id is None or e.payload.get("runId") == run_id)]
 
 
 def _run_failure(unit: _Unit) -> str:
@@ -434,7 +439,7 @@ def _names(calls: list[ToolCall]) -> list[str]:
 
 
 def _p1(probe: ProbeProvider, events: list[Any], runs: dict[str, Any], units: list[_Unit]) -> ProbeResult:
-    started = _payloads(events, "tool.started")
+    started = _payloads(events, ev.ToolStarted)
     ours = {u.run_id for u in units}
     strays = sorted({p.get("runId", "?") for p in started} - ours)
     if strays:
@@ -443,7 +448,7 @@ def _p1(probe: ProbeProvider, events: list[Any], runs: dict[str, Any], units: li
     for label, unit in zip("AB", units, strict=True):
         log = probe.logs.get(unit.run_id)
         issued = _names(log.issued) if log else []
-        recorded = [p["tool"] for p in sorted(_payloads(events, "tool.started", unit.run_id), key=lambda p: p["seq"])]
+        recorded = [p["tool"] for p in sorted(_payloads(events, ev.ToolStarted, unit.run_id), key=lambda p: p["seq"])]
         if not log or not log.model_calls or not recorded:
             return ProbeResult("fail", f"run {label}: the model made {len(log.model_calls) if log else 0} tool "
                                        f"calls, {len(recorded)} recorded ({_run_failure(unit)})")
@@ -470,8 +475,8 @@ def _p2(probe: ProbeProvider, events: list[Any], unit: _Unit) -> ProbeResult:
     log = probe.logs.get(unit.run_id)
     if log is None or FORBIDDEN_TOOL not in _names(log.issued):
         return ProbeResult("fail", f"run A produced no reply to inject into ({_run_failure(unit)})")
-    started = [p for p in _payloads(events, "tool.started", unit.run_id) if p["tool"] == FORBIDDEN_TOOL]
-    refused = [p for p in _payloads(events, "tool.refused", unit.run_id) if p["tool"] == FORBIDDEN_TOOL]
+    started = [p for p in _payloads(events, ev.ToolStarted, unit.run_id) if p["tool"] == FORBIDDEN_TOOL]
+    refused = [p for p in _payloads(events, ev.ToolRefused, unit.run_id) if p["tool"] == FORBIDDEN_TOOL]
     if not started or not all(p.get("refused") for p in started) or not refused:
         return ProbeResult("fail", f"the runner did not refuse and record {FORBIDDEN_TOOL}")
     if FORBIDDEN_TOOL in log.offered:
@@ -494,7 +499,7 @@ def _p3(probe: ProbeProvider, events: list[Any], a: _Unit, b: _Unit, b_state: st
     research = [n for n in model_calls[: model_calls.index(COMMIT_TOOL)] if n in READ_TOOLS]
     if not research:
         return ProbeResult("fail", "the model committed without researching with a read tool first")
-    violations = [p for p in _payloads(events, "scope.violation")
+    violations = [p for p in _payloads(events, ev.ScopeViolation)
                   if p.get("requestedUnitId") == b.unit_id and p.get("delegatedUnitId") == a.unit_id]
     if not violations:
         return ProbeResult("fail", f"the commit naming unit {b.unit_id} under unit {a.unit_id}'s delegation was "
@@ -559,3 +564,51 @@ def _p5(probe: ProbeProvider, a: _Unit, b: _Unit) -> ProbeResult:
                                    f"{first.cached_tokens:,}{of} prompt tokens from the cache")
     return ProbeResult("fail", f"run B's first call reported 0{of} prompt tokens cached; the server's prefix "
                                "cache did not hit on the byte-identical pack prefix")
+
+
+# --- the report cache ------------------------------------------------------------------------------
+
+CACHE_FILE = "probes.json"
+CACHE_TTL_S = 24 * 3600.0
+
+
+def cache_key(model: str, env: Mapping[str, str] | None = None) -> str:
+    """One model = one spec on one server: the same name behind another URL is another model."""
+    model = model.strip()
+    if model == "offline" or model.split(":", 1)[0] == "local":
+        return model  # no server URL involved: the spec names the weights
+    env = os.environ if env is None else env
+    return f"{model}@{(env.get(ENV_BASE_URL) or '').strip() or HOSTED_OPENAI_BASE_URL}"
+
+
+def _cache_path(home: Path | None) -> Path:
+    return home_dir(home) / CACHE_FILE
+
+
+def _read_cache(home: Path | None) -> dict[str, Any]:
+    try:
+        data = json.loads(_cache_path(home).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_report(home: Path | None, report: ProbeReport) -> None:
+    path = _cache_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read_cache(home)
+    data[cache_key(report.model)] = {"model": report.model, "provider": report.provider, "at": time.time(),
+                                     "results": report.to_json()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
+    tmp.replace(path)
+
+
+def cached_report(home: Path | None, model: str, *, max_age_s: float = CACHE_TTL_S) -> ProbeReport | None:
+    entry = _read_cache(home).get(cache_key(model))
+    if not isinstance(entry, dict) or time.time() - float(entry.get("at", 0)) > max_age_s:
+        return None
+    try:
+        return ProbeReport.from_json(model, str(entry.get("provider", "")), entry["results"])
+    except (KeyError, TypeError, ValueError):
+        return None

