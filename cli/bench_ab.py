@@ -177,6 +177,13 @@ class ModeResult:
 
 async def measure(ctx: ActorContext, label: str, mode: str, novel_id: str, seconds: float) -> ModeResult:
     result = ModeResult(label=label, mode=mode, novel_id=novel_id, seconds=seconds)
+    # Usage samples travel off the unit's path (REL-7): wait until every accounted turn has one.
+    turns = (await store.get_novel(ctx.pool, novel_id)).turns
+    for _ in range(100):
+        sampled = (await store.usage_totals(ctx.pool, novel_id)).get(mode, {}).get("samples", 0)
+        if int(sampled) >= turns:
+            break
+        await asyncio.sleep(0.1)
     by_unit: dict[str, list[int]] = {}
     for row in await ledger(ctx, novel_id, {tag_of(ev.UsageSampled)}):
         p = row.payload
