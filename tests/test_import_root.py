@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -53,8 +54,14 @@ def test_arch6_loggers_are_named_by_module() -> None:
 def test_arch6_wheel_installs_only_novelbus_and_runs_from_elsewhere(tmp_path: Path) -> None:
     """A non-editable wheel: top-level names are exactly `novelbus`; the command runs from another
     directory (the sample novel and migrations come from the installed package, not the checkout)."""
+    # Built from a copy of the tree without build leftovers: a stale build/ would leak modules that
+    # no longer exist into the wheel.
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".wheels", ".novelbus", "build", "out", "*.egg-info", "__pycache__", ".*_cache",
+        ".hypothesis", "docs"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                          "-w", str(tmp_path / "dist"), str(REPO)], capture_output=True, text=True, timeout=300)
+                          "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     (wheel,) = (tmp_path / "dist").glob("novelbus-*.whl")
     with zipfile.ZipFile(wheel) as z:
