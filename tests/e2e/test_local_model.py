@@ -282,8 +282,13 @@ async def test_model5_inline_with_a_small_window_compacts_at_0_7_and_never_sends
     assert (last.reply.usage.input_tokens or 0) + (last.reply.usage.output_tokens or 0) > 0.5 * window
     if after:
         assert (after[0].reply.usage.input_tokens or 0) < (last.reply.usage.input_tokens or 0)
-    totals = (await store.usage_totals(rt.ctx.pool, novel_id))["inline"]
-    assert totals["compactions"] >= 1
+    compacted_turns = 0
+    for _ in range(100):  # usage samples travel off the unit's path (REL-7)
+        compacted_turns = (await store.usage_totals(rt.ctx.pool, novel_id)).get("inline", {}).get("compactions", 0)
+        if compacted_turns:
+            break
+        await asyncio.sleep(0.2)
+    assert compacted_turns >= 1
 
 
 _OWNER_SCRIPT = """
@@ -309,7 +314,8 @@ async def test_model1_the_embedded_server_is_owned_like_nats_and_postgres(local_
     import psutil
 
     from novelbus.infra.llama import _get_status
-    from novelbus.writers.provider import ProviderError, make_provider
+    from novelbus.writers.factory import make_provider
+    from novelbus.writers.provider import ProviderError
 
     server = local_model.server
     assert server.running and server.base_url.startswith("http://127.0.0.1:")
