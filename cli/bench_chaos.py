@@ -50,6 +50,7 @@ from novelbus import store
 from novelbus.actors.runtime import connected
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
+from novelbus.cli.bench_common import drop_namespace_streams, settle_work_consumer, stop_supervised
 from novelbus.cli.common import err_console, fail, run, servers
 from novelbus.cli.common import progress as progress_bar
 from novelbus.cli.supervise import Supervisor
@@ -251,24 +252,12 @@ async def run_chaos(
                 result.kills = sup.kills
                 result.kills_by_actor = dict(by_actor)
                 # Settle: every notice delivered and acknowledged (a dead driver's is redelivered).
-                settle_until = time.monotonic() + 45
-                while True:
-                    info = await ctx.js.consumer_info(subjects.work_stream, "driver")
-                    result.pending_notices = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-                    if result.pending_notices == 0 or time.monotonic() > settle_until:
-                        break
-                    await asyncio.sleep(0.25)
+                result.pending_notices = await settle_work_consumer(ctx, subjects, 45)
                 # Settle the accounting: reconciliation closes what the kills left open (REL-7).
-                settle_until = time.monotonic() + SETTLE_S
-                while await accounting_open(ctx.pool, novel_id) and time.monotonic() < settle_until:
-                    await asyncio.sleep(0.5)
+                await settle_accounting(ctx.pool, novel_id)
                 await _check_events(ctx, subjects, novel_id, result)
             finally:
-                if watcher is not None:
-                    watcher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watcher
-                await sup.stop()
+                await stop_supervised(sup, watcher)
                 result.restarts = sup.restarts
                 with contextlib.suppress(Exception):
                     await advisory_sub.unsubscribe()
@@ -278,9 +267,7 @@ async def run_chaos(
         result.dead_lettered = int(dlq.state.messages)
         result.lost_notices = result.pending_notices + result.dead_lettered + result.max_deliveries
         await _check_store(ctx.pool, novel_id, result)
-        for stream in (subjects.work_stream, subjects.events_stream, subjects.dlq_stream):
-            with contextlib.suppress(Exception):
-                await ctx.js.delete_stream(stream)
+        await drop_namespace_streams(ctx)
     if result.ok and not keep_logs:
         shutil.rmtree(log_dir, ignore_errors=True)
     else:
@@ -351,6 +338,13 @@ async def accounting_open(pool: Any, novel_id: str) -> bool:
     return bool(await q(_COMMITS_WITHOUT_TURN, novel_id)
                 or await q("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage IS NULL", novel_id)
                 or await q("SELECT count(*) FROM writer_runs WHERE novel_id = $1 AND status = 'running'", novel_id))
+
+
+async def settle_accounting(pool: Any, novel_id: str, seconds: float = SETTLE_S) -> None:
+    """Wait (up to `seconds`) until reconciliation has closed what kills left open (REL-7)."""
+    settle_until = time.monotonic() + seconds
+    while await accounting_open(pool, novel_id) and time.monotonic() < settle_until:
+        await asyncio.sleep(0.5)
 
 
 async def stream_events(ctx: Any, subjects: Subjects, novel_id: str) -> list[tuple[str, dict[str, Any]]]:

@@ -32,12 +32,12 @@ from novelbus.actors.runtime import connected
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
 from novelbus.cli.bench_chaos import (
-    SETTLE_S,
     ChaosResult,
-    accounting_open,
     chaos_novel,
     check_novel,
+    settle_accounting,
 )
+from novelbus.cli.bench_common import drop_namespace_streams, settle_work_consumer, stop_supervised
 from novelbus.cli.common import err_console, fail, run
 from novelbus.cli.supervise import Supervisor
 from novelbus.infra import Infrastructure
@@ -155,18 +155,8 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
             say(f"  node {leader} restarted")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(done), max(1.0, deadline - time.monotonic()))
-        settle_until = time.monotonic() + 60
-        pending = -1
-        while time.monotonic() < settle_until:
-            with contextlib.suppress(Exception):
-                ci = await ctx.js.consumer_info(subjects.work_stream, "driver")
-                pending = int(ci.num_pending or 0) + int(ci.num_ack_pending or 0)
-                if pending == 0:
-                    break
-            await asyncio.sleep(0.5)
-        settle_until = time.monotonic() + SETTLE_S
-        while await accounting_open(ctx.pool, novel_id) and time.monotonic() < settle_until:
-            await asyncio.sleep(0.5)
+        pending = await settle_work_consumer(ctx, subjects, 60, poll=0.5, tolerate_errors=True)
+        await settle_accounting(ctx.pool, novel_id)
         checks = ChaosResult(kills_target=0, novel_id=novel_id, seed=seed)
         checks.pending_notices = max(pending, 0)
         dlq = await ctx.js.stream_info(subjects.dlq_stream)
@@ -178,15 +168,9 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
         result.lost_notices, result.duplicate_events = checks.lost_notices, checks.duplicate_events
         result.finished = checks.finished
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        await sup.stop()
+        await stop_supervised(sup, watcher)
         await events.__aexit__()
-        for stream in (subjects.work_stream, subjects.events_stream, subjects.dlq_stream):
-            with contextlib.suppress(Exception):
-                await ctx.js.delete_stream(stream)
+        await drop_namespace_streams(ctx)
 
 
 def cluster(

@@ -1,5 +1,5 @@
 """What the benchmarks share: one percentile definition, the generated novels, the event ledger,
-and cleaning up after a run on a server they did not start.
+cleaning up after a run on a server they did not start, and the chaos benches' settle/stop steps.
 
 Percentiles are **nearest-rank** everywhere (`percentile(values, q)`, q in 0..100): the smallest
 sample such that at least q % of the samples are less than or equal to it, i.e. the sample at
@@ -9,14 +9,20 @@ sample, never an interpolation, so p99 figures of different benches compare dire
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from novelbus import store
 from novelbus.actors.context import ActorContext
 from novelbus.novel.generate import generate_novel_file
 from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO
+
+if TYPE_CHECKING:
+    from novelbus.cli.supervise import Supervisor
+    from novelbus.messages.subjects import Subjects
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -63,3 +69,34 @@ async def drop_namespace_streams(ctx: ActorContext) -> None:
     for name in (s.work_stream, s.events_stream, s.dlq_stream):
         with contextlib.suppress(Exception):
             await ctx.js.delete_stream(name)
+
+
+async def settle_work_consumer(ctx: Any, subjects: Subjects, seconds: float, *, poll: float = 0.25,
+                               tolerate_errors: bool = False) -> int:
+    """Wait up to `seconds` until the driver's work consumer has no notice pending or unacknowledged
+    (a dead driver's is redelivered); the last count read (0: settled, -1: never read).
+    `tolerate_errors`: a failed read (e.g. a stream leader moving) is retried, not raised."""
+    settle_until = time.monotonic() + seconds
+    pending = -1
+    while True:
+        try:
+            info = await ctx.js.consumer_info(subjects.work_stream, "driver")
+        except Exception:
+            if not tolerate_errors:
+                raise
+        else:
+            pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+            if pending == 0:
+                return 0
+        if time.monotonic() > settle_until:
+            return pending
+        await asyncio.sleep(poll)
+
+
+async def stop_supervised(sup: Supervisor, watcher: asyncio.Task[None] | None) -> None:
+    """Cancel the supervisor's restart watcher (if it was started), then stop every actor process."""
+    if watcher is not None:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    await sup.stop()

@@ -24,6 +24,7 @@ from novelbus.actors.runtime import connected
 from novelbus.bus.client import BusUnavailable, RemoteError
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
+from novelbus.cli.bench_common import settle_work_consumer, stop_supervised
 from novelbus.cli.supervise import Supervisor
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.generate import generate_novel_file
@@ -120,20 +121,9 @@ async def test_plan6_steering_during_chaos_keeps_rel_guarantees(nats_url: str, n
             killing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await killing
-            settle_until = time.monotonic() + 30
-            pending = -1
-            while time.monotonic() < settle_until:
-                info = await ctx.js.consumer_info(subjects.work_stream, "driver")
-                pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-                if pending == 0:
-                    break
-                await asyncio.sleep(0.25)
+            pending = await settle_work_consumer(ctx, subjects, 30)
         finally:
-            if watcher is not None:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
-            await sup.stop()
+            await stop_supervised(sup, watcher)
         detail = f"kills {dict(kills)}; log {log[-25:]}; actor logs {log_dir}"
         dlq = await ctx.js.stream_info(subjects.dlq_stream)
         novel = await store.get_novel(pool, novel_id)
