@@ -410,6 +410,19 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
     return body
 
 
+async def _novel_and_body(request: Request) -> tuple[str, dict[str, Any]] | JSONResponse:
+    """The path's novel id and the request's JSON-object body, or the answer refusing them
+    (404 unknown novel id, 413 too large, 400 not a JSON object)."""
+    try:
+        novel_id = _novel_id(request)
+    except store.NovelNotFound as e:
+        return _store_error(e)
+    body = await _json_body(request)
+    if isinstance(body, JSONResponse):
+        return body
+    return novel_id, body
+
+
 async def api_steering(request: Request) -> Response:
     """What the steering section shows: the outline state (with the outline), the revisions, the
     requirements ledger and the config — four reads on the bus, as `novelbus novel …` makes them."""
@@ -475,13 +488,10 @@ async def api_direct(request: Request) -> Response:
     """A user directive into the requirements ledger (PLAN-4). The text travels in the body only;
     the reply and the events carry its id, never the text. Idempotent on `messageId`."""
     ctx = _state(request).ctx
-    try:
-        novel_id = _novel_id(request)
-    except store.NovelNotFound as e:
-        return _store_error(e)
-    body = await _json_body(request)
-    if isinstance(body, JSONResponse):
-        return body
+    got = await _novel_and_body(request)
+    if isinstance(got, JSONResponse):
+        return got
+    novel_id, body = got
     text = body.get("text")
     if not isinstance(text, str) or not text.strip():
         return _invalid([{"field": "text", "message": "directive text must not be empty"}])
@@ -502,13 +512,10 @@ async def api_config(request: Request) -> Response:
     are read like `novel config --set FIELD=VALUE` (JSON, else a bare word). Invalid → 422 naming
     the field, nothing changed; a budget pause the new budgets allow is lifted."""
     ctx = _state(request).ctx
-    try:
-        novel_id = _novel_id(request)
-    except store.NovelNotFound as e:
-        return _store_error(e)
-    body = await _json_body(request)
-    if isinstance(body, JSONResponse):
-        return body
+    got = await _novel_and_body(request)
+    if isinstance(got, JSONResponse):
+        return got
+    novel_id, body = got
     changes = body.get("set")
     if not isinstance(changes, dict) or not changes:
         return _invalid([{"field": None, "message": 'nothing to change: send {"set": {"budgets.maxTurns": 400}}'}])
