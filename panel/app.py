@@ -37,7 +37,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -297,22 +297,31 @@ async def _subagent_refusal(state: PanelState) -> str | None:
             "report, or choose writer mode inline. Nothing was created.")
 
 
-async def api_create(request: Request) -> Response:
-    """Create a novel from a pasted or uploaded novel file; on any error nothing is created."""
-    state = _state(request)
+async def _pasted_or_uploaded(request: Request, text_field: str, *, unreadable_field: str,
+                              missing_field: str | None, what: str) -> tuple[FormData, bytes | str] | JSONResponse:
+    """A form's uploaded `file` (preferred) or its pasted `text_field`, with the form itself; or
+    the 422 answer naming the field when the form cannot be read or gives neither."""
     try:
         form = await request.form(max_files=1, max_fields=8, max_part_size=MAX_NOVEL_FILE)
     except Exception as e:  # noqa: BLE001 - a malformed multipart body
-        return _invalid([{"field": "file", "message": f"the form could not be read: {e}"}])
-    upload, text = form.get("file"), form.get("text")
+        return _invalid([{"field": unreadable_field, "message": f"the form could not be read: {e}"}])
+    upload, text = form.get("file"), form.get(text_field)
     if isinstance(upload, UploadFile) and upload.filename:
-        raw = await upload.read()
-    elif isinstance(text, str) and text.strip():
-        raw = text.encode()
-    else:
-        return _invalid([{"field": None, "message": "nothing given: paste the novel JSON or choose a file"}])
+        return form, await upload.read()
+    if isinstance(text, str) and text.strip():
+        return form, text
+    return _invalid([{"field": missing_field, "message": f"nothing given: paste the {what} or choose a file"}])
+
+
+async def api_create(request: Request) -> Response:
+    """Create a novel from a pasted or uploaded novel file; on any error nothing is created."""
+    state = _state(request)
+    got = await _pasted_or_uploaded(request, "text", unreadable_field="file", missing_field=None, what="novel JSON")
+    if isinstance(got, JSONResponse):
+        return got
+    form, raw = got
     try:  # the CLI's reading and checks (`novelbus novel create`), so the messages are the same
-        nf = parse_novel_file(raw)
+        nf = parse_novel_file(raw.encode() if isinstance(raw, str) else raw)
     except OutlineError as e:
         return _invalid(field_errors(str(e)))
     overrides = {k: str(v) for k in ("writerMode", "writerShape") if (v := form.get(k))}
@@ -451,17 +460,11 @@ async def api_revise(request: Request) -> Response:
         novel_id = _novel_id(request)
     except store.NovelNotFound as e:
         return _store_error(e)
-    try:
-        form = await request.form(max_files=1, max_fields=8, max_part_size=MAX_NOVEL_FILE)
-    except Exception as e:  # noqa: BLE001 - a malformed multipart body
-        return _invalid([{"field": "layers", "message": f"the form could not be read: {e}"}])
-    upload, text = form.get("file"), form.get("layers")
-    if isinstance(upload, UploadFile) and upload.filename:
-        raw: bytes | str = await upload.read()
-    elif isinstance(text, str) and text.strip():
-        raw = text
-    else:
-        return _invalid([{"field": "layers", "message": "nothing given: paste the layers JSON or choose a file"}])
+    got = await _pasted_or_uploaded(request, "layers", unreadable_field="layers", missing_field="layers",
+                                    what="layers JSON")
+    if isinstance(got, JSONResponse):
+        return got
+    form, raw = got
     try:
         layers = actions.parse_layers(raw)
     except OutlineError as e:
