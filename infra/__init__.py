@@ -169,7 +169,7 @@ class Infrastructure:
                 self._started.append(self.postgres)
                 self._database_url = await self.postgres.start()
                 self._log(
-                    f"started embedded PostgreSQL at {self._database_url}, pid "
+                    f"started embedded PostgreSQL at {redact_url(self._database_url)}, pid "
                     f"{self.postgres.pid}, data {self.postgres.data_dir}"
                     f"{' (fast: fsync off)' if self.postgres.fast else ''}"
                     f" ({time.monotonic() - t0:.2f}s)"

