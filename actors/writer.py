@@ -19,6 +19,7 @@ from novelbus.actors.context import ActorContext, ServiceActor
 from novelbus.actors.writer_sessions import PgSessionStore
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.service import CommandService
+from novelbus.infra.llama import open_local_server
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
 from novelbus.messages import runs as m
@@ -67,7 +68,7 @@ class WriterRunner(ServiceActor):
                  inline_compact_tokens: int | None = None, max_output_tokens: int | None = None) -> None:
         self.ctx = ctx
         self._owns_provider = provider is None
-        self.state = WriterRunnerState(provider=provider or make_provider(ctx.settings.model))
+        self.state = WriterRunnerState(provider=provider or make_provider(ctx.settings.model, local_server=open_local_server))
         # AB-2 / MODEL-5: an explicit inline compaction threshold (argument or env); None: the §16
         # gate at usageThresholdRatio of the window (the legacy 100k estimate without a window).
         self.inline_compact_tokens = compact_threshold(inline_compact_tokens)

@@ -31,6 +31,7 @@ from novelbus.app.probe import (
     save_report,
 )
 from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
+from novelbus.infra.llama import open_local_server
 from novelbus.writers.factory import make_provider
 from novelbus.writers.provider import ProviderError
 
@@ -66,7 +67,7 @@ def _count_model_calls(provider: Any, bar: Bar) -> None:
 def probe_model(model: str, *, timeout: float = 600.0, live: bool = True) -> ProbeReport:
     """Build the provider for `model` and probe it (configuration errors exit with code 2)."""
     try:
-        provider = make_provider(model)
+        provider = make_provider(model, local_server=open_local_server)
     except ProviderError as e:
         fail(str(e), hint="see `novelbus probe --help` and the README section 'Writer models'", code=2)
     err_console.print(f"[dim]probing {provider.label} on a private embedded NATS + PostgreSQL …[/]")

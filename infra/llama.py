@@ -239,3 +239,9 @@ async def _get_status(port: int, path: str, api_key: str, timeout: float = 2.0) 
             pass
     parts = line.split()
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
+
+
+def open_local_server(weights: Path | None, context_window: int | None) -> LocalModelServer:
+    """The server for `--model local[:PATH.gguf]`: what `writers.factory.make_provider` is handed
+    as `local_server` by the processes that write (MODEL-1)."""
+    return LocalModelServer(weights, context_window=context_window or DEFAULT_CONTEXT_WINDOW)

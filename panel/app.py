@@ -53,6 +53,7 @@ from novelbus import store
 from novelbus.app import actions
 from novelbus.app.probe import REQUIRED_FOR_SUBAGENT, cached_report, run_probes, save_report
 from novelbus.bus.client import BusUnavailable, RemoteError
+from novelbus.infra.llama import open_local_server
 from novelbus.novel.export import export_markdown
 from novelbus.novel.outline import (
     NovelConfig,
@@ -280,7 +281,7 @@ async def _subagent_refusal(state: PanelState) -> str | None:
     report = cached_report(state.home, state.model)
     if report is None or not report.subagent_ok:
         try:
-            provider = make_provider(state.model)
+            provider = make_provider(state.model, local_server=open_local_server)
         except ProviderError as e:
             return str(e)
         try:

@@ -30,8 +30,7 @@ LAYER = {"messages": 0, "novel": 1, "writers": 2, "store": 2, "bus": 2, "infra":
 # nothing of ours) is counted by the store's transaction helper too.
 # MODEL-1 (landed while issue 9 ran): the embedded local model's provider starts its own server
 # (`infra.llama`); it should move behind the factory's caller — until then, named here.
-SIDEWAYS_ALLOWED = {("store", "bus.tally"), ("writers", "infra"), ("writers", "infra.llama")}
-WRITERS_INFRA_EXCEPTION = "local_provider.py"
+SIDEWAYS_ALLOWED = {("store", "bus.tally")}
 
 
 def _imports(path: Path) -> set[str]:
@@ -120,13 +119,8 @@ def room_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_arch_the_allowed_sideways_imports_are_leaves_or_the_named_exception() -> None:
-    for room, module in SIDEWAYS_ALLOWED:
-        if room == "writers":  # the MODEL-1 exception: only local_provider.py may use it
-            users = {p.name for p in (REPO / "writers").rglob("*.py")
-                     if any(_room_of(m) == "infra" for m in _imports(p))}
-            assert users <= {WRITERS_INFRA_EXCEPTION}, users
-            continue
+def test_arch_the_allowed_sideways_imports_are_leaves() -> None:
+    for _room, module in SIDEWAYS_ALLOWED:
         assert not {m for m in _imports(REPO / (module.replace(".", "/") + ".py")) if _room_of(m)}, module
 
 
@@ -134,8 +128,6 @@ def test_arch_writers_import_no_actors_bus_store_or_infra() -> None:
     """writers/ is models and tools only: it never reaches the bus, the store or the servers."""
     for path in (REPO / "writers").rglob("*.py"):
         rooms = {_room_of(m) for m in _imports(path)}
-        if path.name == WRITERS_INFRA_EXCEPTION:
-            rooms.discard("infra")
         assert not rooms & {"actors", "bus", "store", "infra", "app", "panel", "cli"}, (path.name, rooms)
 
 

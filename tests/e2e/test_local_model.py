@@ -100,9 +100,10 @@ class Recorder:
 async def local_model() -> AsyncIterator[Any]:
     """One embedded model server for the module (MODEL-1), stopped at its end."""
     _need_local_model()
+    from novelbus.infra.llama import open_local_server
     from novelbus.writers.local_provider import LocalProvider
 
-    provider = LocalProvider()
+    provider = LocalProvider(open_local_server(None, None))
     await provider.start()
     try:
         yield provider
@@ -313,7 +314,7 @@ async def test_model1_the_embedded_server_is_owned_like_nats_and_postgres(local_
 
     import psutil
 
-    from novelbus.infra.llama import _get_status
+    from novelbus.infra.llama import _get_status, open_local_server
     from novelbus.writers.factory import make_provider
     from novelbus.writers.provider import ProviderError
 
@@ -328,7 +329,9 @@ async def test_model1_the_embedded_server_is_owned_like_nats_and_postgres(local_
     assert listening == {"127.0.0.1"}
 
     with pytest.raises(ProviderError, match="weights not found"):
-        make_provider("local:/nonexistent/model.gguf")
+        make_provider("local:/nonexistent/model.gguf", local_server=open_local_server)
+    with pytest.raises(ProviderError, match="starts no model server"):  # writers/ starts no server itself
+        make_provider("local")
 
     owner = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE, text=True)
     try:
