@@ -32,7 +32,8 @@ from novelbus.app.probe import (
 )
 from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
 from novelbus.infra.llama import open_local_server
-from novelbus.writers.factory import make_provider
+from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider
+from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ProviderError
 
 _STYLE = {"pass": "green", "fail": "red", "not-applicable": "yellow"}
@@ -111,6 +112,39 @@ def require_shape_capable(model: str, home: Path | None, shape: str) -> None:
     fail(f"writer model {model!r} did not pass the probes a {shape} novel requires "
          f"({', '.join(REQUIRED_FOR_SHAPE[shape])}): {reasons}. Nothing was created.",
          hint=f"{hint_shapes}. Run `novelbus probe --model {model}` for the full report.", code=1)
+
+
+def require_known_window(model: str, nf: Any) -> Any:
+    """MODEL-5: an `openai:` novel needs its model's context window — `config.model.contextWindow`,
+    NOVELBUS_MODEL_CONTEXT_WINDOW, or the window the server reports in its model listing (then
+    written into the novel's config). Else creation is refused (never the legacy 100k estimate).
+    Returns the novel file to create."""
+    if not model.strip().startswith("openai:") or nf.config.model.contextWindow is not None:
+        return nf
+    try:
+        provider = make_provider(model)
+    except ProviderError as e:
+        fail(str(e), hint="see the README section 'Writer models'", code=2)
+    if not isinstance(provider, OpenAIProvider) or provider.context_window is not None:
+        return nf
+
+    async def go() -> int | None:
+        try:
+            return await provider.discover_context_window()
+        finally:
+            await provider.aclose()
+
+    window = run(go())
+    if window is None:
+        fail(f"the context window of writer model {model!r} is unknown: the server at "
+             f"{provider.host} reports none in its model listing (GET /models). Nothing was created.",
+             hint=f'set config.model.contextWindow in the novel file (e.g. "model": {{"contextWindow": '
+                  f'32768}}) or {ENV_CONTEXT_WINDOW} to the tokens the model can hold', code=1)
+    err_console.print(f"[dim]context window of {escape(provider.label)}: {window:,} tokens "
+                      "(reported by the server)[/]")
+    model_cfg = nf.config.model.model_copy(update={"contextWindow": window})
+    config = nf.config.model_copy(update={"model": model_cfg})
+    return nf.model_copy(update={"config": config})
 
 
 def probe(

@@ -68,6 +68,22 @@ class OpenAIProvider:
     async def aclose(self) -> None:
         await self._client.close()
 
+    async def discover_context_window(self) -> int | None:
+        """MODEL-5: the window the server reports for this model in its model listing
+        (`GET /models`: vLLM `max_model_len`, llama.cpp `meta.n_ctx`/`n_ctx_train`, others
+        `context_length`/`max_context_length`), or None when it reports none or cannot be asked."""
+        try:
+            page = await self._client.models.list()
+        except (openai.OpenAIError, ValueError):
+            return None
+        entries = [m.model_dump() for m in page.data]
+        mine = [e for e in entries if e.get("id") == self.model] or (entries if len(entries) == 1 else [])
+        for entry in mine:
+            window = window_from_model_entry(entry)
+            if window is not None:
+                return window
+        return None
+
     async def __aenter__(self) -> OpenAIProvider:
         return self
 
@@ -242,3 +258,19 @@ def _usage(usage: Any) -> Usage | None:
         cached_tokens=_int_or_none(getattr(details, "cached_tokens", None)),
         cache_write_tokens=_int_or_none(getattr(details, "cache_write_tokens", None)),
     )
+
+
+_WINDOW_KEYS = ("max_model_len", "context_length", "max_context_length", "context_window", "n_ctx")
+
+
+def window_from_model_entry(entry: dict[str, Any]) -> int | None:
+    """The context window in one model-listing entry (MODEL-5), or None: the first positive
+    whole number under a known key, at the top level or in `meta` (llama.cpp)."""
+    meta = entry.get("meta")
+    places = [entry] + ([meta] if isinstance(meta, dict) else [])
+    for place in places:
+        for key in (*_WINDOW_KEYS, "n_ctx_train"):
+            value = place.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 256:
+                return value
+    return None

@@ -18,7 +18,7 @@ from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.offline import OfflineProvider, compose_draft
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
-from tests.writers.chat_server import ChatServer, completion
+from tests.writers.chat_server import ChatServer, completion, json_response
 from tests.writers.harness import FakeModel
 
 
@@ -183,7 +183,7 @@ async def test_model4_creation_gate_per_shape_names_failing_probes_and_working_s
     flags = _flags(stack, nats_url)
 
     async with ChatServer([], responder=lambda _: completion(content="I only chat.")) as server:
-        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url}
+        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url, "NOVELBUS_MODEL_CONTEXT_WINDOW": "32768"}
         for path, shape in ((w2, "W2"), (inline, "inline"), (w1, "W1")):
             code, _, err = await novelbus("novel", "create", str(path), "--model", "openai:chatty", "--no-start",
                                           *home, *flags, env=env)
@@ -194,7 +194,7 @@ async def test_model4_creation_gate_per_shape_names_failing_probes_and_working_s
         assert await store.list_novels(stack.ctx.pool) == []
 
     async with ChatServer([], responder=drafts_only) as server:
-        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url}
+        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url, "NOVELBUS_MODEL_CONTEXT_WINDOW": "32768"}
         code, _, err = await novelbus("novel", "create", str(w2), "--model", "openai:drafter", "--no-start",
                                       *home, *flags, env=env)
         assert code == 1 and "P1 fail" in err
@@ -212,3 +212,48 @@ async def test_model4_creation_gate_per_shape_names_failing_probes_and_working_s
     assert code == 0, err
     assert "probing" not in err  # the cached passing result for 'offline' was reused
     assert sorted(n.writer_mode for n in await store.list_novels(stack.ctx.pool)) == ["inline", "subagent"]
+
+
+async def test_model5_openai_window_is_read_from_the_model_listing_or_creation_is_refused(
+        stack: Runtime, nats_url: str, tmp_path: Path) -> None:
+    """MODEL-5: an `openai:` novel with no config.model.contextWindow and no
+    NOVELBUS_MODEL_CONTEXT_WINDOW takes the window the server reports in `GET /models` (vLLM
+    `max_model_len`) into its config; a server that reports none gets a refusal naming the
+    settings to give — nothing created, no probe run, never the legacy 100k estimate."""
+    data = json.loads(sample_novel_bytes())
+    data["config"].update(writerShape="W1")
+    w1 = tmp_path / "w1.json"
+    w1.write_text(json.dumps(data))
+    home = ["--home", str(tmp_path / "home")]
+    flags = _flags(stack, nats_url)
+
+    def silent(request: dict[str, Any]) -> Any:  # GET /models carries no body
+        return json_response({"object": "list", "data": [{"id": "quiet", "object": "model"}]}) \
+            if not request else drafts_only(request)
+
+    async with ChatServer([], responder=silent) as server:
+        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url}
+        code, _, err = await novelbus("novel", "create", str(w1), "--model", "openai:quiet", "--no-start",
+                                      *home, *flags, env=env)
+        assert code == 1
+        flat = " ".join(err.split())
+        assert "context window of writer model 'openai:quiet' is unknown" in flat
+        assert "config.model.contextWindow" in flat and "NOVELBUS_MODEL_CONTEXT_WINDOW" in flat
+        assert "Nothing was created" in flat
+        assert server.paths == ["/v1/models"]  # refused before any probe
+    assert await store.list_novels(stack.ctx.pool) == []
+
+    def vllm(request: dict[str, Any]) -> Any:
+        listing = {"object": "list", "data": [
+            {"id": "other", "object": "model", "max_model_len": 4096},
+            {"id": "served", "object": "model", "max_model_len": 12288}]}
+        return json_response(listing) if not request else drafts_only(request)
+
+    async with ChatServer([], responder=vllm) as server:
+        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url}
+        code, _, err = await novelbus("novel", "create", str(w1), "--model", "openai:served", "--no-start",
+                                      *home, *flags, env=env)
+        assert code == 0, err
+        assert server.paths[0] == "/v1/models"
+    [novel] = await store.list_novels(stack.ctx.pool)
+    assert novel.config.model.contextWindow == 12288

@@ -17,7 +17,7 @@ from novelbus.writers.factory import (
     make_provider,
 )
 from novelbus.writers.offline import OfflineProvider
-from novelbus.writers.openai_provider import OpenAIProvider
+from novelbus.writers.openai_provider import OpenAIProvider, window_from_model_entry
 from novelbus.writers.provider import ModelProvider, ProviderError, ToolCall, Usage
 from novelbus.writers.runner import run_w2
 from novelbus.writers.tools import (
@@ -313,3 +313,34 @@ async def test_model3_hermes_tool_calls_in_the_content_are_parsed_and_options_ar
     assert s.requests[0]["tool_choice"] == forced and "response_format" not in s.requests[0]
     assert s.requests[1]["response_format"] == fmt and "tool_choice" not in s.requests[1]
     assert not plain.text_tool_calls and plain.tool_calls == []
+
+
+@pytest.mark.parametrize(("entry", "window"), [
+    ({"id": "m", "max_model_len": 32768}, 32768),                       # vLLM
+    ({"id": "m", "meta": {"n_ctx_train": 8192, "n_vocab": 49152}}, 8192),  # llama.cpp server
+    ({"id": "m", "context_length": 4096}, 4096),
+    ({"id": "m", "owned_by": "me"}, None),
+    ({"id": "m", "max_model_len": "big"}, None),
+    ({"id": "m", "max_model_len": True}, None),
+    ({"id": "m", "max_model_len": 12}, None),
+])
+def test_model5_window_from_a_model_listing_entry(entry: dict[str, Any], window: int | None) -> None:
+    """MODEL-5: the window read from one `GET /models` entry; nothing made up when absent."""
+    assert window_from_model_entry(entry) == window
+
+
+async def test_model5_discover_context_window_asks_the_model_listing() -> None:
+    """MODEL-5: the provider reads its own model's entry; a server without a figure (or an error)
+    gives None."""
+    listing = {"object": "list", "data": [{"id": "x", "object": "model", "max_model_len": 2048},
+                                          {"id": "test-model", "object": "model", "max_model_len": 16384}]}
+    async with ChatServer([json_response(listing), json_response({"object": "list", "data": []}),
+                           json_response({"error": "no"}, 404)]) as s:
+        provider = provider_for(s, max_retries=0)
+        try:
+            assert await provider.discover_context_window() == 16384
+            assert await provider.discover_context_window() is None
+            assert await provider.discover_context_window() is None
+        finally:
+            await provider.aclose()
+        assert s.paths == ["/v1/models"] * 3
