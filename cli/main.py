@@ -36,7 +36,7 @@ from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
 from novelbus.cli.panel_cmd import panel as panel_command
 from novelbus.cli.probe_cmd import probe as probe_command
-from novelbus.cli.probe_cmd import require_known_window, require_shape_capable
+from novelbus.cli.probe_cmd import require_known_window, require_shape_capable, require_w2_fits
 from novelbus.cli.steer_cmd import register as register_steering
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
 from novelbus.infra import redact_url
@@ -283,6 +283,7 @@ def novel_create(
         fail(f"{file}: {e}", code=2)
     shape = "inline" if nf.config.writerMode == "inline" else nf.config.writerShape
     nf = require_known_window(model, nf)  # MODEL-5: openai: needs a known window
+    require_w2_fits(nf, shape)  # MODEL-5: the first W2 request must fit that window
     require_shape_capable(model, home, shape)  # fails closed, before anything is created
     from novelbus.novel.planning import preflight
 

@@ -30,9 +30,10 @@ from novelbus.app.probe import (
     run_probes,
     save_report,
 )
+from novelbus.app.window_fit import w2_fit_error
 from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
 from novelbus.infra.llama import open_local_server
-from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider
+from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider, window_from_env
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ProviderError
 
@@ -145,6 +146,27 @@ def require_known_window(model: str, nf: Any) -> Any:
     model_cfg = nf.config.model.model_copy(update={"contextWindow": window})
     config = nf.config.model_copy(update={"model": model_cfg})
     return nf.model_copy(update={"config": config})
+
+
+def require_w2_fits(nf: Any, shape: str) -> None:
+    """MODEL-5: a W2 novel whose first request (trimmed pack + W2 instruction + tool definitions +
+    a minimal reply reserve) cannot fit the known window is refused before anything is created.
+    The window: the smaller of config.model.contextWindow and NOVELBUS_MODEL_CONTEXT_WINDOW."""
+    if shape != "W2":
+        return
+    try:
+        env_window = window_from_env()
+    except ProviderError as e:
+        fail(str(e), hint="see the README section 'Writer models'", code=2)
+    windows = [w for w in (nf.config.model.contextWindow, env_window) if w is not None]
+    if not windows:
+        return
+    error = w2_fit_error(nf, min(windows))
+    if error is not None:
+        fail(f"{error}. Nothing was created.",
+             hint=f"use a model with a bigger window (config.model.contextWindow / {ENV_CONTEXT_WINDOW}), "
+                  'config.writerShape "W1" (no tool definitions), or shorter outline fields '
+                  "(scene goals, characters, lore)", code=1)
 
 
 def probe(

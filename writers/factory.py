@@ -62,6 +62,11 @@ def _window_from_env(env: Mapping[str, str]) -> int | None:
     return int(raw)
 
 
+def window_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """MODEL-5: NOVELBUS_MODEL_CONTEXT_WINDOW, validated (None when unset)."""
+    return _window_from_env(os.environ if env is None else env)
+
+
 def make_provider(
     spec: str,
     *,

@@ -257,3 +257,40 @@ async def test_model5_openai_window_is_read_from_the_model_listing_or_creation_i
         assert server.paths[0] == "/v1/models"
     [novel] = await store.list_novels(stack.ctx.pool)
     assert novel.config.model.contextWindow == 12288
+
+
+async def test_model5_create_refuses_a_w2_novel_whose_first_request_cannot_fit_the_window(
+        stack: Runtime, nats_url: str, tmp_path: Path) -> None:
+    """MODEL-5: at `novel create` the trimmed W2 pack + tool definitions + a reply reserve must fit
+    the known window (config.model.contextWindow, NOVELBUS_MODEL_CONTEXT_WINDOW: the smaller);
+    else a refusal names the window, the figure and what to do — nothing created, no probe."""
+    data = json.loads(sample_novel_bytes())
+    data["config"]["model"] = {"contextWindow": 1024}
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(data))
+    home = ["--home", str(tmp_path / "home")]
+    flags = _flags(stack, nats_url)
+    code, _, err = await novelbus("novel", "create", str(small), "--no-start", *home, *flags)
+    assert code == 1
+    flat = " ".join(err.split())
+    assert "context window of 1,024 tokens cannot hold the first W2 request" in flat
+    assert "of tool definitions" in flat and "Nothing was created" in flat
+    assert 'config.writerShape "W1"' in flat and "bigger window" in flat
+    assert "probing" not in err  # refused before any probe
+    assert await store.list_novels(stack.ctx.pool) == []
+
+    data["config"]["model"] = {"contextWindow": 32768}
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(data))
+    code, _, err = await novelbus("novel", "create", str(big), "--no-start", *home, *flags,
+                                  env={"NOVELBUS_MODEL_CONTEXT_WINDOW": "1024"})
+    assert code == 1 and "context window of 1,024 tokens" in err  # the smaller window counts
+    data["config"]["writerShape"] = "W1"
+    w1 = tmp_path / "w1.json"
+    w1.write_text(json.dumps(data))
+    code, _, err = await novelbus("novel", "create", str(w1), "--no-start", *home, *flags,
+                                  env={"NOVELBUS_MODEL_CONTEXT_WINDOW": "1024"})
+    assert code == 0, err  # W1 sends no tool definitions: not gated by the W2 bound
+    code, _, err = await novelbus("novel", "create", str(big), "--no-start", *home, *flags)
+    assert code == 0, err
+    assert len(await store.list_novels(stack.ctx.pool)) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import msgspec
 import pytest
@@ -276,3 +277,34 @@ def test_read_tools_gate_fails_closed() -> None:
     check_read_tools_gate([], read_tools_enabled=False)
     with pytest.raises(ToolContractError):
         check_read_tools_gate(["claim_unit"], read_tools_enabled=True)
+
+
+def _sample_with_goal(goal: str) -> Any:
+    from novelbus.novel.outline import parse_novel_file
+    from novelbus.novel.sample import sample_novel_bytes
+
+    data = json.loads(sample_novel_bytes())
+    for scene in data["outline"]["scenes"]:
+        scene["goal"] = goal
+    return parse_novel_file(json.dumps(data).encode())
+
+
+def test_model5_w2_request_bound_counts_pack_tools_and_reserve() -> None:
+    """MODEL-5: the creation-time bound of the first W2 request holds the trimmed pack, the W2
+    tool definitions and the reply reserve; a longer scene field raises it; `w2_fit_error`
+    names the window, the figure and the scene only when it does not fit."""
+    from novelbus.app.window_fit import w2_fit_error, w2_request_bound
+    from novelbus.writers.runner import MIN_OUTPUT_TOKENS, tool_definition_tokens
+
+    short, long = _sample_with_goal("Find the bell."), _sample_with_goal("Find the bell. " * 19)
+    a, b = w2_request_bound(short), w2_request_bound(long)
+    assert a is not None and b is not None
+    assert a.tool_tokens == tool_definition_tokens(openai_tool_definitions(W2_ALLOW_LIST)) > 0
+    assert a.tokens > a.tool_tokens + MIN_OUTPUT_TOKENS
+    assert b.tokens > a.tokens + 40
+    scene = b.scene_id
+    assert scene in {s.sceneId for s in long.outline.scenes}
+    assert w2_fit_error(long, b.tokens) is None
+    error = w2_fit_error(long, b.tokens - 1)
+    assert error is not None
+    assert f"{b.tokens - 1:,} tokens" in error and f"about {b.tokens:,}" in error and scene in error
