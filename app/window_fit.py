@@ -26,6 +26,15 @@ class RequestBound:
     scene_id: str  # the scene whose first unit needs the most
 
 
+def w2_floor() -> RequestBound:
+    """What every W2 request needs before its pack: instruction, tool definitions, template margin
+    and the reply reserve (what `novelbus probe` sets against the window; scene_id empty)."""
+    tools = openai_tool_definitions(W2_ALLOW_LIST)
+    tool_only = request_tokens([], tools) - request_tokens([], None)
+    tokens = request_tokens([user_message(W2_INSTRUCTION)], tools) + MIN_OUTPUT_TOKENS
+    return RequestBound(tokens=tokens, tool_tokens=tool_only, scene_id="")
+
+
 def w2_request_bound(nf: NovelFile) -> RequestBound | None:
     """The largest first W2 request over the outline's scenes (None: no scene to write)."""
     outline = nf.outline

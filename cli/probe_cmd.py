@@ -30,7 +30,7 @@ from novelbus.app.probe import (
     run_probes,
     save_report,
 )
-from novelbus.app.window_fit import w2_fit_error
+from novelbus.app.window_fit import w2_fit_error, w2_floor
 from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
 from novelbus.infra.llama import open_local_server
 from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider, window_from_env
@@ -169,6 +169,42 @@ def require_w2_fits(nf: Any, shape: str) -> None:
                   "(scene goals, characters, lore)", code=1)
 
 
+def window_summary(model: str) -> str | None:
+    """MODEL-5 for `novelbus probe`: the model's window (NOVELBUS_MODEL_CONTEXT_WINDOW, else for
+    `openai:` what the server's model listing reports) against what every W2 request needs before
+    its pack. None for a provider whose window comes from elsewhere (offline, local)."""
+    try:
+        window = window_from_env()
+    except ProviderError as e:
+        return str(e)
+    if window is None:
+        if not model.strip().startswith("openai:"):
+            return None
+        try:
+            provider = make_provider(model)
+        except ProviderError as e:
+            return str(e)
+        if not isinstance(provider, OpenAIProvider):
+            return None
+
+        async def go() -> int | None:
+            try:
+                return await provider.discover_context_window()
+            finally:
+                await provider.aclose()
+
+        window = run(go())
+        if window is None:
+            return (f"context window: unknown (the server reports none in GET /models); `novel create` "
+                    f"refuses an {model!r} novel until config.model.contextWindow or "
+                    f"{ENV_CONTEXT_WINDOW} gives it")
+    floor = w2_floor()
+    verdict = ("W2 cannot fit at all: use a bigger window or W1" if floor.tokens > window
+               else f"{window - floor.tokens:,} left for a W2 pack")
+    return (f"context window: {window:,} tokens; every W2 request needs about {floor.tokens:,} before "
+            f"its pack ({floor.tool_tokens:,} tool definitions, instruction, reply reserve): {verdict}")
+
+
 def probe(
     model: Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
                                        help="Writer provider: offline | local[:PATH.gguf] | openai:<model>")] = "offline",
@@ -194,5 +230,8 @@ def probe(
         shapes = ", ".join(report.working_shapes()) or "none"
         console.print(f"writer shapes this model can write: {shapes} "
                       f"({time.monotonic() - started:.1f} s)")
+        summary = window_summary(model)
+        if summary is not None:
+            console.print(escape(summary))
     if not report.subagent_ok:
         raise typer.Exit(1)

@@ -294,3 +294,36 @@ async def test_model5_create_refuses_a_w2_novel_whose_first_request_cannot_fit_t
     code, _, err = await novelbus("novel", "create", str(big), "--no-start", *home, *flags)
     assert code == 0, err
     assert len(await store.list_novels(stack.ctx.pool)) == 2
+
+
+async def test_model5_probe_sets_the_w2_floor_against_the_window(tmp_path: Path) -> None:
+    """MODEL-5: `novelbus probe` prints the known window beside what every W2 request needs before
+    its pack (tool definitions, instruction, reply reserve), and says when W2 cannot fit at all."""
+    from novelbus.app.window_fit import w2_floor
+
+    floor = w2_floor()
+    code, out, err = await novelbus("probe", "--home", str(tmp_path),
+                                    env={"NOVELBUS_MODEL_CONTEXT_WINDOW": "1024"})
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert f"context window: 1,024 tokens; every W2 request needs about {floor.tokens:,}" in flat
+    assert f"{floor.tool_tokens:,} tool definitions" in flat
+    assert ("W2 cannot fit at all" in flat) == (floor.tokens > 1024)
+    code, out, err = await novelbus("probe", "--home", str(tmp_path),
+                                    env={"NOVELBUS_MODEL_CONTEXT_WINDOW": "300"})
+    assert code == 0 and "W2 cannot fit at all" in " ".join(out.split())
+
+    def listing(window: int | None) -> Any:
+        entry: dict[str, Any] = {"id": "m", "object": "model"}
+        if window is not None:
+            entry["max_model_len"] = window
+        return lambda request: (json_response({"object": "list", "data": [entry]}) if not request
+                                else drafts_only(request))
+
+    for window, expected in ((None, "context window: unknown (the server reports none in GET /models)"),
+                             (16384, "context window: 16,384 tokens; every W2 request needs about")):
+        async with ChatServer([], responder=listing(window)) as server:
+            code, out, err = await novelbus("probe", "--model", "openai:m", "--home", str(tmp_path),
+                                            env={"NOVELBUS_MODEL_BASE_URL": server.base_url})
+            assert code == 1  # a drafts-only model fails P1 …
+            assert expected in " ".join(out.split()), out  # … and its window is reported all the same
