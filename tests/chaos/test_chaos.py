@@ -21,8 +21,11 @@ async def test_rel1_rel8_chaos_40_units_14_sigkills_every_actor_kind(nats_url: s
     assert r.kills >= 14 and r.restarts >= r.kills, detail  # each victim was restarted
     assert sorted(r.kills_by_actor) == sorted(ACTOR_KINDS), detail
     assert all(n >= 2 for n in r.kills_by_actor.values()), detail  # every actor kind, twice at least
-    # scheduled over the first 60 % of the units; a kill waits while every kind is restarting
-    assert max(r.kill_progress) <= 0.85, detail
+    # Scheduled over the first 60 % of the units, but a kill waits for its kind to be up again and
+    # units stop committing while the driver restarts, so where kills land depends on the machine's
+    # speed (a quiet CI machine once put the last two at 87.5 %). What must hold: every kill lands
+    # while the novel is still being written.
+    assert max(r.kill_progress) < 1.0, detail
     assert r.units == 40 and r.commits == 40 and r.turns == 40 and r.usage_samples == 40, detail
     assert r.open_writer_runs == 0 and r.duplicate_events == 0 and r.missing_events == 0, detail
     assert r.units_without_one_commit == [] and r.scenes_completed_twice == 0, detail

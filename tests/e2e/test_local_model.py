@@ -239,8 +239,16 @@ async def test_model3_a_real_model_answering_in_text_gets_a_forced_commit_record
                    if tc.name == COMMIT_TOOL and c.options.get("tool_choice")]
     assert commit.paragraphs in [a.get("paragraphs") for a in commit_args]  # the model's own words
 
-    run = next(r for r in await store.list_writer_runs(rt.ctx.pool, novel_id)
-               if r.unit_id == unit_id and r.status == "ok")
+    # The run row is closed by the runner after the commit it made itself landed (and its
+    # unit.committed event went out): wait for it rather than race it.
+    run = None
+    for _ in range(300):
+        run = next((r for r in await store.list_writer_runs(rt.ctx.pool, novel_id)
+                    if r.unit_id == unit_id and r.status == "ok"), None)
+        if run is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert run is not None, f"the writer run of {unit_id} never closed as ok"
     commits_in_manifest = [d for d in run.manifest or [] if d["tool"] == COMMIT_TOOL]
     assert commits_in_manifest and commits_in_manifest[-1].get("forced") is True
 
