@@ -25,13 +25,44 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from types import TracebackType
+from typing import IO, Any, Protocol, Self
 
 _logger = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 LOOPBACK = "127.0.0.1"  # embedded servers never listen anywhere else
 LOG_ROTATE_BYTES = 8 * 1024 * 1024
+
+
+class OwnedServer:
+    """What every server we start shares: its child process, `pid`, `running`, and `async with`
+    (start on entry, stop on exit). Subclasses set `_proc` and define `start`/`stop`."""
+
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    async def start(self) -> str:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
 
 
 class ServerStartError(RuntimeError):

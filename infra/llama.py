@@ -25,11 +25,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 from novelbus.infra._process import (
     LOOPBACK,
+    OwnedServer,
     ServerStartError,
     free_port,
     log_tail,
@@ -78,7 +78,7 @@ def model_name_for(weights: Path) -> str:
     return weights.stem.lower()
 
 
-class LocalModelServer:
+class LocalModelServer(OwnedServer):
     """`python -m llama_cpp.server` on 127.0.0.1, owned by this process.
 
     `async with LocalModelServer() as s: s.base_url, s.api_key`; `stop_sync()` for atexit.
@@ -117,23 +117,6 @@ class LocalModelServer:
         if self._port is None:
             raise RuntimeError("local model server is not started")
         return f"http://{LOOPBACK}:{self._port}/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    async def __aenter__(self) -> LocalModelServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     def _argv(self, port: int) -> list[str]:
         argv = [

@@ -33,11 +33,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 from novelbus.infra._process import (
     LOOPBACK,
+    OwnedServer,
     OwnerFile,
     ServerStartError,
     free_port,
@@ -112,7 +112,7 @@ async def _http_status(port: int, path: str, timeout: float = 1.0) -> int:
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
 
 
-class EmbeddedNats:
+class EmbeddedNats(OwnedServer):
     """A ``nats-server -js`` on 127.0.0.1 owned by this process.
 
     ``async with EmbeddedNats(path) as nats: nats.url`` or ``await start()`` /
@@ -170,23 +170,6 @@ class EmbeddedNats:
         if self._monitor_port is None:
             raise RuntimeError("embedded NATS is not started")
         return f"http://{LOOPBACK}:{self._monitor_port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    async def __aenter__(self) -> EmbeddedNats:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> str:
         """Start the server and wait until JetStream is healthy; returns the client URL."""

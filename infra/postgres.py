@@ -41,7 +41,6 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -49,6 +48,7 @@ import asyncpg  # type: ignore[import-untyped]
 
 from novelbus.infra._process import (
     LOOPBACK,
+    OwnedServer,
     OwnerFile,
     ServerStartError,
     deathsig_preexec,
@@ -138,7 +138,7 @@ def _make_install_readable(bin_dir: Path) -> None:
     _install_readable = True
 
 
-class EmbeddedPostgres:
+class EmbeddedPostgres(OwnedServer):
     """A PostgreSQL server on 127.0.0.1 owned by this process.
 
     ``async with EmbeddedPostgres(path, fast=True) as pg: pg.dsn`` or ``await start()`` /
@@ -195,24 +195,7 @@ class EmbeddedPostgres:
         auth = f"{SUPERUSER}:{quote(self._password, safe='')}"
         return f"postgresql://{auth}@{LOOPBACK}:{self.port}/{database}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     # --- lifecycle -----------------------------------------------------------------------
-
-    async def __aenter__(self) -> EmbeddedPostgres:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> str:
         """initdb if needed, start the server, create the database; returns its DSN."""
