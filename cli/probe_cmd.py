@@ -115,6 +115,18 @@ def require_shape_capable(model: str, home: Path | None, shape: str) -> None:
          hint=f"{hint_shapes}. Run `novelbus probe --model {model}` for the full report.", code=1)
 
 
+def _discover_window(provider: OpenAIProvider) -> int | None:
+    """The window the server reports in its model listing (GET /models), or None; closes the client."""
+
+    async def go() -> int | None:
+        try:
+            return await provider.discover_context_window()
+        finally:
+            await provider.aclose()
+
+    return run(go())
+
+
 def require_known_window(model: str, nf: Any) -> Any:
     """MODEL-5: an `openai:` novel needs its model's context window — `config.model.contextWindow`,
     NOVELBUS_MODEL_CONTEXT_WINDOW, or the window the server reports in its model listing (then
@@ -129,13 +141,7 @@ def require_known_window(model: str, nf: Any) -> Any:
     if not isinstance(provider, OpenAIProvider) or provider.context_window is not None:
         return nf
 
-    async def go() -> int | None:
-        try:
-            return await provider.discover_context_window()
-        finally:
-            await provider.aclose()
-
-    window = run(go())
+    window = _discover_window(provider)
     if window is None:
         fail(f"the context window of writer model {model!r} is unknown: the server at "
              f"{provider.host} reports none in its model listing (GET /models). Nothing was created.",
@@ -187,13 +193,7 @@ def window_summary(model: str) -> str | None:
         if not isinstance(provider, OpenAIProvider):
             return None
 
-        async def go() -> int | None:
-            try:
-                return await provider.discover_context_window()
-            finally:
-                await provider.aclose()
-
-        window = run(go())
+        window = _discover_window(provider)
         if window is None:
             return (f"context window: unknown (the server reports none in GET /models); `novel create` "
                     f"refuses an {model!r} novel until config.model.contextWindow or "
