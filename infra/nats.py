@@ -42,17 +42,12 @@ from novelbus.infra._process import (
     ServerStartError,
     free_port,
     log_tail,
-    open_log,
     spawn,
     stop_stale,
-    terminate,
-    terminate_sync,
     track,
-    untrack,
 )
 
 STOP_SIGNAL = signal.SIGTERM
-STOP_GRACE = 10.0
 HEALTH_PATH = "/healthz?js-enabled-only=true"
 CLIENT_USER = "novelbus"
 
@@ -113,11 +108,13 @@ async def _http_status(port: int, path: str, timeout: float = 1.0) -> int:
 
 
 class EmbeddedNats(OwnedServer):
-    """A ``nats-server -js`` on 127.0.0.1 owned by this process.
+    """A ``nats-server -js`` on 127.0.0.1 owned by this process (stopped by SIGTERM).
 
     ``async with EmbeddedNats(path) as nats: nats.url`` or ``await start()`` /
     ``await stop()``. ``stop_sync()`` is for atexit and signal paths.
     """
+
+    stop_signal = STOP_SIGNAL
 
     def __init__(
         self,
@@ -193,26 +190,11 @@ class EmbeddedNats(OwnedServer):
             raise
         return self.url
 
-    async def stop(self) -> None:
-        """SIGTERM, SIGKILL after 10 s."""
-        if self._proc is not None:
-            await terminate(self._proc, STOP_SIGNAL, STOP_GRACE)
-        self._release_process()
-
-    def stop_sync(self) -> None:
-        if self._proc is not None:
-            terminate_sync(self._proc, STOP_SIGNAL, STOP_GRACE)
-        self._release_process()
-
-    def _release_process(self) -> None:
+    def _released(self) -> None:
         if self._proc is not None:
             self._owner.clear()
             self.pid_file.unlink(missing_ok=True)
-        self._proc = None
-        untrack(self)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        super()._released()
 
     def __repr__(self) -> str:
         return f"EmbeddedNats({str(self.data_dir)!r}, pid={self.pid}, port={self._port})"
@@ -261,21 +243,16 @@ class EmbeddedNats(OwnedServer):
             attempt += 1
             port = self._fixed_port or free_port()
             monitor_port = self._fixed_monitor_port or free_port()
-            self._log = open_log(self.log_path)
-            offset = self._log.tell()
-            self._log.write(
-                f"--- start port {port} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode()
-            )
-            self._log.flush()
+            log_file, offset = self._open_log(self.log_path, port)
             self._proc = spawn(
-                self._argv(binary, port, monitor_port), log_file=self._log, deathsig=STOP_SIGNAL
+                self._argv(binary, port, monitor_port), log_file=log_file, deathsig=STOP_SIGNAL
             )
             track(self)
             self._port, self._monitor_port = port, monitor_port
             if await self._wait_healthy(deadline):
                 self._owner.write(self._proc.pid)
                 return
-            self._release_process()
+            self._released()
             log = self.log_path.read_bytes()[offset:].decode(errors="replace")
             fixed = self._fixed_port is not None and self._fixed_monitor_port is not None
             if "address already in use" not in log or fixed or attempt >= 5:

@@ -57,10 +57,7 @@ from novelbus.infra._process import (
     open_log,
     spawn,
     stop_stale,
-    terminate,
-    terminate_sync,
     track,
-    untrack,
 )
 from novelbus.infra.nats import write_private
 
@@ -69,7 +66,6 @@ _logger = logging.getLogger(__name__)
 SERVER_USER = "embedded_postgres"
 SUPERUSER = "postgres"
 DEFAULT_DATABASE = "novelbus"
-STOP_GRACE = 10.0
 # Fast shutdown: clients are disconnected, a checkpoint is written. (SIGTERM, "smart"
 # shutdown, would wait for every client - other processes may hold connections.)
 STOP_SIGNAL = signal.SIGINT
@@ -145,6 +141,8 @@ class EmbeddedPostgres(OwnedServer):
     ``await stop()``. ``stop_sync()`` is for atexit and signal paths.
     """
 
+    stop_signal = STOP_SIGNAL
+
     def __init__(
         self,
         data_dir: Path,
@@ -216,32 +214,24 @@ class EmbeddedPostgres(OwnedServer):
             raise
         return self.dsn
 
-    async def stop(self) -> None:
-        """Fast shutdown (SIGINT), SIGKILL after 10 s."""
+    def _released(self) -> None:
         if self._proc is not None:
-            await terminate(self._proc, STOP_SIGNAL, STOP_GRACE)
-        self._cleanup()
+            self._owner.clear()
+        super()._released()
+
+    async def stop(self) -> None:
+        """Fast shutdown (SIGINT), SIGKILL after 10 s; a temporary socket directory is removed."""
+        await super().stop()
+        self._remove_socket_dir()
 
     def stop_sync(self) -> None:
-        if self._proc is not None:
-            terminate_sync(self._proc, STOP_SIGNAL, STOP_GRACE)
-        self._cleanup()
+        super().stop_sync()
+        self._remove_socket_dir()
 
-    def _cleanup(self) -> None:
-        self._release_process()
+    def _remove_socket_dir(self) -> None:
         if self._temp_socket_dir and self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
-
-    def _release_process(self) -> None:
-        """Forget a process that has exited."""
-        if self._proc is not None:
-            self._owner.clear()
-        self._proc = None
-        untrack(self)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     def __repr__(self) -> str:
         return f"EmbeddedPostgres({str(self.data_dir)!r}, pid={self.pid}, port={self._port})"
@@ -412,15 +402,10 @@ class EmbeddedPostgres(OwnedServer):
         while True:
             attempt += 1
             port = self._fixed_port or free_port()
-            self._log = open_log(self.log_path)
-            offset = self._log.tell()
-            self._log.write(
-                f"--- start port {port} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode()
-            )
-            self._log.flush()
+            log_file, offset = self._open_log(self.log_path, port)
             self._proc = spawn(
                 self._argv(bin_dir, port),
-                log_file=self._log,
+                log_file=log_file,
                 deathsig=STOP_SIGNAL,
                 cwd=self.data_dir,
                 user=self._uid,
@@ -432,7 +417,7 @@ class EmbeddedPostgres(OwnedServer):
                 self._owner.write(self._proc.pid)
                 return
             # The server exited during start-up: see whether trying again can help.
-            self._release_process()
+            self._released()
             log = self.log_path.read_bytes()[offset:].decode(errors="replace")
             busy_port = "could not bind" in log or "Address already in use" in log
             orphans = "pre-existing shared memory block" in log
