@@ -71,6 +71,9 @@ def turn_sample(req: m.RecordTurn) -> dict[str, Any]:
         "outputTokens": _reported_sum([c.output_tokens for c in calls]),
         "cachedTokens": _reported_sum([c.cached_tokens for c in calls]),
         "cacheWriteTokens": _reported_sum([c.cache_write_tokens for c in calls]),
+        # MODEL-6: how many calls the provider reported input tokens for; `inputTokens` is the
+        # complete server figure only when this equals `calls` (else a partial sum).
+        "reportedCalls": sum(1 for c in calls if c.input_tokens is not None),
         # The window: the largest single call's input (provider figure when reported).
         "windowPeakTokens": max((c.input_tokens if c.input_tokens is not None else c.est_input_tokens)
                                 for c in calls) if calls else 0,

@@ -55,10 +55,16 @@ console = Console(highlight=False, soft_wrap=True)  # tables never wrap, whateve
 # --- running one novel through the actors ---------------------------------------------------------
 
 
+HEARTBEAT_S = 60.0  # piped/--json progress: a line at least this often while a novel is being written
+SLOW_UNIT_S = 5.0  # ... and one per committed unit once units take longer than this
+
+
 async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float, label: str,
                       quiet: bool = False, live: bool = True) -> tuple[str, float]:
     """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds).
-    Progress: a live bar on a terminal (`live`), else a line every 10 units on stderr (not `quiet`)."""
+    Progress: a live bar on a terminal (`live`); else lines on stderr (not `quiet`): every 10 units,
+    every unit once units are slow (a real model), a failed unit's reason code, and a heartbeat
+    with the writer runs so far at least every minute — a long real-model job is never silent."""
     try:
         nf = parse_novel_file(json.dumps(data, ensure_ascii=False))
     except OutlineError as e:
@@ -66,21 +72,39 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
     novel_id = await store.create_novel(ctx.pool, nf)
     total = len(nf.outline.scenes)
     done: asyncio.Future[ev.NovelEvent] = asyncio.get_running_loop().create_future()
-    committed = 0
+    committed = runs = failed_runs = 0
     bar = Bar()
+    started = last_line = time.monotonic()
+
+    def say(text: str) -> None:
+        nonlocal last_line
+        last_line = time.monotonic()
+        if not quiet and not bar.live:
+            err_console.print(f"[dim]  {label}: {text} ({_elapsed(last_line - started)})[/]")
 
     async def on_event(e: ev.NovelEvent) -> None:
-        nonlocal committed
+        nonlocal committed, runs, failed_runs
         if isinstance(e, ev.UnitCommitted):
             committed += 1
             bar.update(committed)
-            if not quiet and not bar.live and (committed % 10 == 0 or committed == total):
-                err_console.print(f"[dim]  {label}: {committed}/{total} units[/]")
+            if committed % 10 == 0 or committed == total or time.monotonic() - last_line >= SLOW_UNIT_S:
+                say(f"{committed}/{total} units")
+        elif isinstance(e, ev.WriterFinished):
+            runs += 1
+            failed_runs += 0 if e.ok else 1
+        elif isinstance(e, ev.UnitFailed):
+            say(f"unit {e.unit_id} failed ({e.reason}) after {e.dispatches} dispatches")
         elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
             done.set_result(e)
 
-    started = time.monotonic()
+    async def heartbeat() -> None:
+        while True:
+            await asyncio.sleep(max(1.0, HEARTBEAT_S - (time.monotonic() - last_line)))
+            if time.monotonic() - last_line >= HEARTBEAT_S:
+                say(f"{committed}/{total} units, {runs} writer runs finished ({failed_runs} failed)")
+
     async with EventFollower(ctx.nc, ctx.subjects, novel_id=novel_id, on_event=on_event):
+        beat = asyncio.create_task(heartbeat())
         try:
             with progress(f"{label}: units", total, enabled=live and not quiet) as bar:
                 await publish_notice(ctx, novel_id, reason="bench")
@@ -90,6 +114,10 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
                 await store.pause_novel(ctx.pool, novel_id, "stopped")
             raise RuntimeError(f"{label}: novel {novel_id} did not finish within {timeout:.0f} s "
                                f"({committed}/{total} units)") from None
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
     if isinstance(final, ev.NovelPaused):
         if final.reason == "awaiting-approval":
             # Every unit is written; only the book's finish guard (length band, required
@@ -100,6 +128,11 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
             return novel_id, time.monotonic() - started
         raise RuntimeError(f"{label}: novel {novel_id} paused ({final.reason}: {final.detail})")
     return novel_id, time.monotonic() - started
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 # --- what one mode measured ---------------------------------------------------------------------------
@@ -116,6 +149,9 @@ class ModeResult:
     unit_tokens: list[int] = field(default_factory=list)  # estimated input tokens per unit
     unit_window: list[int] = field(default_factory=list)  # largest single call per unit
     totals: dict[str, Any] = field(default_factory=dict)
+    committed: int = 0  # units in state committed at the end
+    turns: int = 0  # accounted turns of the novel; `totals` covers `samples` of them
+    compaction_marks: list[dict[str, int | None]] = field(default_factory=list)
 
     @property
     def input_chars(self) -> int:
@@ -130,9 +166,35 @@ class ModeResult:
         return int(self.totals.get("estWindowPeakTokens", max(self.unit_window, default=0)))
 
     @property
+    def calls(self) -> int:
+        return int(self.totals.get("calls", 0))
+
+    @property
+    def reported_calls(self) -> int:
+        """MODEL-6: calls whose input tokens the provider reported."""
+        return int(self.totals.get("reportedCalls", 0))
+
+    @property
+    def samples(self) -> int:
+        return int(self.totals.get("samples", 0))
+
+    @property
+    def provider_complete(self) -> bool:
+        """Every call of every accounted turn carries a provider figure: only then is the sum
+        the server's whole input (compaction and forced calls included), not a partial one."""
+        return self.calls > 0 and self.reported_calls == self.calls and self.samples >= self.turns
+
+    @property
     def provider_input_tokens(self) -> int | None:
+        """The server-reported prompt tokens of every call; None unless every call reported."""
         value = self.totals.get("inputTokens")
-        return int(value) if isinstance(value, int | float) else None
+        return int(value) if isinstance(value, int | float) and self.provider_complete else None
+
+    @property
+    def provider_peak_tokens(self) -> int | None:
+        """The largest single call's server-reported prompt tokens (None unless all reported)."""
+        value = self.totals.get("windowPeakTokens")
+        return int(value) if isinstance(value, int | float) and self.provider_complete else None
 
     @property
     def cached_share(self) -> float | None:
@@ -178,12 +240,13 @@ class ModeResult:
 async def measure(ctx: ActorContext, label: str, mode: str, novel_id: str, seconds: float) -> ModeResult:
     result = ModeResult(label=label, mode=mode, novel_id=novel_id, seconds=seconds)
     # Usage samples travel off the unit's path (REL-7): wait until every accounted turn has one.
-    turns = (await store.get_novel(ctx.pool, novel_id)).turns
-    for _ in range(100):
+    result.turns = turns = (await store.get_novel(ctx.pool, novel_id)).turns
+    for _ in range(300):
         sampled = (await store.usage_totals(ctx.pool, novel_id)).get(mode, {}).get("samples", 0)
         if int(sampled) >= turns:
             break
         await asyncio.sleep(0.1)
+    result.committed = sum(1 for u in await store.list_units(ctx.pool, novel_id) if u.state == "committed")
     by_unit: dict[str, list[int]] = {}
     for row in await ledger(ctx, novel_id, {tag_of(ev.UsageSampled)}):
         p = row.payload
@@ -199,7 +262,26 @@ async def measure(ctx: ActorContext, label: str, mode: str, novel_id: str, secon
     result.unit_tokens = [by_unit[u][1] for u in result.units]
     result.unit_window = [by_unit[u][2] for u in result.units]
     result.totals = (await store.usage_totals(ctx.pool, novel_id)).get(mode, {})
+    if result.samples < turns:
+        err_console.print(f"[yellow]note:[/] {label}: usage of {turns - result.samples} of {turns} turns is "
+                          "missing; provider figures are reported as unknown")
+    result.compaction_marks = compaction_marks(await store.recent_usage(ctx.pool, novel_id))
     return result
+
+
+def compaction_marks(samples: list[dict[str, Any]]) -> list[dict[str, int | None]]:
+    """Per compaction call (usage ring, oldest first): the reported prompt tokens of the call
+    before it (what the §16 gate projected from) and of the compaction request itself."""
+    marks: list[dict[str, int | None]] = []
+    before: int | None = None
+    for sample in samples:
+        for row in sample.get("perCall") or ():
+            tokens = row.get("inputTokens")
+            tokens = int(tokens) if isinstance(tokens, int | float) else None
+            if row.get("compaction"):
+                marks.append({"lastReportedBefore": before, "compactionRequest": tokens})
+            before = tokens
+    return marks
 
 
 # --- output -----------------------------------------------------------------------------------------
@@ -274,22 +356,33 @@ def print_table(inline: ModeResult, sub: ModeResult, flat: ModeResult | None, ra
     rows: list[tuple[str, str, str, str]] = [
         ("total raw input (chars)", f"{inline.input_chars:,}", f"{sub.input_chars:,}", ""),
         ("total raw input (est. tokens)", f"{inline.input_tokens:,}", f"{sub.input_tokens:,}", ""),
-        ("provider input tokens", _opt(inline.provider_input_tokens), _opt(sub.provider_input_tokens), ""),
+        ("units committed", f"{inline.committed}/{len(inline.units)}", f"{sub.committed}/{len(sub.units)}", ""),
+        ("provider prompt tokens (all calls)", _opt(inline.provider_input_tokens), _opt(sub.provider_input_tokens),
+         "server-reported sums; n/a unless every call reported"),
+        ("calls with reported usage", f"{inline.reported_calls}/{inline.calls}", f"{sub.reported_calls}/{sub.calls}",
+         ""),
         ("window peak (est. tokens)", f"{inline.peak_tokens:,}", f"{sub.peak_tokens:,}",
          f"W2 ≤ {TARGET_W2_PEAK_TOKENS:,} {_mark(sub.peak_tokens <= TARGET_W2_PEAK_TOKENS)}"),
+        ("window peak (provider tokens)", _opt(inline.provider_peak_tokens), _opt(sub.provider_peak_tokens),
+         "" if window is None else f"≤ window {window:,} "
+         f"{_mark(all(p is None or p <= window for p in (inline.provider_peak_tokens, sub.provider_peak_tokens)))}"),
         ("per-unit input p50 (est. tokens)", f"{inline.p50():,.0f}", f"{sub.p50():,.0f}", ""),
         ("per-unit input max (est. tokens)", f"{inline.max():,}", f"{sub.max():,}", ""),
-        ("compactions", f"{inline.compactions}", f"{sub.compactions}", ""),
+        ("compactions", f"{inline.compactions}", f"{sub.compactions}",
+         f"at {compact_tokens:,} tokens" if window is not None else ""),
         ("tool definitions per call (est.)", f"{inline.tool_definition_tokens_per_call:,.0f}",
          f"{sub.tool_definition_tokens_per_call:,.0f}", "counted in the input"),
         ("forced commit calls", f"{inline.forced_calls}", f"{sub.forced_calls}", ""),
         ("cached share", _share(inline.cached_share), _share(sub.cached_share), ""),
-        ("model calls", f"{int(inline.totals.get('calls', 0)):,}", f"{int(sub.totals.get('calls', 0)):,}", ""),
+        ("model calls", f"{inline.calls:,}", f"{sub.calls:,}", ""),
         ("wall time (s)", f"{inline.seconds:.1f}", f"{sub.seconds:.1f}", ""),
     ]
     console.print(f"{'':34} {'inline':>16} {'subagent':>16}   target")
     for name, a, b, target in rows:
         console.print(f"{name:34} {a:>16} {b:>16}   {target}")
+    for i, mark in enumerate(inline.compaction_marks, 1):
+        console.print(f"{'inline compaction ' + str(i):34} last reported prompt before it "
+                      f"{_opt(mark['lastReportedBefore'])}, its own request {_opt(mark['compactionRequest'])}")
     console.print(f"{'subagent / inline (est. tokens)':34} {ratio:>33.3f}   ≤ {TARGET_RATIO:.2f} "
                   f"{_mark(ratio <= TARGET_RATIO)} (aim ≤ {AIM_RATIO:.2f} {_mark(ratio <= AIM_RATIO)})")
     console.print(f"{'subagent / inline (chars)':34} {ratio_chars:>33.3f}")
@@ -349,6 +442,15 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                     novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label,
                                                           live=not as_json)
                     results[label] = await measure(ctx, label, mode, novel_id, seconds)
+            except asyncio.CancelledError:
+                # Ctrl-C / SIGTERM: stop the model first, so the call in flight fails now and the
+                # actors drain in seconds, not after the unit's remaining model calls (minutes on
+                # a local model). Nothing is lost: a unit cut short is redelivered on a later run.
+                close = getattr(writer_provider, "aclose", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        await close()
+                raise
             finally:
                 await drop_namespace_streams(ctx)
     inline, sub = results["inline"], results["subagent"]
@@ -379,8 +481,22 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         "inline_input_chars": inline.input_chars,
         "subagent_input_chars": sub.input_chars,
         "ratio_chars": round(ratio_chars, 4),
+        # MODEL-6: server-reported prompt tokens summed over EVERY call (compaction and forced calls
+        # included); null unless every call of every turn reported them (never a partial sum).
         "inline_provider_input_tokens": inline.provider_input_tokens,
         "subagent_provider_input_tokens": sub.provider_input_tokens,
+        "inline_provider_peak_tokens": inline.provider_peak_tokens,
+        "subagent_provider_peak_tokens": sub.provider_peak_tokens,
+        "inline_calls": inline.calls,
+        "subagent_calls": sub.calls,
+        "inline_reported_calls": inline.reported_calls,
+        "subagent_reported_calls": sub.reported_calls,
+        "inline_units_committed": inline.committed,
+        "subagent_units_committed": sub.committed,
+        "subagent_compactions": sub.compactions,
+        "inline_compaction_marks": inline.compaction_marks,
+        "inline_seconds": round(inline.seconds, 1),
+        "subagent_seconds": round(sub.seconds, 1),
         "inline_unit_p50_tokens": inline.p50(),
         "inline_unit_max_tokens": inline.max(),
         "subagent_unit_p50_tokens": sub.p50(),

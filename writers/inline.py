@@ -330,7 +330,6 @@ async def run_inline_unit(
         if (projected_tokens(messages, tools, mark, tool_tokens) > threshold
                 and _compactable(messages, brief_at)):
             request = [*messages[:brief_at], user_message(COMPACT_INSTRUCTION)]
-            split = inline_split(request, len(request) - 1, len(request))
             try:
                 # The history before the brief may itself be too large: the summary request
                 # keeps only what the window holds (oldest messages dropped first).
@@ -339,6 +338,8 @@ async def run_inline_unit(
                                                 prompt_tokens=projected_tokens(request, None, mark))
             except WindowError as e:
                 return done(False, "window-exceeded", str(e))
+            # Measured on what is sent: the fitted request, not the history it was cut from.
+            split = inline_split(request, len(request) - 1, len(request))
             try:
                 reply = await complete(provider, request, None, max_output_tokens=compact_max)
             except ProviderError as e:

@@ -60,11 +60,14 @@ class LocalProvider:
         self._inner: OpenAIProvider | None = None
         self._lock: asyncio.Lock | None = None
         self._tool_tokens: dict[str, int] = {}
+        self._closed = False  # after aclose() the server is never started again (no restart on exit)
 
     async def start(self) -> OpenAIProvider:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
+            if self._closed:
+                raise ProviderError("provider-unavailable", "the local model server was stopped (shutting down)")
             if self._inner is None or not self.server.running:
                 if self._inner is not None:
                     await self._inner.aclose()
@@ -110,6 +113,7 @@ class LocalProvider:
         return self._tool_tokens[key]
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._inner is not None:
             await self._inner.aclose()
             self._inner = None

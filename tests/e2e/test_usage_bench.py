@@ -3,15 +3,28 @@ test session's servers: `--json` prints exactly one JSON object on stdout with t
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
+
+from novelbus import store
+from novelbus.actors.runtime import running
+from novelbus.cli import bench_ab
+from novelbus.cli.bench_ab import measure, write_novel
+from novelbus.cli.bench_common import novel_dict
+from novelbus.messages.subjects import Subjects
+from novelbus.writers.compaction import is_compaction_request
+from novelbus.writers.offline import OfflineProvider
+from novelbus.writers.provider import ModelReply
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,3 +163,75 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
         per_unit["transactions"]
     )
     assert per_unit["publishes"]["total"] >= report["stream_messages_per_unit"] > 0
+
+
+class _NoUsageOnCompaction(OfflineProvider):
+    """A provider that reports usage for every call except the host's compaction requests."""
+
+    async def complete(self, messages: list[Any], tools: list[dict[str, Any]] | None, **kw: Any) -> ModelReply:
+        reply = await super().complete(messages, tools, **kw)
+        return msgspec.structs.replace(reply, usage=None) if is_compaction_request(messages) else reply
+
+
+@pytest.mark.parametrize("provider", ["reports-all", "no-usage-on-compaction"])
+async def test_model6_bench_ab_provider_figures_are_every_calls_reported_sum_or_unknown(
+    nats_url: str, new_database: Any, namespace: str, provider: str
+) -> None:
+    """MODEL-6/7, §16: the bench's provider prompt tokens are the sum of EVERY call's reported
+    figure, compaction calls included; the §16 gate compacts an inline session at 0.7 of the
+    window on reported tokens and no call passes the window; a provider that leaves one call
+    unreported gives unknown provider figures (null), never a partial sum."""
+    window, ratio = 6_000, 0.7
+    threshold = int(window * ratio)
+    writer = OfflineProvider() if provider == "reports-all" else _NoUsageOnCompaction()
+    dsn = await new_database()
+    async with running(nats_url, dsn, subjects=Subjects(namespace),
+                       actor_kwargs={"writer": {"provider": writer}}) as rt:
+        data = novel_dict(3, 3, seed=7, unit_chars=500, cjk=False, mode="inline", label="model6",
+                          window=window, ratio=ratio)
+        novel_id, seconds = await write_novel(rt.ctx, data, timeout=120, label="inline", quiet=True)
+        result = await measure(rt.ctx, "inline", "inline", novel_id, seconds)
+        calls = [c for s in await store.recent_usage(rt.ctx.pool, novel_id) for c in s["perCall"]]
+    assert result.committed == 9 and result.calls == len(calls) and result.compactions >= 1
+    compaction_calls = [c for c in calls if c.get("compaction")]
+    assert len(compaction_calls) == result.compactions == len(result.compaction_marks)
+    if provider == "reports-all":
+        assert result.reported_calls == result.calls
+        assert result.provider_input_tokens == sum(c["inputTokens"] for c in calls)
+        assert result.provider_input_tokens > sum(c["inputTokens"] for c in calls if not c.get("compaction"))
+        assert result.provider_peak_tokens == max(c["inputTokens"] for c in calls) <= window
+        for mark in result.compaction_marks:  # the gate fired before a reported call passed it
+            assert mark["lastReportedBefore"] is not None and mark["lastReportedBefore"] <= threshold
+            assert mark["compactionRequest"] is not None
+    else:
+        assert result.reported_calls == result.calls - result.compactions
+        assert result.provider_input_tokens is None and result.provider_peak_tokens is None
+        assert all(m["compactionRequest"] is None for m in result.compaction_marks)
+
+
+class _SlowOffline(OfflineProvider):
+    async def complete(self, messages: list[Any], tools: list[dict[str, Any]] | None, **kw: Any) -> ModelReply:
+        await asyncio.sleep(0.15)  # a real model: seconds to minutes per call
+        return await super().complete(messages, tools, **kw)
+
+
+async def test_ops4_bench_ab_piped_progress_is_never_silent_on_a_slow_model(
+    nats_url: str, new_database: Any, namespace: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OPS-4, MODEL-7: with `--json` (no bar) a slow writer still shows progress on stderr — a
+    line per committed unit once units are slow, and a heartbeat with the writer runs so far."""
+    dsn = await new_database()
+    async with running(nats_url, dsn, subjects=Subjects(namespace),
+                       actor_kwargs={"writer": {"provider": _SlowOffline()}}) as rt:
+        data = novel_dict(1, 4, seed=7, unit_chars=400, cjk=False, mode="subagent", label="ops4")
+        monkeypatch.setattr(bench_ab, "SLOW_UNIT_S", 0.0)  # every unit is "slow": one line each
+        await write_novel(rt.ctx, data, timeout=120, label="per-unit", live=False)
+        monkeypatch.setattr(bench_ab, "SLOW_UNIT_S", 1e9)  # no per-unit lines: the heartbeat speaks
+        monkeypatch.setattr(bench_ab, "HEARTBEAT_S", 0.2)
+        await write_novel(rt.ctx, data, timeout=120, label="heartbeat", live=False)
+    err = capsys.readouterr().err
+    for k in range(1, 5):
+        assert f"per-unit: {k}/4 units" in err, err
+    assert "heartbeat: 1/4 units (" not in err and "heartbeat: 4/4 units (" in err, err
+    assert re.search(r"heartbeat: [0-3]/4 units, [0-9]+ writer runs finished \(0 failed\)", err), err
