@@ -75,6 +75,9 @@ class WriterRunner(ServiceActor):
         self.max_output_tokens = max_output_tokens or output_tokens_from_env()
         self._mechanism: str | None = mechanism_override()  # MODEL-2: P6's choice, once per process
         self._mechanism_lock = asyncio.Lock()
+        # MODEL-3: this provider's model answered in text when offered tools under auto (a W2
+        # run of this process); later runs force their research from the first call.
+        self._auto_declined = auto_declined_from_env()
         # MODEL-5: the last provider-reported prompt tokens of each inline session (this process)
         self._marks: dict[str, PromptMark] = {}
         self.services = [CommandService(ctx.nc, ctx.subjects.runs, {m.RunWriter: self.on_run}, queue="runs",
@@ -191,10 +194,13 @@ class WriterRunner(ServiceActor):
             policy = ExecutionPolicy(session_id=req.session_id,
                                      session_store=PgSessionStore(self.ctx.pool, req.novel_id))
             chapter_id = (await store.get_unit(self.ctx.pool, req.novel_id, req.unit_id)).chapter_id
-        return await run_w2(provider, req.pack_text, allow_list=W2_ALLOW_LIST, read_tool=read_tool,
-                            commit=commit, max_tool_rounds=self.ctx.settings.max_tool_rounds,
-                            max_output_tokens=max_tokens, on_tool_started=tool_started, policy=policy,
-                            chapter_id=chapter_id, rewrite=req.rewrite, window=window, unit_id=req.unit_id)
+        outcome = await run_w2(provider, req.pack_text, allow_list=W2_ALLOW_LIST, read_tool=read_tool,
+                               commit=commit, max_tool_rounds=self.ctx.settings.max_tool_rounds,
+                               max_output_tokens=max_tokens, on_tool_started=tool_started, policy=policy,
+                               chapter_id=chapter_id, rewrite=req.rewrite, window=window, unit_id=req.unit_id,
+                               auto_declined=self._auto_declined)
+        self._auto_declined = self._auto_declined or outcome.auto_declined
+        return outcome
 
     async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome,
                       started: set[int] | None = None) -> m.WriterResult:
@@ -235,6 +241,18 @@ def output_tokens_from_env() -> int:
     if not raw.isdigit() or int(raw) < 16:
         raise ValueError(f"{ENV_MAX_OUTPUT_TOKENS} must be a whole number ≥ 16")
     return int(raw)
+
+
+ENV_TOOL_CHOICE = "NOVELBUS_MODEL_TOOL_CHOICE"
+
+
+def auto_declined_from_env() -> bool:
+    """MODEL-3: NOVELBUS_MODEL_TOOL_CHOICE=forced says the model does not call tools under auto
+    (W2 runs then force their research and commit from the first call); auto (default): learn it."""
+    raw = os.environ.get(ENV_TOOL_CHOICE, "").strip().lower()
+    if raw not in ("", "auto", "forced"):
+        raise ValueError(f"{ENV_TOOL_CHOICE} must be auto or forced")
+    return raw == "forced"
 
 
 def effective_window(provider: ModelProvider, configured: int | None) -> int | None:

@@ -21,15 +21,22 @@ It writes two consecutive W2 units of one chapter of a tiny probe novel:
 
 | probe | passes when |
 |---|---|
-| P1 | every tool call the runs issued is recorded (`tool.started`) under the run that issued it, in order, and the successful runs' dependency manifests match |
+| P1 | every tool call the runs issued is recorded (`tool.started`) under the run that issued it, in order, and the successful runs' dependency manifests match; calls the runner's tool-choice policy forced by name (MODEL-3) count, and the evidence names them as forced |
 | P2 | the out-of-allow-list call was refused by the runner (`tool.refused`) and never executed |
-| P3 | run A researched with read tools before committing, the out-of-scope commit was refused (`scope.violation`, unit B untouched), its own commit was accepted and verified, and a second commit with another body on the ended claim is refused |
+| P3 | run A researched with a read tool (not every read failing) before committing — on its own or forced by the policy, the evidence says which ("forced by the tool-choice policy: the model made no tool call of its own") — the out-of-scope commit was refused (`scope.violation`, unit B untouched), its own commit was accepted and verified, and a second commit with another body on the ended claim is refused |
 | P4 | the provider reported token usage (offline: not-applicable, its figures are estimates) |
 | P5 | run B's first call reports cached prompt tokens (not-applicable when the server reports no cache figures) |
 | P6 | a W1 draft requested as structured output (json_schema, json_object + schema, json_object, prompt: the best the server honours) validates against the commit schema (MODEL-2) |
 
 Creating a novel requires the probes of its writer shape (MODEL-4, `REQUIRED_FOR_SHAPE`): W2 and
 inline P1–P3, W1 P6.
+
+The probe judges the runs as the runner really drives them (MODEL-3, `writers.tool_policy`): a
+model that answers in text instead of calling a tool gets one read tool, then the commit, forced
+by name; later runs of the same process force them from the first call. So a weak tool user
+passes P1/P3 through the host's policy — that is what its W2 novels will do — and the evidence
+says plainly which calls were forced. P2, the scope refusal and the ended-claim refusal are the
+host's, whoever made the call.
 """
 
 from __future__ import annotations
@@ -205,7 +212,8 @@ class ProbeReport:
 
 @dataclass
 class _RunLog:
-    model_calls: list[ToolCall] = field(default_factory=list)  # what the model itself asked for
+    model_calls: list[ToolCall] = field(default_factory=list)  # what the model itself produced
+    forced: list[bool] = field(default_factory=list)  # per model call: made under a forced tool_choice
     issued: list[ToolCall] = field(default_factory=list)  # model + injected, in execution order
     offered: set[str] = field(default_factory=set)
     replies: int = 0
@@ -243,6 +251,7 @@ class ProbeProvider:
         log.replies += 1
         log.offered |= {t.get("function", {}).get("name", "") for t in tools or ()}
         log.model_calls.extend(reply.tool_calls)
+        log.forced.extend([options.get("tool_choice") is not None] * len(reply.tool_calls))
         calls = list(reply.tool_calls)
         if run in self.inject_forbidden:
             self.inject_forbidden.discard(run)
@@ -398,7 +407,7 @@ async def _probe(ctx: ActorContext, probe: ProbeProvider, model: str) -> ProbeRe
     results = {
         "P1": _p1(probe, events, runs, [unit_a, unit_b]),
         "P2": _p2(probe, events, unit_a),
-        "P3": _p3(probe, events, unit_a, unit_b, b_after_a.state, b_commit_after_a is not None, ended_refusal,
+        "P3": _p3(probe, events, runs, unit_a, unit_b, b_after_a.state, b_commit_after_a is not None, ended_refusal,
                   a_commits),
         "P4": _p4(probe, [unit_a, unit_b]),
         "P5": _p5(probe, unit_a, unit_b),
@@ -466,9 +475,20 @@ def _p1(probe: ProbeProvider, events: list[Any], runs: dict[str, Any], units: li
                 return ProbeResult("fail", f"run {label}: dependency manifest {manifest} differs from the "
                                            f"recorded calls {recorded}")
         parts.append(f"run {label} ({unit.run_id}): {len(recorded)} calls recorded under it "
-                     f"[{', '.join(recorded)}]")
+                     f"[{', '.join(recorded)}]{_forced_note(log)}")
     return ProbeResult("pass", "; ".join(parts) + "; every call sits under the run that issued it, in order, "
                                "and stored manifests match")
+
+
+def _forced_note(log: _RunLog) -> str:
+    """MODEL-3: say plainly which of the model's calls the runner's policy forced by name."""
+    forced = [c.name for c, f in zip(log.model_calls, log.forced, strict=True) if f]
+    if not forced:
+        return ""
+    own = len(log.model_calls) - len(forced)
+    whose = ("the model made no tool call of its own" if own == 0
+             else f"{own} call{'s' if own != 1 else ''} of the model's own")
+    return f" ({len(forced)} forced by the tool-choice policy: {', '.join(forced)}; {whose})"
 
 
 def _p2(probe: ProbeProvider, events: list[Any], unit: _Unit) -> ProbeResult:
@@ -489,16 +509,29 @@ def _p2(probe: ProbeProvider, events: list[Any], unit: _Unit) -> ProbeResult:
                                f"tool.refused and never executed{note}")
 
 
-def _p3(probe: ProbeProvider, events: list[Any], a: _Unit, b: _Unit, b_state: str, b_committed: bool,
-        ended: str | None, a_commits: int) -> ProbeResult:
+def _p3(probe: ProbeProvider, events: list[Any], runs: dict[str, Any], a: _Unit, b: _Unit, b_state: str,
+        b_committed: bool, ended: str | None, a_commits: int) -> ProbeResult:
     log = probe.logs.get(a.run_id)
     model_calls = _names(log.model_calls) if log else []
     if COMMIT_TOOL not in model_calls:
         return ProbeResult("fail", f"the model never called {COMMIT_TOOL} in run A ({_run_failure(a)}; it "
                                    f"called: {', '.join(model_calls) or 'no tools'})")
-    research = [n for n in model_calls[: model_calls.index(COMMIT_TOOL)] if n in READ_TOOLS]
+    assert log is not None
+    at = model_calls.index(COMMIT_TOOL)
+    research = [(c.name, f) for c, f in zip(log.model_calls[:at], log.forced[:at], strict=True)
+                if c.name in READ_TOOLS]
     if not research:
         return ProbeResult("fail", "the model committed without researching with a read tool first")
+    row = runs.get(a.run_id)
+    manifest = (row.manifest or []) if row is not None else []
+    reads = [d for d in manifest if d.get("tool") in READ_TOOLS]
+    if reads and all(d.get("isError") for d in reads):
+        return ProbeResult("fail", f"run A's research calls all failed ({', '.join(d['tool'] for d in reads)})")
+    own = [c for c, f in zip(log.model_calls, log.forced, strict=True) if not f]
+    how = ("forced by the tool-choice policy: the model made no tool call of its own"
+           if not own else "forced by the tool-choice policy" if all(f for _, f in research)
+           else "the model's own call")
+    commit_forced = log.forced[at]
     violations = [p for p in _payloads(events, ev.ScopeViolation)
                   if p.get("requestedUnitId") == b.unit_id and p.get("delegatedUnitId") == a.unit_id]
     if not violations:
@@ -512,10 +545,11 @@ def _p3(probe: ProbeProvider, events: list[Any], a: _Unit, b: _Unit, b_state: st
         return ProbeResult("fail", f"a second commit with another body on run A's ended claim was answered "
                                    f"{ended!r}; unit {a.unit_id} has {a_commits} commits")
     commit_id = a.verified.receipt.commit_id if a.verified.receipt else "?"
-    return ProbeResult("pass", f"run A researched ({', '.join(dict.fromkeys(research))}); a commit naming unit "
-                               f"{b.unit_id} (injected by the probe) was refused as scope-violation and recorded, "
-                               f"unit {b.unit_id} untouched; the model's commit {commit_id} for unit {a.unit_id} "
-                               f"was accepted and verified against the store; a second commit with another "
+    return ProbeResult("pass", f"run A researched ({', '.join(dict.fromkeys(n for n, _ in research))}, {how}); "
+                               f"a commit naming unit {b.unit_id} (injected by the probe) was refused as "
+                               f"scope-violation and recorded, unit {b.unit_id} untouched; the model's commit "
+                               f"{commit_id}{' (forced by the tool-choice policy)' if commit_forced else ''} for "
+                               f"unit {a.unit_id} was accepted and verified against the store; a second commit with another "
                                f"body on the ended claim was refused ({ended}), one commit stands")
 
 

@@ -128,16 +128,27 @@ def _discover_window(provider: OpenAIProvider) -> int | None:
 
 
 def require_known_window(model: str, nf: Any) -> Any:
-    """MODEL-5: an `openai:` novel needs its model's context window — `config.model.contextWindow`,
-    NOVELBUS_MODEL_CONTEXT_WINDOW, or the window the server reports in its model listing (then
-    written into the novel's config). Else creation is refused (never the legacy 100k estimate).
+    """MODEL-5: a `local` or `openai:` novel needs its model's context window —
+    `config.model.contextWindow`, else (written into the novel's config) for `local` the `n_ctx`
+    its embedded server is started with (NOVELBUS_MODEL_CONTEXT_WINDOW or 8,192), for `openai:`
+    NOVELBUS_MODEL_CONTEXT_WINDOW or the window the server reports in its model listing. An
+    `openai:` window nobody knows refuses creation (never the legacy 100k estimate).
     Returns the novel file to create."""
-    if not model.strip().startswith("openai:") or nf.config.model.contextWindow is not None:
+    spec = model.strip()
+    kind = spec.split(":", 1)[0]
+    if kind not in ("local", "openai") or nf.config.model.contextWindow is not None:
         return nf
     try:
-        provider = make_provider(model)
+        provider = make_provider(model, local_server=open_local_server if kind == "local" else None)
     except ProviderError as e:
         fail(str(e), hint="see the README section 'Writer models'", code=2)
+    if kind == "local":  # the server is not started here: its n_ctx is what it will be started with
+        window = getattr(provider, "context_window", None)
+        if not isinstance(window, int):
+            return nf
+        err_console.print(f"[dim]context window of {escape(provider.label)}: {window:,} tokens "
+                          "(the embedded server's n_ctx)[/]")
+        return _with_window(nf, window)
     if not isinstance(provider, OpenAIProvider) or provider.context_window is not None:
         return nf
 
@@ -149,6 +160,11 @@ def require_known_window(model: str, nf: Any) -> Any:
                   f'32768}}) or {ENV_CONTEXT_WINDOW} to the tokens the model can hold', code=1)
     err_console.print(f"[dim]context window of {escape(provider.label)}: {window:,} tokens "
                       "(reported by the server)[/]")
+    return _with_window(nf, window)
+
+
+def _with_window(nf: Any, window: int) -> Any:
+    """The novel file with `config.model.contextWindow` set (the runtime then knows it too)."""
     model_cfg = nf.config.model.model_copy(update={"contextWindow": window})
     config = nf.config.model_copy(update={"model": model_cfg})
     return nf.model_copy(update={"config": config})
@@ -177,12 +193,17 @@ def require_w2_fits(nf: Any, shape: str) -> None:
 
 def window_summary(model: str) -> str | None:
     """MODEL-5 for `novelbus probe`: the model's window (NOVELBUS_MODEL_CONTEXT_WINDOW, else for
-    `openai:` what the server's model listing reports) against what every W2 request needs before
-    its pack. None for a provider whose window comes from elsewhere (offline, local)."""
+    `local` its embedded server's n_ctx, for `openai:` what the server's model listing reports)
+    against what every W2 request needs before its pack. None for `offline` (no window)."""
     try:
         window = window_from_env()
     except ProviderError as e:
         return str(e)
+    if window is None and model.strip().split(":", 1)[0] == "local":
+        try:
+            window = getattr(make_provider(model, local_server=open_local_server), "context_window", None)
+        except ProviderError as e:
+            return str(e)
     if window is None:
         if not model.strip().startswith("openai:"):
             return None

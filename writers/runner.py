@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -50,8 +50,17 @@ from novelbus.writers.provider import (
 from novelbus.writers.record import record_args, record_tool_name
 from novelbus.writers.sessions import SessionStore, closed_history, resume_history
 from novelbus.writers.structured import unit_target_max
+from novelbus.writers.tool_policy import (
+    Research,
+    RunState,
+    next_choice,
+    pack_blocks,
+    pinned_parameters,
+    research_target,
+)
 from novelbus.writers.tools import (
     COMMIT_TOOL,
+    READ_TOOLS,
     openai_tool_definitions,
 )
 
@@ -138,6 +147,8 @@ class RunOutcome(msgspec.Struct, frozen=True):
     output_chars: int = 0  # everything the model produced over the run: text + tool-call arguments
     detail: str | None = None  # a short, prose-free explanation of the failure
     session_continued: bool = False  # RUN-5: this run re-sent a stored session's history
+    # MODEL-3: offered tools under auto, the model made no allowed call of its own in this run
+    auto_declined: bool = False
 
     @property
     def dependencies(self) -> list[dict[str, Any]]:
@@ -234,6 +245,27 @@ def forced_commit_tools(
             tool = {**tool, "function": {**fn, "parameters": params}}
         out.append(tool)
     return out
+
+
+def forced_tools(
+    tools: list[dict[str, Any]],
+    name: str | None,
+    unit_id: str | None,
+    target_max: int | None = None,
+    research: Research | None = None,
+) -> list[dict[str, Any]]:
+    """MODEL-3: the tools sent with a call forced to `name` (None: not forced, `tools` as they
+    are): the commit bounded and pinned to the unit (`forced_commit_tools`), a forced read tool's
+    parameters pinned to the unit's chapter (`tool_policy.pinned_parameters`)."""
+    if name is None:
+        return tools
+    if name == COMMIT_TOOL:
+        return forced_commit_tools(tools, unit_id, target_max)
+    if research is None or research.tool != name:
+        return tools
+    params = pinned_parameters(research)
+    return [{**t, "function": {**t["function"], "parameters": params}}
+            if t.get("function", {}).get("name") == name else t for t in tools]
 
 
 def tool_definition_tokens(tools: list[dict[str, Any]] | None) -> int:
@@ -474,6 +506,7 @@ async def run_w2(
     rewrite: bool = False,
     window: int | None = None,
     unit_id: str | None = None,
+    auto_declined: bool = False,
 ) -> RunOutcome:
     """RUN-3/4: a closed allow-list of read tools plus commit; stop at the first successful commit.
 
@@ -487,6 +520,10 @@ async def run_w2(
     `on_tool_started` hears of every call before it runs (RUN-6 `tool.started`, in real time).
     With a session `policy` (RUN-5) a revision of the same `chapter_id` continues the stored
     conversation, a `rewrite` starts fresh, and the conversation is saved back at the end.
+
+    MODEL-3 (`writers.tool_policy`): a model that answers in text gets one read tool forced by
+    name, then the commit; `auto_declined` (the model is known not to call tools under auto)
+    forces the research from the first call, saving a text answer nobody uses.
     """
     history: list[ChatMessage] = []
     session = policy if policy is not None and policy.reuses_session else None
@@ -514,6 +551,8 @@ async def run_w2(
         window=window,
         unit_id=unit_id,
         target_max=unit_target_max(pack_text),
+        pack_text=pack_text,
+        auto_declined=auto_declined,
     )
     if session is not None:
         assert session.session_store is not None and session.session_id is not None
@@ -537,6 +576,8 @@ async def _w2_loop(
     window: int | None = None,
     unit_id: str | None = None,
     target_max: int | None = None,
+    pack_text: str | None = None,
+    auto_declined: bool = False,
 ) -> RunOutcome:
     """One W2 run over `messages`, which it extends with the conversation as it happens."""
     tools = openai_tool_definitions(allowed)
@@ -546,6 +587,8 @@ async def _w2_loop(
     rounds = 0
     new_from = preamble
 
+    auto_calls = own_calls = 0
+
     def fail(reason: str, detail: str | None = None) -> RunOutcome:
         return RunOutcome(
             ok=False,
@@ -554,19 +597,22 @@ async def _w2_loop(
             usage=meter.calls,
             output_chars=meter.output_chars,
             detail=detail,
+            auto_declined=auto_calls > 0 and own_calls == 0,
         )
 
     window = window if window is not None else context_window(provider)
     tool_tokens = await measured_tool_tokens(provider, tools)
-    force_next = False
+    research = research_target(pack_blocks(pack_text), allowed) if pack_text is not None else None
+    state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=False,
+                     answered_in_text=False, auto_declined=auto_declined)
     mark: PromptMark | None = None
     while True:
         split = split_input(messages, preamble=preamble, new_from=new_from, pack_from=pack_from)
         # MODEL-3: research with the server's default (auto; never sent, since some servers
-        # refuse an explicit "auto"); force the commit by name after a text answer and at the
-        # last allowed round.
-        forced = COMMIT_TOOL in allowed and (force_next or rounds == max_tool_rounds - 1)
-        force_next = False
+        # refuse an explicit "auto"); the policy forces one read tool, then the commit, by name
+        # when the model answers in text (writers.tool_policy).
+        choice = next_choice(state, allowed, research)
+        forced = choice.forced
         try:
             max_tokens = fit_output_tokens(
                 messages, tools, max_output_tokens, window,
@@ -576,15 +622,23 @@ async def _w2_loop(
         try:
             reply = await complete(
                 provider, messages,
-                forced_commit_tools(tools, unit_id, target_max) if forced else tools,
+                forced_tools(tools, choice.tool, unit_id, target_max, research),
                 max_output_tokens=max_tokens,
-                tool_choice=forced_tool_choice(COMMIT_TOOL) if forced else None,
+                tool_choice=forced_tool_choice(choice.tool) if choice.tool is not None else None,
             )
         except ProviderError as e:
             meter.record(messages, split, None, tools=tools, forced=forced, tool_tokens=tool_tokens)
             return fail(f"provider-error:{e.code}", e.message)
         meter.record(messages, split, reply, tools=tools, forced=forced, tool_tokens=tool_tokens)
         mark = prompt_mark(messages, tools, reply, tool_tokens)
+        # A reply whose every call is outside the allow-list made no progress: a text answer
+        # for the policy (it is still executed below, i.e. refused and recorded, RUN-3).
+        usable = [c for c in reply.tool_calls if c.name in allowed]
+        state = replace(state, calls=state.calls + 1, last_forced=choice.tool,
+                        answered_in_text=not usable)
+        if not forced:
+            auto_calls += 1
+            own_calls += len(usable)
 
         rambled = reply.stop_reason == "length" and not reply.tool_calls and not forced
         if reply.stop_reason not in ("completed", "tool_calls") and not rambled:
@@ -592,20 +646,17 @@ async def _w2_loop(
         if not reply.tool_calls:
             if reply.text:
                 messages.append(assistant_message(reply))
-            if rambled and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
-                force_next = True  # MODEL-3: text cut at max_tokens is a text answer too
-                continue
+            if not forced and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
+                continue  # MODEL-3: a text answer (also one cut at max_tokens): the policy forces
             if reply.stop_reason != "completed":
                 return fail(f"stop-reason:{reply.stop_reason}")
-            if not forced and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
-                force_next = True  # the model answered in text: ask for the commit by name
-                continue
             if not (reply.text or "").strip():
                 return fail("empty-output")
             return fail("not-committed", "the writer stopped without a successful commit")
         if rounds >= max_tool_rounds:
             return fail("tool-round-limit", f"more than {max_tool_rounds} tool rounds")
         rounds += 1
+        state = replace(state, rounds=rounds)
 
         messages.append(assistant_message(reply))
         new_from = len(messages)
@@ -636,6 +687,8 @@ async def _w2_loop(
                     forced=forced,
                 )
             )
+            if call.name in READ_TOOLS and code != "tool-not-allowed":
+                state = replace(state, researched=True)
             messages.append(tool_message(call.id, content))
             if committed is not None:
                 # RUN-3: the first successful commit ends the run; later calls are never executed.
@@ -648,4 +701,5 @@ async def _w2_loop(
                     tool_calls=records,
                     usage=meter.calls,
                     output_chars=meter.output_chars,
+                    auto_declined=auto_calls > 0 and own_calls == 0,
                 )

@@ -213,7 +213,7 @@ async def test_model1_model2_a_real_model_commits_a_w1_draft_of_its_own(
 async def test_model3_a_real_model_answering_in_text_gets_a_forced_commit_recorded_as_forced(
         model_stack: tuple[Runtime, Recorder]) -> None:
     """MODEL-3 / RUN-3: the embedded model, offered the ten W2 tools with `auto`, answers in
-    text; the runner then forces novel_body_commit by name; the commit stored is the forced
+    text; the runner then forces one read tool, then novel_body_commit, by name; the commit stored is the forced
     call's arguments; the manifest and the usage sample mark it forced; usage is the server's."""
     rt, recorder = model_stack
     novel_id, events = await write_until(rt, small_novel("W2"), lambda es: bool(commits_of(es)))
@@ -233,7 +233,9 @@ async def test_model3_a_real_model_answering_in_text_gets_a_forced_commit_record
     first = forced[0]
     assert first > 0 and not calls[first - 1].reply.tool_calls  # it had answered in text
     assert calls[first - 1].reply.text and "tool_choice" not in calls[first - 1].options
-    assert calls[first].options["tool_choice"] == {"type": "function", "function": {"name": COMMIT_TOOL}}
+    # MODEL-3: one read tool forced by name (the chapter's outline: no prose yet), then the commit
+    assert calls[first].options["tool_choice"] == {"type": "function", "function": {"name": "novel_outline_read"}}
+    assert calls[first + 1].options["tool_choice"] == {"type": "function", "function": {"name": COMMIT_TOOL}}
 
     commit_args = [json.loads(tc.arguments, strict=False) for c in calls for tc in c.reply.tool_calls
                    if tc.name == COMMIT_TOOL and c.options.get("tool_choice")]
@@ -251,6 +253,7 @@ async def test_model3_a_real_model_answering_in_text_gets_a_forced_commit_record
     assert run is not None, f"the writer run of {unit_id} never closed as ok"
     commits_in_manifest = [d for d in run.manifest or [] if d["tool"] == COMMIT_TOOL]
     assert commits_in_manifest and commits_in_manifest[-1].get("forced") is True
+    assert (run.manifest or [])[0]["tool"] == "novel_outline_read" and (run.manifest or [])[0].get("forced") is True
 
     sample = await _usage_of(rt, novel_id, unit_id)
     assert sample["forcedCalls"] == len(forced)
