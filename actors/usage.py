@@ -102,15 +102,13 @@ class UsageSampler(ServiceActor):
         input_chars = int(sample["inputChars"])
         # A request retried after a lost reply must not count twice (REL-2).
         key = f"usage:{req.novel_id}:{req.unit_id}:{req.turn}:{req.claim_id}"
-        # One transaction: a sample that fails to record (unknown novel, database away) leaves no
+        # All or nothing: a sample that fails to record (unknown novel, database away) leaves no
         # mark behind, so nothing is written (REL-3) and a retry is not mistaken for a duplicate.
-        async with store.transaction(self.ctx.pool) as conn:
-            # REL-7: one sample or `usage.missing` marker per accounted turn (keyed by its claim).
-            settled = await store.mark_turn_usage(conn, req.novel_id, req.claim_id, "sampled") if req.claim_id else None
-            if settled is False or not await store.mark_processed(conn, key):
-                self.state.duplicates += 1
-                return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)
-            await store.record_usage(conn, req.novel_id, req.mode, sample)
+        # REL-7: one sample or `usage.missing` marker per accounted turn (keyed by its claim).
+        if not await store.record_turn_usage(self.ctx.pool, req.novel_id, req.mode, sample,
+                                             turn_key=req.claim_id or None, message_key=key):
+            self.state.duplicates += 1
+            return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)
         self.state.samples += 1
         await self.ctx.emit(ev.UsageSampled(
             novel_id=req.novel_id, unit_id=req.unit_id, mode=req.mode, turn=req.turn,

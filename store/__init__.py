@@ -118,7 +118,13 @@ from novelbus.store.units import (
     release_claim,
     supersede_unit,
 )
-from novelbus.store.usage import RING_SIZE, recent_usage, record_usage, usage_totals
+from novelbus.store.usage import (
+    RING_SIZE,
+    recent_usage,
+    record_turn_usage,
+    record_usage,
+    usage_totals,
+)
 
 __all__ = [
     "transaction",
@@ -199,6 +205,7 @@ __all__ = [
     "pause_novel",
     "prepare_unit",
     "record_intent",
+    "record_turn_usage",
     "record_usage",
     "recent_usage",
     "recover_claims",

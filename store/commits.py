@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 from datetime import datetime
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
@@ -11,10 +12,16 @@ import msgspec
 from novelbus.novel.body import CommitBody
 from novelbus.novel.commitcheck import business_hash, check_body, rewrite_sources
 from novelbus.novel.guard import guard_prose
-from novelbus.novel.outline import NovelConfig
+from novelbus.novel.outline import LengthBudget
 from novelbus.novel.text import effective_characters
-from novelbus.store._db import Conn, Db, lock_novel, statement, transaction
-from novelbus.store.errors import CommitConflict, TokenMismatch, UnitNotClaimed, UnitNotFound
+from novelbus.store._db import Conn, Db, statement
+from novelbus.store.errors import (
+    CommitConflict,
+    NovelNotFound,
+    TokenMismatch,
+    UnitNotClaimed,
+    UnitNotFound,
+)
 from novelbus.store.units import hash_token
 
 
@@ -82,20 +89,36 @@ def _commit_row(r: asyncpg.Record, *, with_body: bool = False) -> CommitRow:
     )
 
 
-async def _total_through(conn: Conn, novel_id: str, seq: int) -> int:
-    total = await conn.fetchval(
-        "SELECT COALESCE(SUM(effective_chars), 0) FROM commits WHERE novel_id = $1 AND seq <= $2",
-        novel_id,
-        seq,
-    )
-    return int(total)
-
-
-def _hard_max_remaining(config: NovelConfig, committed: int) -> int | None:
-    length = config.length
+def _hard_max_remaining(length: LengthBudget, committed: int) -> int | None:
     if length.kind == "unbounded" or length.hardMaximumCharacters is None:
         return None
     return length.hardMaximumCharacters - committed
+
+
+# What a commit decides on, in ONE statement (one snapshot): the novel's length budget, the unit's
+# commit if it has one (with the book's characters through it), the unit's claim, and the book
+# (paragraph counts per commit, committed characters, the next seq). No row: no such novel.
+_COMMIT_READ = (
+    "SELECT n.config -> 'length' AS length,"
+    " e.commit_id AS e_commit_id, e.claim_id AS e_claim_id, e.token_hash AS e_token_hash,"
+    " e.body_hash AS e_body_hash, e.effective_chars AS e_chars, e.context_hash AS e_context_hash,"
+    " (e.body -> 'sceneCompletion' ->> 'completed')::boolean AS e_completed,"
+    " (SELECT COALESCE(SUM(p.effective_chars), 0) FROM commits p"
+    "  WHERE p.novel_id = $1 AND p.seq <= e.seq) AS e_total,"
+    " u.state AS u_state, u.token_hash AS u_token_hash, b.known, b.committed, b.next_seq"
+    " FROM novels n"
+    " LEFT JOIN commits e ON e.novel_id = n.novel_id AND e.unit_id = $2"
+    " LEFT JOIN units u ON u.novel_id = n.novel_id AND u.unit_id = $2"
+    " CROSS JOIN LATERAL (SELECT"
+    "  COALESCE(jsonb_object_agg(c.commit_id, jsonb_array_length(c.body -> 'paragraphs')), '{}'::jsonb) AS known,"
+    "  COALESCE(SUM(c.effective_chars), 0) AS committed, COALESCE(MAX(c.seq), 0) + 1 AS next_seq"
+    "  FROM commits c WHERE c.novel_id = n.novel_id) b"
+    " WHERE n.novel_id = $1"
+)
+
+# A commit whose read went stale before its write (another commit of the novel, a config change,
+# the claim ended) reads and checks again; a novel's units are sequential, so this is rare.
+COMMIT_ATTEMPTS = 8
 
 
 async def commit_body(
@@ -108,149 +131,102 @@ async def commit_body(
     run_id: str,
     context_hash: str | None,
 ) -> Receipt:
-    """Write a unit's prose once (STORE-2), in SPEC §16 check order, in one transaction.
+    """Write a unit's prose once (STORE-2), in SPEC §16 check order, atomically.
 
     1. duplicate check on the business hash: same hash and token replays the original receipt
        (`duplicate=True`); another hash for a committed unit is a CommitConflict;
     2. unit claimed (UnitNotClaimed) and token hash matches (TokenMismatch);
     3. body checks with the hard length maximum (novel.commitcheck.BodyError);
     4. prose guard (STORE-6, novel.guard.ProseGuardError).
-    On any error nothing is written and the unit stays claimed. The novel row lock serialises
-    commits of one novel, so concurrent attempts on one unit yield exactly one commit row.
+    On any error nothing is written and the unit stays claimed.
+
+    PERF-2: two statements, no BEGIN/COMMIT. One read gives everything the checks need; the
+    write (`nb_commit_write`, migration 006) takes the novel-row lock — which serialises commits
+    of one novel, so concurrent attempts on one unit yield exactly one commit row — and writes
+    only if what was read still holds (same next seq, unit still claimed under this token, same
+    length budget); otherwise everything is read and checked again, so a concurrent attempt that
+    won is answered as step 1 says.
     """
     body_hash = business_hash(body)
     token_hash = hash_token(token)
-    async with transaction(pool) as conn:
-        novel = await lock_novel(conn, novel_id)
-
-        existing = await conn.fetchrow(
-            "SELECT commit_id, seq, claim_id, token_hash, body_hash, effective_chars,"
-            " context_hash, (body -> 'sceneCompletion' ->> 'completed')::boolean AS completed"
-            " FROM commits WHERE novel_id = $1 AND unit_id = $2",
-            novel_id,
-            unit_id,
-        )
-        if existing is not None:
-            if existing["body_hash"] != body_hash:
+    stored_body: Any = None
+    for _ in range(COMMIT_ATTEMPTS):
+        async with statement(pool) as conn:
+            r = await conn.fetchrow(_COMMIT_READ, novel_id, unit_id)
+        if r is None:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        if r["e_commit_id"] is not None:
+            if r["e_body_hash"] != body_hash:
                 raise CommitConflict(
                     f"novel {novel_id!r}: unit {unit_id!r} is already committed as"
-                    f" {existing['commit_id']!r} with a different body"
+                    f" {r['e_commit_id']!r} with a different body"
                 )
-            if not hmac.compare_digest(existing["token_hash"], token_hash):
+            if not hmac.compare_digest(r["e_token_hash"], token_hash):
                 raise TokenMismatch(
                     f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match"
                 )
             return Receipt(
-                commit_id=existing["commit_id"],
+                commit_id=r["e_commit_id"],
                 unit_id=unit_id,
-                claim_id=existing["claim_id"],
+                claim_id=r["e_claim_id"],
                 body_hash=body_hash,
-                effective_characters=existing["effective_chars"],
-                delta_characters=existing["effective_chars"],
-                total_characters=await _total_through(conn, novel_id, existing["seq"]),
+                effective_characters=r["e_chars"],
+                delta_characters=r["e_chars"],
+                total_characters=int(r["e_total"]),
                 duplicate=True,
-                context_hash=existing["context_hash"],
-                scene_completed=bool(existing["completed"]),
+                context_hash=r["e_context_hash"],
+                scene_completed=bool(r["e_completed"]),
             )
-
-        unit = await conn.fetchrow(
-            "SELECT chapter_id, scene_id, state, token_hash, claim_id FROM units"
-            " WHERE novel_id = $1 AND unit_id = $2 FOR UPDATE",
-            novel_id,
-            unit_id,
-        )
-        if unit is None:
+        if r["u_state"] is None:
             raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
-        if unit["state"] != "claimed":
+        if r["u_state"] != "claimed":
             raise UnitNotClaimed(
-                f"novel {novel_id!r}: unit {unit_id!r} is {unit['state']}, not claimed"
+                f"novel {novel_id!r}: unit {unit_id!r} is {r['u_state']}, not claimed"
             )
-        if not hmac.compare_digest(unit["token_hash"], token_hash):
+        if not hmac.compare_digest(r["u_token_hash"], token_hash):
             raise TokenMismatch(
                 f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match"
             )
-
-        # One read of the novel's commits (PERF-2), consistent under the novel lock: paragraph
-        # counts per commit, committed characters, and the next seq.
-        book = await conn.fetchrow(
-            "SELECT COALESCE(jsonb_object_agg(commit_id, jsonb_array_length(body -> 'paragraphs')),"
-            " '{}'::jsonb) AS known, COALESCE(SUM(effective_chars), 0) AS committed,"
-            " COALESCE(MAX(seq), 0) + 1 AS next_seq FROM commits WHERE novel_id = $1",
-            novel_id,
-        )
-        known = {str(k): int(v) for k, v in book["known"].items()}
-        committed = int(book["committed"])
-        config = NovelConfig.model_validate(novel["config"])
+        known = {str(k): int(v) for k, v in r["known"].items()}
+        committed = int(r["committed"])
+        length = LengthBudget() if r["length"] is None else LengthBudget.model_validate(r["length"])
         check_body(
             body,
             known_commits=known,
-            hard_max_remaining=_hard_max_remaining(config, committed),
+            hard_max_remaining=_hard_max_remaining(length, committed),
         )
         guard_prose(body.paragraphs)  # STORE-6 (check_body runs it too; this keeps it explicit)
 
-        seq = int(book["next_seq"])
+        seq = int(r["next_seq"])
         commit_id = f"commit-{seq}"
         chars = sum(effective_characters(p) for p in body.paragraphs)
+        if stored_body is None:
+            stored_body = msgspec.to_builtins(body)
+        # STORE-3: canon sources point at the commit that established them.
+        canon = [
+            {"kind": c.kind, "summary": c.summary, "detail": c.detail, "sources": c.sources,
+             "character_ids": c.character_ids, "foreshadowing_id": c.foreshadowing_id,
+             "foreshadowing_status": c.foreshadowing_status if c.kind == "foreshadowing" else None}
+            for c in rewrite_sources(body, commit_id)
+        ]
         try:
-            await conn.execute(
-                "INSERT INTO commits (novel_id, seq, commit_id, unit_id, chapter_id, scene_id,"
-                " claim_id, token_hash, body, body_hash, effective_chars, context_hash, run_id)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-                novel_id,
-                seq,
-                commit_id,
-                unit_id,
-                unit["chapter_id"],
-                unit["scene_id"],
-                unit["claim_id"],
-                token_hash,
-                msgspec.to_builtins(body),
-                body_hash,
-                chars,
-                context_hash,
-                run_id,
-            )
-        except asyncpg.UniqueViolationError:
+            async with statement(pool) as conn:
+                w = await conn.fetchrow(
+                    "SELECT o_outcome, o_claim_id FROM nb_commit_write($1, $2, $3, $4, $5, $6, $7, $8,"
+                    " $9, $10, $11)",
+                    novel_id, unit_id, token_hash, seq, r["length"], stored_body, body_hash, chars,
+                    context_hash, run_id, canon,
+                )
+        except asyncpg.UniqueViolationError:  # pragma: no cover - the checks above run under the lock
             raise CommitConflict(
                 f"novel {novel_id!r}: unit {unit_id!r} was committed concurrently"
             ) from None
-        # STORE-3: canon sources point at the commit that established them.
-        changes = rewrite_sources(body, commit_id)
-        if changes:
-            await conn.executemany(
-                "INSERT INTO canon_facts (novel_id, commit_id, idx, kind, summary, detail,"
-                " sources, character_ids, foreshadowing_id, foreshadowing_status)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-                [
-                    (
-                        novel_id,
-                        commit_id,
-                        i,
-                        c.kind,
-                        c.summary,
-                        c.detail,
-                        c.sources,
-                        c.character_ids,
-                        c.foreshadowing_id,
-                        c.foreshadowing_status if c.kind == "foreshadowing" else None,
-                    )
-                    for i, c in enumerate(changes)
-                ],
-            )
-        marked = await conn.fetchval(
-            "UPDATE units SET state = 'committed', updated_at = now()"
-            " WHERE novel_id = $1 AND unit_id = $2 AND state = 'claimed' AND token_hash = $3"
-            " RETURNING unit_id",
-            novel_id,
-            unit_id,
-            token_hash,
-        )
-        if marked is None:  # unreachable under the row locks; fail closed rather than trust
-            raise UnitNotClaimed(f"novel {novel_id!r}: unit {unit_id!r} lost its claim")
+        if w["o_outcome"] != "committed":
+            continue  # what was read changed before the write: read and check again
         return Receipt(
             commit_id=commit_id,
             unit_id=unit_id,
-            claim_id=unit["claim_id"],
+            claim_id=w["o_claim_id"],
             body_hash=body_hash,
             effective_characters=chars,
             delta_characters=chars,
@@ -259,6 +235,7 @@ async def commit_body(
             context_hash=context_hash,
             scene_completed=body.scene_completion.completed,
         )
+    raise CommitConflict(f"novel {novel_id!r}: unit {unit_id!r} was committed concurrently")
 
 
 async def get_commit_for_unit(pool: Db, novel_id: str, unit_id: str) -> CommitRow | None:

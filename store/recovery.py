@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from novelbus.messages.base import tag_of
 from novelbus.messages.events import UnitSuperseded
-from novelbus.store._db import Db, lock_novel, novel_must_exist, statement, transaction
+from novelbus.store._db import Db, lock_novel, statement, transaction
+from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import SUPERSEDED_SCENE_REMOVED, NovelRow, fetch_outline, novel_row
 from novelbus.store.units import RELEASE_CLAIM_SQL
 
@@ -130,47 +131,15 @@ async def account_turn(
         raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
     if not turn_key:
         raise ValueError("turn_key must not be empty")
-    async with novel_must_exist(novel_id), transaction(pool) as conn:
-        current = await lock_novel(conn, novel_id)
-        inserted = await conn.fetchval(
-            "INSERT INTO turn_ledger (novel_id, turn_key, outcome, turn, unit_id, holder)"
-            " VALUES ($1, $2, $3, $4, $5, $6)"
-            " ON CONFLICT (novel_id, turn_key) DO NOTHING RETURNING turn",
-            novel_id,
-            turn_key,
-            outcome,
-            current["turns"] + 1,
-            unit_id,
-            holder,
+    # PERF-2: one statement (`nb_account_turn`, migration 006): novel lock, turn ledger, counters.
+    async with statement(pool) as conn:
+        r = await conn.fetchrow(
+            "SELECT (t.o_novel).*, t.o_first FROM nb_account_turn($1, $2, $3, $4, $5, $6, $7) t",
+            novel_id, turn_key, outcome, writer_output_chars, failure_signature, unit_id, holder,
         )
-        if inserted is None:
-            return novel_row(current), False
-        if outcome == "committed":
-            sql = (
-                "UPDATE novels SET turns = turns + 1, writer_runs = writer_runs + 1,"
-                " writer_output_chars = writer_output_chars + $2, consecutive_failures = 0,"
-                " stall_signature = NULL, stall_count = 0, external_failures = 0"
-                " WHERE novel_id = $1 RETURNING *"
-            )
-            row = await conn.fetchrow(sql, novel_id, writer_output_chars)
-        elif outcome == "failed":
-            row = await conn.fetchrow(
-                "UPDATE novels SET turns = turns + 1,"
-                " consecutive_failures = consecutive_failures + 1,"
-                " stall_count = CASE WHEN $2::text IS NULL THEN 0"
-                "  WHEN stall_signature = $2 THEN stall_count + 1 ELSE 1 END,"
-                " stall_signature = $2, external_failures = 0 WHERE novel_id = $1 RETURNING *",
-                novel_id,
-                failure_signature,
-            )
-        else:
-            row = await conn.fetchrow(
-                "UPDATE novels SET turns = turns + 1, external_failures = external_failures + 1"
-                " WHERE novel_id = $1 RETURNING *",
-                novel_id,
-            )
-    assert row is not None
-    return novel_row(row), True
+    if r is None:
+        raise NovelNotFound(f"novel {novel_id!r} not found")
+    return novel_row(r), bool(r["o_first"])
 
 
 async def external_failures(pool: Db, novel_id: str) -> int:

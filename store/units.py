@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import secrets
 import uuid
 from collections.abc import Iterator
@@ -10,10 +11,12 @@ from collections.abc import Iterator
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novelbus.novel.outline import NovelConfig, is_valid_id
+from novelbus.novel.outline import Budgets, is_valid_id
 from novelbus.store._db import Conn, Db, lock_novel, statement, transaction
 from novelbus.store.errors import (
     NovelNotActive,
+    NovelNotFound,
+    OutlineMissing,
     RequirementsOpen,
     RevisionConflict,
     SceneNotFound,
@@ -23,9 +26,10 @@ from novelbus.store.errors import (
     UnitNotFound,
     WatermarkConflict,
 )
-from novelbus.store.novels import WRITER_MODES, require_outline
+from novelbus.store.novels import WRITER_MODES
 
 MAX_ID_LENGTH = 64
+_DEFAULT_DISPATCH_LIMIT = Budgets().writerDispatchLimit  # a stored config without budgets has the default
 
 
 class UnitRow(msgspec.Struct, frozen=True):
@@ -101,6 +105,9 @@ def unit_id_candidates(chapter_id: str, scene_id: str, fragment: int) -> Iterato
         yield _fit(scene_id, f"-{fragment:02d}-{_short_hash(chapter_id, 6)}-{n}")
 
 
+PREPARE_CANDIDATES = 8  # unit ids offered to one prepare call; the next ones only if all are taken
+
+
 async def prepare_unit(
     pool: Db,
     novel_id: str,
@@ -110,49 +117,39 @@ async def prepare_unit(
     fragment: int,
     continuation_anchor: str | None,
 ) -> str:
-    """Create the unit for (chapter, scene, fragment) or return the existing one (idempotent)."""
+    """Create the unit for (chapter, scene, fragment) or return the existing one (idempotent).
+
+    PERF-2: one statement (`nb_prepare_unit`, migration 006) locks the novel, looks for the unit,
+    checks the novel and the outline's scene and inserts under the first free candidate id."""
     if fragment < 1:
         raise ValueError(f"fragment must be >= 1, got {fragment}")
-    async with transaction(pool) as conn:
-        novel = await lock_novel(conn, novel_id)
-        existing = await conn.fetchval(
-            "SELECT unit_id FROM units"
-            " WHERE novel_id = $1 AND chapter_id = $2 AND scene_id = $3 AND fragment = $4",
-            novel_id,
-            chapter_id,
-            scene_id,
-            fragment,
-        )
-        if existing is not None:
-            return str(existing)
-        if novel["status"] == "finished":
+    candidates = unit_id_candidates(chapter_id, scene_id, fragment)
+    while True:
+        batch = list(itertools.islice(candidates, PREPARE_CANDIDATES))
+        if not batch:  # pragma: no cover - a thousand taken ids for one scene
+            raise SceneNotFound(f"novel {novel_id!r}: no free unit id for scene {scene_id!r}")
+        async with statement(pool) as conn:
+            row = await conn.fetchrow(
+                "SELECT o_outcome, o_unit FROM nb_prepare_unit($1, $2, $3, $4, $5, $6)",
+                novel_id, chapter_id, scene_id, fragment, continuation_anchor, batch,
+            )
+        outcome = row["o_outcome"]
+        if outcome in ("existing", "prepared"):
+            unit_id = str(row["o_unit"])
+            assert is_valid_id(unit_id), unit_id
+            return unit_id
+        if outcome == "novel-not-found":
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        if outcome == "finished":
             raise NovelNotActive(f"novel {novel_id!r} is finished; no new units")
-        outline = await require_outline(conn, novel_id, novel["outline_revision"])
-        if not any(s.sceneId == scene_id and s.chapterId == chapter_id for s in outline.scenes):
+        if outcome == "outline-missing":
+            raise OutlineMissing(f"novel {novel_id!r} has no outline")
+        if outcome == "scene-not-found":
             raise SceneNotFound(
                 f"novel {novel_id!r}: the outline has no scene {scene_id!r}"
                 f" in chapter {chapter_id!r}"
             )
-        for candidate in unit_id_candidates(chapter_id, scene_id, fragment):
-            taken = await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM units WHERE novel_id = $1 AND unit_id = $2)",
-                novel_id,
-                candidate,
-            )
-            if not taken:
-                break
-        assert is_valid_id(candidate), candidate
-        await conn.execute(
-            "INSERT INTO units (novel_id, unit_id, chapter_id, scene_id, fragment,"
-            " continuation_anchor) VALUES ($1, $2, $3, $4, $5, $6)",
-            novel_id,
-            candidate,
-            chapter_id,
-            scene_id,
-            fragment,
-            continuation_anchor,
-        )
-    return candidate
+        assert outcome == "exhausted", outcome
 
 
 async def claim_unit(
@@ -172,66 +169,57 @@ async def claim_unit(
     (when given) matches; requirement watermark (when given) matches; no requirement pending or
     blocked (PLAN-4); no other unit of the novel claimed; unit exists and is prepared.
     `claimed_by` names the claim-manager instance (CLM-5) so it can recover its own claims.
+    PERF-2: one statement (`nb_claim_unit`, migration 006) checks them in this order under the
+    novel-row lock and makes the conditional update (ARCH-4); this raises what it answers.
     """
     if mode not in WRITER_MODES:
         raise ValueError(f"mode must be one of {WRITER_MODES}, got {mode!r}")
     if not intent_id:
         raise ValueError("intent_id must not be empty")
-    async with transaction(pool) as conn:
-        novel = await lock_novel(conn, novel_id)
-        if novel["status"] != "active":
-            raise NovelNotActive(f"novel {novel_id!r} is {novel['status']}, not active")
-        await require_outline(conn, novel_id, novel["outline_revision"])
-        if expected_revision is not None and expected_revision != novel["outline_revision"]:
-            raise RevisionConflict(
-                f"novel {novel_id!r}: expected outline revision {expected_revision!r},"
-                f" current is {novel['outline_revision']!r}"
-            )
-        if expected_watermark is not None and expected_watermark != novel["requirement_watermark"]:
-            raise WatermarkConflict(
-                f"novel {novel_id!r}: expected requirement watermark {expected_watermark},"
-                f" current is {novel['requirement_watermark']}"
-            )
-        if novel["requirements_pending"] or novel["requirements_blocked"]:
-            raise RequirementsOpen(
-                f"novel {novel_id!r}: {novel['requirements_pending']} requirement(s) pending,"
-                f" {novel['requirements_blocked']} blocked; no claim until a revision settles them"
-            )
-        token = secrets.token_hex(32)
-        claim_id = "claim-" + uuid.uuid4().hex[:16]
-        # ARCH-4: the transition is a conditional update, not a read-then-write; it also requires
-        # that no other unit of the novel is claimed (one round trip, PERF-2; why it refused is
-        # only looked up when it did).
-        try:
-            attempt = await conn.fetchval(
-                "UPDATE units SET state = 'claimed', attempt = attempt + 1, token_hash = $3,"
-                " claim_id = $4, claimed_mode = $5, intent_id = $6, claimed_by = $7,"
-                " updated_at = now()"
-                " WHERE novel_id = $1 AND unit_id = $2 AND state = 'prepared'"
-                " AND NOT EXISTS (SELECT 1 FROM units o WHERE o.novel_id = $1"
-                "  AND o.state = 'claimed' AND o.unit_id <> $2) RETURNING attempt",
-                novel_id,
-                unit_id,
-                hash_token(token),
-                claim_id,
-                mode,
-                intent_id,
-                claimed_by,
-            )
-        except asyncpg.UniqueViolationError:  # units_one_claim_per_novel, the SQL backstop
-            raise UnitInFlight(f"novel {novel_id!r}: another unit is already claimed") from None
-        if attempt is None:
-            other = await conn.fetchval(
-                "SELECT unit_id FROM units WHERE novel_id = $1 AND state = 'claimed' AND unit_id <> $2",
-                novel_id,
-                unit_id,
-            )
-            if other is not None:
-                raise UnitInFlight(f"novel {novel_id!r}: unit {other!r} is already claimed")
-            state = await _unit_state(conn, novel_id, unit_id)
-            raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {state}, not prepared")
-    limit = NovelConfig.model_validate(novel["config"]).budgets.writerDispatchLimit
-    return Claim(claim_id=claim_id, unit_id=unit_id, attempt=attempt, token=token, dispatch_limit=limit)
+    token = secrets.token_hex(32)
+    claim_id = "claim-" + uuid.uuid4().hex[:16]
+    async with statement(pool) as conn:
+        r = await conn.fetchrow(
+            "SELECT * FROM nb_claim_unit($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            novel_id, unit_id, hash_token(token), claim_id, mode, intent_id, claimed_by,
+            expected_revision, expected_watermark,
+        )
+    outcome = r["o_outcome"]
+    if outcome == "claimed":
+        limit = r["o_dispatch_limit"]
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            limit = _DEFAULT_DISPATCH_LIMIT
+        return Claim(claim_id=claim_id, unit_id=unit_id, attempt=r["o_attempt"], token=token,
+                     dispatch_limit=limit)
+    if outcome == "novel-not-found":
+        raise NovelNotFound(f"novel {novel_id!r} not found")
+    if outcome == "not-active":
+        raise NovelNotActive(f"novel {novel_id!r} is {r['o_status']}, not active")
+    if outcome == "outline-missing":
+        raise OutlineMissing(f"novel {novel_id!r} has no outline")
+    if outcome == "revision-conflict":
+        raise RevisionConflict(
+            f"novel {novel_id!r}: expected outline revision {expected_revision!r},"
+            f" current is {r['o_revision']!r}"
+        )
+    if outcome == "watermark-conflict":
+        raise WatermarkConflict(
+            f"novel {novel_id!r}: expected requirement watermark {expected_watermark},"
+            f" current is {r['o_watermark']}"
+        )
+    if outcome == "requirements-open":
+        raise RequirementsOpen(
+            f"novel {novel_id!r}: {r['o_pending']} requirement(s) pending,"
+            f" {r['o_blocked']} blocked; no claim until a revision settles them"
+        )
+    if outcome == "in-flight":
+        if r["o_detail"] is None:
+            raise UnitInFlight(f"novel {novel_id!r}: another unit is already claimed")
+        raise UnitInFlight(f"novel {novel_id!r}: unit {r['o_detail']!r} is already claimed")
+    if outcome == "unit-not-found":
+        raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
+    assert outcome == "not-claimable", outcome
+    raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {r['o_detail']}, not prepared")
 
 
 async def _unit_state(conn: Conn, novel_id: str, unit_id: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from novelbus.store._db import Db, joined, novel_must_exist, statement
+from novelbus.store._db import Db, novel_must_exist, statement
 
 RING_SIZE = 50
 
@@ -35,33 +35,46 @@ def add_totals(totals: Mapping[str, Any], sample: Mapping[str, Any]) -> dict[str
 
 async def record_usage(pool: Db, novel_id: str, mode: str, sample: dict[str, Any]) -> None:
     """Append a sample, trim the novel's ring to the last 50, and add it to the mode's totals."""
-    async with novel_must_exist(novel_id), joined(pool) as conn:
-        # Serialise writers of one novel's ring so a concurrent pair cannot leave 51 rows.
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('usage:' || $1))", novel_id)
-        # One statement: the DELETE reads the ring as it was before this INSERT, so it keeps the
-        # 49 newest older samples and the new one is the 50th.
-        await conn.execute(
-            "WITH kept AS (SELECT seq FROM usage_samples WHERE novel_id = $1 ORDER BY seq DESC LIMIT $4),"
-            " added AS (INSERT INTO usage_samples (novel_id, mode, sample) VALUES ($1, $2, $3))"
-            " DELETE FROM usage_samples WHERE novel_id = $1 AND seq NOT IN (SELECT seq FROM kept)",
-            novel_id,
-            mode,
-            sample,
-            RING_SIZE - 1,
-        )
-        current = await conn.fetchval(
-            "SELECT totals FROM usage_totals WHERE novel_id = $1 AND mode = $2",
-            novel_id,
-            mode,
-        )
-        await conn.execute(
-            "INSERT INTO usage_totals (novel_id, mode, samples, totals) VALUES ($1, $2, 1, $3)"
-            " ON CONFLICT (novel_id, mode)"
-            " DO UPDATE SET samples = usage_totals.samples + 1, totals = EXCLUDED.totals",
-            novel_id,
-            mode,
-            add_totals(current or {}, sample),
-        )
+    await record_turn_usage(pool, novel_id, mode, sample)
+
+
+async def record_turn_usage(
+    pool: Db, novel_id: str, mode: str, sample: dict[str, Any], *,
+    turn_key: str | None = None, message_key: str | None = None,
+) -> bool:
+    """Record a turn's usage sample once (USE-1, REL-2, REL-7); False for a duplicate.
+
+    With `turn_key` (the accounted turn's claim id) the turn's usage is settled as `sampled`,
+    and a turn already settled (sampled, or marked missing) is a duplicate; with `message_key` a
+    redelivered request is one. Otherwise the sample enters the ring (the last 50 kept) and the
+    mode's totals. All or nothing: an unknown novel (NovelNotFound) leaves no mark behind.
+
+    PERF-2: two statements, no BEGIN/COMMIT: the totals are read and the sample added to them
+    here (`add_totals`), then `nb_record_turn_usage` (migration 006) writes everything under the
+    novel's usage lock if the totals did not move meanwhile (else this reads again)."""
+    async with novel_must_exist(novel_id):
+        while True:
+            async with statement(pool) as conn:
+                current = await conn.fetchrow(
+                    "SELECT samples, totals FROM usage_totals WHERE novel_id = $1 AND mode = $2",
+                    novel_id,
+                    mode,
+                )
+            totals = add_totals({} if current is None else current["totals"], sample)
+            async with statement(pool) as conn:
+                outcome = await conn.fetchval(
+                    "SELECT nb_record_turn_usage($1, $2, $3, $4, $5, $6, $7, $8)",
+                    novel_id,
+                    turn_key,
+                    message_key,
+                    mode,
+                    sample,
+                    RING_SIZE,
+                    None if current is None else current["samples"],
+                    totals,
+                )
+            if outcome != "changed":
+                return bool(outcome == "recorded")
 
 
 async def recent_usage(pool: Db, novel_id: str) -> list[dict[str, Any]]:

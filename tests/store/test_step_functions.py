@@ -1,0 +1,171 @@
+"""PERF-2: the store's one-round-trip step functions (migration 006), called directly and through
+the store functions that use them — with the guarantees they keep (STORE-1, STORE-2, STORE-4,
+REL-2, REL-7, USE-2)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import asyncpg
+import pytest
+
+from novelbus import store
+from novelbus.bus import tally
+from novelbus.novel.commitcheck import BodyError, business_hash
+from novelbus.store.units import PREPARE_CANDIDATES, hash_token, unit_id_candidates
+from tests.store.helpers import make_body, table_counts
+
+
+def _round_trips() -> int:
+    return sum(n for (kind, _), n in tally.snapshot().items() if kind == "db_round_trips")
+
+
+async def test_perf2_each_step_is_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
+    """prepare, claim and account: one statement each; commit: a read and a write (no BEGIN,
+    no COMMIT); all still do what STORE-1/STORE-2/REL-2 say."""
+    before = _round_trips()
+    unit_id = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
+    assert _round_trips() - before == 1
+    before = _round_trips()
+    claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
+    assert _round_trips() - before == 1
+    assert claim.attempt == 1 and claim.dispatch_limit == 3
+    before = _round_trips()
+    receipt = await store.commit_body(pool, novel_id, unit_id, claim.token, make_body(), run_id="run-1",
+                                      context_hash=None)
+    assert _round_trips() - before == 2
+    assert receipt.commit_id == "commit-1" and not receipt.duplicate
+    before = _round_trips()
+    counters, first = await store.account_turn(pool, novel_id, claim.claim_id, outcome="committed",
+                                               writer_output_chars=10, unit_id=unit_id, holder="driver-0")
+    assert _round_trips() - before == 1
+    assert first and counters.turns == 1 and counters.writer_output_chars == 10
+    again, first = await store.account_turn(pool, novel_id, claim.claim_id, outcome="committed",
+                                            writer_output_chars=10)
+    assert not first and again.turns == 1  # REL-2: once per turn key
+
+
+async def test_perf2_account_turn_of_an_unknown_novel(pool: asyncpg.Pool) -> None:
+    with pytest.raises(store.NovelNotFound):
+        await store.account_turn(pool, "n-none", "claim-x", outcome="failed")
+    assert await table_counts(pool, "turn_ledger") == {"turn_ledger": 0}
+
+
+async def test_perf2_prepare_takes_the_next_candidates_when_the_first_are_taken(
+    pool: asyncpg.Pool, novel_id: str
+) -> None:
+    """A unit id taken by another scene is skipped, beyond the first batch of candidates too."""
+    taken = list(itertools.islice(unit_id_candidates("ch-b", "s3", 1), PREPARE_CANDIDATES + 1))
+    for i, candidate in enumerate(taken):  # squat every candidate of the first batch and one more
+        await pool.execute(
+            "INSERT INTO units (novel_id, unit_id, chapter_id, scene_id, fragment) VALUES ($1, $2, 'ch-a', 's1', $3)",
+            novel_id, candidate, 100 + i)
+    unit_id = await store.prepare_unit(pool, novel_id, "ch-b", "s3", fragment=1, continuation_anchor="a")
+    assert unit_id == next(itertools.islice(unit_id_candidates("ch-b", "s3", 1), PREPARE_CANDIDATES + 1, None))
+    unit = await store.get_unit(pool, novel_id, unit_id)
+    assert (unit.chapter_id, unit.scene_id, unit.fragment, unit.continuation_anchor) == ("ch-b", "s3", 1, "a")
+    assert await store.prepare_unit(pool, novel_id, "ch-b", "s3", fragment=1, continuation_anchor="a") == unit_id
+
+
+async def test_perf2_prepare_refusals(pool: asyncpg.Pool, novel_id: str) -> None:
+    with pytest.raises(store.NovelNotFound):
+        await store.prepare_unit(pool, "n-none", "ch-a", "s1", fragment=1, continuation_anchor=None)
+    with pytest.raises(store.SceneNotFound, match="no scene 's3' in chapter 'ch-a'"):
+        await store.prepare_unit(pool, novel_id, "ch-a", "s3", fragment=1, continuation_anchor=None)
+    await pool.execute("UPDATE novels SET status = 'finished', finished_at = now() WHERE novel_id = $1", novel_id)
+    with pytest.raises(store.NovelNotActive, match="is finished"):
+        await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
+    assert await table_counts(pool, "units") == {"units": 0}
+
+
+async def test_perf2_commit_write_writes_only_what_was_read(
+    pool: asyncpg.Pool, novel_id: str, unit_id: str
+) -> None:
+    """nb_commit_write, directly: a stale seq, length budget or token writes nothing ('changed')."""
+    claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
+    body = make_body()
+    length = await pool.fetchval("SELECT config -> 'length' FROM novels WHERE novel_id = $1", novel_id)
+    sql = "SELECT o_outcome, o_claim_id FROM nb_commit_write($1, $2, $3, $4, $5, $6, $7, $8, NULL, 'run-1', '[]')"
+    args = (novel_id, unit_id, hash_token(claim.token))
+    for stale in ((2, length), (1, {**length, "hardMaximumCharacters": 10**9}), (1, None)):
+        row = await pool.fetchrow(sql, *args, *stale, {"paragraphs": ["x"]}, business_hash(body), 1)
+        assert row["o_outcome"] == "changed"
+    row = await pool.fetchrow(sql, novel_id, unit_id, hash_token("0" * 64), 1, length, {"paragraphs": ["x"]},
+                              business_hash(body), 1)
+    assert row["o_outcome"] == "changed"
+    assert await table_counts(pool, "commits", "canon_facts") == {"commits": 0, "canon_facts": 0}
+    assert (await store.get_unit(pool, novel_id, unit_id)).state == "claimed"
+    row = await pool.fetchrow(sql, *args, 1, length, {"paragraphs": ["x"]}, business_hash(body), 1)
+    assert (row["o_outcome"], row["o_claim_id"]) == ("committed", claim.claim_id)
+    assert (await store.get_unit(pool, novel_id, unit_id)).state == "committed"
+
+
+async def _blocked_on_a_lock(pool: asyncpg.Pool) -> None:
+    for _ in range(500):
+        if await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the commit never waited for the novel lock")
+
+
+async def test_perf2_commit_checks_again_when_the_novel_changed_before_its_write(
+    pool: asyncpg.Pool, novel_id: str, unit_id: str
+) -> None:
+    """STORE-2 §16 order holds although the checks run before the lock: a commit whose write
+    waits while the length budget shrinks under it is checked again and refused (nothing
+    written, the unit stays claimed); one whose claim is released meanwhile is UnitNotClaimed."""
+    claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
+    body = make_body("Mira climbed the stairs of the lighthouse.")
+    async with pool.acquire() as locker:
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("SELECT 1 FROM novels WHERE novel_id = $1 FOR UPDATE", novel_id)
+        commit = asyncio.create_task(store.commit_body(pool, novel_id, unit_id, claim.token, body, run_id="r",
+                                                       context_hash=None))
+        await _blocked_on_a_lock(pool)
+        await locker.execute(
+            "UPDATE novels SET config = jsonb_set(jsonb_set(config, '{length,targetCharacters}', '5'),"
+            " '{length,hardMaximumCharacters}', '5') WHERE novel_id = $1", novel_id)
+        await tx.commit()
+    with pytest.raises(BodyError):
+        await commit
+    assert await table_counts(pool, "commits") == {"commits": 0}
+    assert (await store.get_unit(pool, novel_id, unit_id)).state == "claimed"
+
+    await pool.execute("UPDATE novels SET config = jsonb_set(config, '{length,hardMaximumCharacters}', 'null')"
+                       " WHERE novel_id = $1", novel_id)
+    async with pool.acquire() as locker:
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("SELECT 1 FROM novels WHERE novel_id = $1 FOR UPDATE", novel_id)
+        commit = asyncio.create_task(store.commit_body(pool, novel_id, unit_id, claim.token, body, run_id="r",
+                                                       context_hash=None))
+        await _blocked_on_a_lock(pool)
+        assert await store.release_claim(locker, novel_id, unit_id, reason="test")
+        await tx.commit()
+    with pytest.raises(store.UnitNotClaimed):
+        await commit
+    assert await table_counts(pool, "commits") == {"commits": 0}
+
+
+async def test_perf2_record_turn_usage_once_per_turn_and_message(pool: asyncpg.Pool, novel_id: str) -> None:
+    """REL-7: one sample per accounted turn; REL-2: one per message; a stale totals read writes
+    nothing (nb_record_turn_usage answers 'changed')."""
+    await store.account_turn(pool, novel_id, "claim-1", outcome="committed", unit_id="u", holder="d")
+    sample = {"inputChars": 10, "windowPeakTokens": 4}
+    changed = await pool.fetchval("SELECT nb_record_turn_usage($1, 'claim-1', 'm-1', 'subagent', $2, 50, 7, $2)",
+                                  novel_id, sample)
+    assert changed == "changed"
+    assert await table_counts(pool, "usage_samples", "processed_messages") == {
+        "usage_samples": 0, "processed_messages": 0}
+    assert await store.record_turn_usage(pool, novel_id, "subagent", sample, turn_key="claim-1", message_key="m-1")
+    assert not await store.record_turn_usage(pool, novel_id, "subagent", sample, turn_key="claim-1",
+                                             message_key="m-2")  # the turn is settled
+    assert not await store.record_turn_usage(pool, novel_id, "subagent", sample, message_key="m-1")  # redelivered
+    assert await pool.fetchval("SELECT usage FROM turn_ledger WHERE turn_key = 'claim-1'") == "sampled"
+    assert (await store.usage_totals(pool, novel_id))["subagent"] == {"inputChars": 10, "windowPeakTokens": 4,
+                                                                     "samples": 1}
+    with pytest.raises(store.NovelNotFound):
+        await store.record_turn_usage(pool, "n-none", "subagent", sample, message_key="m-3")
+    assert await table_counts(pool, "processed_messages") == {"processed_messages": 1}
