@@ -285,10 +285,11 @@ class Driver:
         # DRV-3: read at claim time; the claim keeps it to the end (the store admits only these two)
         mode: cm.WriterMode = "inline" if novel.writer_mode == "inline" else "subagent"
         intent_id = f"intent-{secrets.token_hex(8)}"
-        await store.record_intent(pool, novel_id, intent_id, unit_id, notice.notice_id)
-        # REL-1: lease the unit before claiming it (the claim carries this intent), so a claim always
-        # has somebody responsible for it, even if this process dies right after the claim.
-        if not await store.hold_lease(pool, novel_id, unit_id, intent_id, self.instance, self.lease_s):
+        # DRV-1: the intent is recorded, and (REL-1) the unit leased before it is claimed (the claim
+        # carries this intent), so a claim always has somebody responsible for it, even if this
+        # process dies right after the claim — one statement (PERF-2).
+        if not await store.record_intent_and_lease(pool, novel_id, intent_id, unit_id, notice.notice_id,
+                                                   self.instance, self.lease_s):
             return  # the unit moved on (claimed by another flow, committed); the state decides
         try:
             # SPEC §16 Claim: the claim carries the outline revision and requirement watermark this

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from novelbus.messages.base import tag_of
 from novelbus.messages.events import UnitSuperseded
-from novelbus.store._db import Db, lock_novel, statement, transaction
+from novelbus.store._db import Db, lock_novel, novel_must_exist, statement, transaction
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import SUPERSEDED_SCENE_REMOVED, NovelRow, fetch_outline, novel_row
 from novelbus.store.units import RELEASE_CLAIM_SQL
@@ -54,6 +54,38 @@ async def hold_lease(
             intent_id,
             holder,
             float(seconds),
+        )
+    return held is not None
+
+
+async def record_intent_and_lease(
+    pool: Db, novel_id: str, intent_id: str, unit_id: str, notice_id: str | None, holder: str,
+    seconds: float,
+) -> bool:
+    """`record_intent` (DRV-1) and then `hold_lease` (REL-1) in ONE statement (PERF-2): the
+    driver's intent is persisted (a repeat records nothing) and the unit leased under it; False
+    when the lease could not be taken (see `hold_lease`). An unknown novel: NovelNotFound, and
+    nothing written."""
+    if seconds <= 0:
+        raise ValueError(f"lease seconds must be > 0, got {seconds}")
+    if not intent_id or not holder:
+        raise ValueError("intent_id and holder must not be empty")
+    async with novel_must_exist(novel_id), statement(pool) as conn:
+        held = await conn.fetchval(
+            "WITH intent AS (INSERT INTO intents (intent_id, novel_id, unit_id, notice_id)"
+            "  VALUES ($3, $1, $2, $6) ON CONFLICT (intent_id) DO NOTHING),"
+            " lease AS (UPDATE units SET lease_holder = $4, lease_intent_id = $3,"
+            "  lease_until = now() + make_interval(secs => $5)"
+            "  WHERE novel_id = $1 AND unit_id = $2"
+            "  AND (state = 'prepared' OR (state IN ('claimed', 'committed') AND intent_id = $3))"
+            "  RETURNING unit_id)"
+            " SELECT unit_id FROM lease",
+            novel_id,
+            unit_id,
+            intent_id,
+            holder,
+            float(seconds),
+            notice_id,
         )
     return held is not None
 

@@ -169,3 +169,23 @@ async def test_perf2_record_turn_usage_once_per_turn_and_message(pool: asyncpg.P
     with pytest.raises(store.NovelNotFound):
         await store.record_turn_usage(pool, "n-none", "subagent", sample, message_key="m-3")
     assert await table_counts(pool, "processed_messages") == {"processed_messages": 1}
+
+
+async def test_perf2_intent_and_lease_in_one_statement(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
+    """DRV-1 + REL-1: the intent is recorded once and the unit leased under it, one round trip;
+    a unit claimed under another intent is not leased; an unknown novel writes nothing."""
+    before = _round_trips()
+    assert await store.record_intent_and_lease(pool, novel_id, "intent-1", unit_id, "notice-1", "driver-0", 30)
+    assert _round_trips() - before == 1
+    assert await store.record_intent_and_lease(pool, novel_id, "intent-1", unit_id, "notice-1", "driver-0", 30)
+    row = await pool.fetchrow("SELECT lease_holder, lease_intent_id, lease_until > now() AS live FROM units"
+                              " WHERE unit_id = $1", unit_id)
+    assert (row["lease_holder"], row["lease_intent_id"], row["live"]) == ("driver-0", "intent-1", True)
+    await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
+    assert not await store.record_intent_and_lease(pool, novel_id, "intent-2", unit_id, None, "driver-1", 30)
+    assert await table_counts(pool, "intents") == {"intents": 2}
+    with pytest.raises(store.NovelNotFound):
+        await store.record_intent_and_lease(pool, "n-none", "intent-3", unit_id, None, "driver-0", 30)
+    with pytest.raises(ValueError):
+        await store.record_intent_and_lease(pool, novel_id, "intent-4", unit_id, None, "driver-0", 0)
+    assert await table_counts(pool, "intents") == {"intents": 2}
