@@ -11,7 +11,6 @@ import msgspec
 
 from novelbus.novel.body import CommitBody
 from novelbus.novel.commitcheck import business_hash, check_body, rewrite_sources
-from novelbus.novel.guard import guard_prose
 from novelbus.novel.outline import LengthBudget
 from novelbus.novel.text import effective_characters
 from novelbus.store._db import Conn, Db, statement
@@ -190,12 +189,12 @@ async def commit_body(
         known = {str(k): int(v) for k, v in r["known"].items()}
         committed = int(r["committed"])
         length = LengthBudget() if r["length"] is None else LengthBudget.model_validate(r["length"])
+        # ... and the prose guard last (STORE-6: check_body ends with novel.guard.guard_prose).
         check_body(
             body,
             known_commits=known,
             hard_max_remaining=_hard_max_remaining(length, committed),
         )
-        guard_prose(body.paragraphs)  # STORE-6 (check_body runs it too; this keeps it explicit)
 
         seq = int(r["next_seq"])
         commit_id = f"commit-{seq}"

@@ -32,11 +32,11 @@ from novelbus.novel.context import (
     resolve_pointers,
     validate_request,
 )
-from novelbus.novel.outline import NovelConfig, Outline
+from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
 from novelbus.store.errors import NovelNotFound
-from novelbus.store.novels import fetch_outline
+from novelbus.store.novels import fetch_outline, parse_config
 from novelbus.store.snapshots import canon_by_commit
 
 
@@ -162,7 +162,7 @@ async def read_context_sources(
             title=novel["title"],
             status=novel["status"],
             pause_reason=novel["pause_reason"],
-            config=NovelConfig.model_validate(novel["config"]),
+            config=parse_config(novel["config"]),
             outline=outline,
             outline_revision=novel["outline_revision"],
             units=units,

@@ -62,11 +62,31 @@ class NovelRow(msgspec.Struct, frozen=True):
     requirement_watermark: int = 0
 
 
+# A stored config was validated when it was written; the same JSON always parses to the same
+# (frozen) NovelConfig, so each distinct config is validated once per process (PERF-2: several
+# reads per unit parse it).
+_CONFIGS: dict[bytes, NovelConfig] = {}
+_CONFIGS_MAX = 256
+_config_key = msgspec.json.Encoder(order="deterministic")
+
+
+def parse_config(raw: Any) -> NovelConfig:
+    """The NovelConfig of a stored `novels.config` value (validated once per distinct value)."""
+    key = _config_key.encode(raw)
+    config = _CONFIGS.get(key)
+    if config is None:
+        config = NovelConfig.model_validate(raw)
+        if len(_CONFIGS) >= _CONFIGS_MAX:
+            _CONFIGS.pop(next(iter(_CONFIGS)))
+        _CONFIGS[key] = config
+    return config
+
+
 def novel_row(r: asyncpg.Record) -> NovelRow:
     return NovelRow(
         novel_id=r["novel_id"],
         title=r["title"],
-        config=NovelConfig.model_validate(r["config"]),
+        config=parse_config(r["config"]),
         writer_mode=r["writer_mode"],
         status=r["status"],
         pause_reason=r["pause_reason"],

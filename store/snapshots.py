@@ -8,11 +8,10 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.body import CanonChange, SceneCompletion
-from novelbus.novel.outline import NovelConfig
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Db, statement, transaction
 from novelbus.store.errors import NovelNotFound
-from novelbus.store.novels import NovelRow, fetch_outline, novel_row
+from novelbus.store.novels import NovelRow, fetch_outline, novel_row, parse_config
 
 
 def _snapshot_sql(body: str) -> str:
@@ -132,7 +131,7 @@ async def _load(
         title=novel["title"],
         status=novel["status"],
         pause_reason=novel["pause_reason"],
-        config=NovelConfig.model_validate(novel["config"]),
+        config=parse_config(novel["config"]),
         outline=outline,
         outline_revision=novel["outline_revision"],
         units=[UnitView(**dict(u)) for u in units],

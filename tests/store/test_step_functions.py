@@ -189,3 +189,18 @@ async def test_perf2_intent_and_lease_in_one_statement(pool: asyncpg.Pool, novel
     with pytest.raises(ValueError):
         await store.record_intent_and_lease(pool, novel_id, "intent-4", unit_id, None, "driver-0", 0)
     assert await table_counts(pool, "intents") == {"intents": 2}
+
+
+def test_perf2_stored_configs_are_validated_once_per_distinct_value() -> None:
+    """The store parses a novel's config once per distinct JSON value (frozen, so shared);
+    a different value is its own config and an invalid one still fails validation."""
+    from pydantic import ValidationError
+
+    from novelbus.store.novels import parse_config
+
+    first = parse_config({"budgets": {"writerDispatchLimit": 5}, "writerShape": "W1"})
+    assert parse_config({"writerShape": "W1", "budgets": {"writerDispatchLimit": 5}}) is first  # key order
+    other = parse_config({"budgets": {"writerDispatchLimit": 6}})
+    assert (first.budgets.writerDispatchLimit, first.writerShape, other.budgets.writerDispatchLimit) == (5, "W1", 6)
+    with pytest.raises(ValidationError):
+        parse_config({"budgets": {"writerDispatchLimit": 0}})
