@@ -89,6 +89,19 @@ def check_body(
     guard_prose(body.paragraphs)
 
 
+def commit_references(body: CommitBody) -> dict[str, int]:
+    """Earlier commits the canon sources name: commit id → the highest paragraph index named
+    (-1 when only whole commits are named). What the sources check needs from the book."""
+    refs: dict[str, int] = {}
+    for change in body.canon_changes:
+        for source in change.sources:
+            m = _COMMIT_RE.match(source)
+            if m is not None:
+                index = -1 if m.group(2) is None else int(m.group(2))
+                refs[m.group(1)] = max(refs.get(m.group(1), -1), index)
+    return refs
+
+
 def _source_problem(source: str, paragraphs: int, known_commits: Mapping[str, int]) -> str | None:
     m = _INLINE_RE.match(source)
     if m is not None:

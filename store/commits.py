@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hmac
+import sys
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -10,7 +12,14 @@ import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from novelbus.novel.body import CommitBody
-from novelbus.novel.commitcheck import business_hash, check_body, rewrite_sources
+from novelbus.novel.commitcheck import (
+    BodyError,
+    business_hash,
+    check_body,
+    commit_references,
+    rewrite_sources,
+)
+from novelbus.novel.guard import ProseGuardError
 from novelbus.novel.outline import LengthBudget
 from novelbus.novel.text import effective_characters
 from novelbus.store._db import Conn, Db, statement
@@ -120,6 +129,60 @@ _COMMIT_READ = (
 COMMIT_ATTEMPTS = 8
 
 
+class _EveryCommit(Mapping[str, int]):
+    """known_commits for the checks that need no database: every commit exists, unbounded."""
+
+    def __getitem__(self, key: str) -> int:
+        return sys.maxsize
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+_EVERY_COMMIT = _EveryCommit()
+
+
+def _existing_receipt(
+    novel_id: str, unit_id: str, body_hash: str, token_hash: str, r: asyncpg.Record, claim_id: str
+) -> Receipt:
+    """The unit already has a commit (STORE-2 step 1): its receipt replayed, or the refusal."""
+    if r["e_body_hash"] != body_hash:
+        raise CommitConflict(
+            f"novel {novel_id!r}: unit {unit_id!r} is already committed as"
+            f" {r['e_commit_id']!r} with a different body"
+        )
+    if not hmac.compare_digest(r["e_token_hash"], token_hash):
+        raise TokenMismatch(f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match")
+    return Receipt(
+        commit_id=r["e_commit_id"],
+        unit_id=unit_id,
+        claim_id=claim_id,
+        body_hash=body_hash,
+        effective_characters=r["e_chars"],
+        delta_characters=r["e_chars"],
+        total_characters=int(r["e_total"]),
+        duplicate=True,
+        context_hash=r["e_context_hash"],
+        scene_completed=bool(r["e_completed"]),
+    )
+
+
+def _canon_rows(body: CommitBody, commit_id: str) -> list[dict[str, Any]]:
+    # STORE-3: canon sources point at the commit that established them.
+    return [
+        {"kind": c.kind, "summary": c.summary, "detail": c.detail, "sources": c.sources,
+         "character_ids": c.character_ids, "foreshadowing_id": c.foreshadowing_id,
+         "foreshadowing_status": c.foreshadowing_status if c.kind == "foreshadowing" else None}
+        for c in rewrite_sources(body, commit_id)
+    ]
+
+
 async def commit_body(
     pool: Db,
     novel_id: str,
@@ -137,9 +200,81 @@ async def commit_body(
     2. unit claimed (UnitNotClaimed) and token hash matches (TokenMismatch);
     3. body checks with the hard length maximum (novel.commitcheck.BodyError);
     4. prose guard (STORE-6, novel.guard.ProseGuardError).
+    On any error nothing is written and the unit stays claimed. The novel row lock serialises
+    commits of one novel, so concurrent attempts on one unit yield exactly one commit row.
+
+    PERF-2: ONE statement when the body passes every check that needs no database (the usual
+    case): `nb_commit_body` (migration 007) does steps 1–2, the checks that need the book (hard
+    maximum, canon sources naming earlier commits) and the writes under the novel lock. A body
+    that fails one of the database-free checks goes the two-statement way (`_commit_checked`), so
+    a refusal for a reason that comes first in the order above is still the one raised.
+    """
+    try:
+        check_body(body, known_commits=_EVERY_COMMIT, hard_max_remaining=None)
+    except (BodyError, ProseGuardError):
+        return await _commit_checked(pool, novel_id, unit_id, token, body, run_id=run_id,
+                                     context_hash=context_hash)
+    body_hash = business_hash(body)
+    token_hash = hash_token(token)
+    chars = sum(effective_characters(p) for p in body.paragraphs)
+    async with statement(pool) as conn:
+        r = await conn.fetchrow(
+            "SELECT * FROM nb_commit_body($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            novel_id, unit_id, token_hash, msgspec.to_builtins(body), body_hash, chars, context_hash,
+            run_id, _canon_rows(body, "@"), [[c, i] for c, i in commit_references(body).items()],
+        )
+    outcome = r["o_outcome"]
+    if outcome == "committed":
+        return Receipt(
+            commit_id=f"commit-{r['o_seq']}",
+            unit_id=unit_id,
+            claim_id=r["o_claim_id"],
+            body_hash=body_hash,
+            effective_characters=chars,
+            delta_characters=chars,
+            total_characters=int(r["o_committed"]) + chars,
+            duplicate=False,
+            context_hash=context_hash,
+            scene_completed=body.scene_completion.completed,
+        )
+    if outcome == "novel-not-found":
+        raise NovelNotFound(f"novel {novel_id!r} not found")
+    if outcome == "existing":
+        return _existing_receipt(novel_id, unit_id, body_hash, token_hash, r, r["o_claim_id"])
+    if outcome == "unit-not-found":
+        raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
+    if outcome == "not-claimed":
+        raise UnitNotClaimed(f"novel {novel_id!r}: unit {unit_id!r} is {r['o_detail']}, not claimed")
+    if outcome == "token-mismatch":
+        raise TokenMismatch(f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match")
+    assert outcome == "check", outcome
+    length = LengthBudget() if r["o_length"] is None else LengthBudget.model_validate(r["o_length"])
+    check_body(body, known_commits={str(k): int(v) for k, v in r["o_known"].items()},
+               hard_max_remaining=_hard_max_remaining(length, int(r["o_committed"])))
+    # pragma: no cover - the database and check_body disagree: the two-statement way decides
+    return await _commit_checked(pool, novel_id, unit_id, token, body, run_id=run_id, context_hash=context_hash)
+
+
+async def _commit_checked(
+    pool: Db,
+    novel_id: str,
+    unit_id: str,
+    token: str,
+    body: CommitBody,
+    *,
+    run_id: str,
+    context_hash: str | None,
+) -> Receipt:
+    """commit_body when the body fails a check that needs no database: the checks in order.
+
+    1. duplicate check on the business hash: same hash and token replays the original receipt
+       (`duplicate=True`); another hash for a committed unit is a CommitConflict;
+    2. unit claimed (UnitNotClaimed) and token hash matches (TokenMismatch);
+    3. body checks with the hard length maximum (novel.commitcheck.BodyError);
+    4. prose guard (STORE-6, novel.guard.ProseGuardError).
     On any error nothing is written and the unit stays claimed.
 
-    PERF-2: two statements, no BEGIN/COMMIT. One read gives everything the checks need; the
+    Two statements, no BEGIN/COMMIT. One read gives everything the checks need; the
     write (`nb_commit_write`, migration 006) takes the novel-row lock — which serialises commits
     of one novel, so concurrent attempts on one unit yield exactly one commit row — and writes
     only if what was read still holds (same next seq, unit still claimed under this token, same
@@ -155,27 +290,7 @@ async def commit_body(
         if r is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         if r["e_commit_id"] is not None:
-            if r["e_body_hash"] != body_hash:
-                raise CommitConflict(
-                    f"novel {novel_id!r}: unit {unit_id!r} is already committed as"
-                    f" {r['e_commit_id']!r} with a different body"
-                )
-            if not hmac.compare_digest(r["e_token_hash"], token_hash):
-                raise TokenMismatch(
-                    f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match"
-                )
-            return Receipt(
-                commit_id=r["e_commit_id"],
-                unit_id=unit_id,
-                claim_id=r["e_claim_id"],
-                body_hash=body_hash,
-                effective_characters=r["e_chars"],
-                delta_characters=r["e_chars"],
-                total_characters=int(r["e_total"]),
-                duplicate=True,
-                context_hash=r["e_context_hash"],
-                scene_completed=bool(r["e_completed"]),
-            )
+            return _existing_receipt(novel_id, unit_id, body_hash, token_hash, r, r["e_claim_id"])
         if r["u_state"] is None:
             raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
         if r["u_state"] != "claimed":
@@ -201,13 +316,7 @@ async def commit_body(
         chars = sum(effective_characters(p) for p in body.paragraphs)
         if stored_body is None:
             stored_body = msgspec.to_builtins(body)
-        # STORE-3: canon sources point at the commit that established them.
-        canon = [
-            {"kind": c.kind, "summary": c.summary, "detail": c.detail, "sources": c.sources,
-             "character_ids": c.character_ids, "foreshadowing_id": c.foreshadowing_id,
-             "foreshadowing_status": c.foreshadowing_status if c.kind == "foreshadowing" else None}
-            for c in rewrite_sources(body, commit_id)
-        ]
+        canon = _canon_rows(body, commit_id)
         try:
             async with statement(pool) as conn:
                 w = await conn.fetchrow(

@@ -13,6 +13,7 @@ import pytest
 from novelbus import store
 from novelbus.bus import tally
 from novelbus.novel.commitcheck import BodyError, business_hash
+from novelbus.novel.text import effective_characters
 from novelbus.store.units import PREPARE_CANDIDATES, hash_token, unit_id_candidates
 from tests.store.helpers import make_body, table_counts
 
@@ -22,8 +23,8 @@ def _round_trips() -> int:
 
 
 async def test_perf2_each_step_is_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
-    """prepare, claim and account: one statement each; commit: a read and a write (no BEGIN,
-    no COMMIT); all still do what STORE-1/STORE-2/REL-2 say."""
+    """prepare, claim, commit and account: one statement each (no BEGIN, no COMMIT); all still
+    do what STORE-1/STORE-2/REL-2 say."""
     before = _round_trips()
     unit_id = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
     assert _round_trips() - before == 1
@@ -34,7 +35,7 @@ async def test_perf2_each_step_is_one_round_trip(pool: asyncpg.Pool, novel_id: s
     before = _round_trips()
     receipt = await store.commit_body(pool, novel_id, unit_id, claim.token, make_body(), run_id="run-1",
                                       context_hash=None)
-    assert _round_trips() - before == 2
+    assert _round_trips() - before == 1
     assert receipt.commit_id == "commit-1" and not receipt.duplicate
     before = _round_trips()
     counters, first = await store.account_turn(pool, novel_id, claim.claim_id, outcome="committed",
@@ -204,3 +205,39 @@ def test_perf2_stored_configs_are_validated_once_per_distinct_value() -> None:
     assert (first.budgets.writerDispatchLimit, first.writerShape, other.budgets.writerDispatchLimit) == (5, "W1", 6)
     with pytest.raises(ValidationError):
         parse_config({"budgets": {"writerDispatchLimit": 0}})
+
+
+async def test_perf2_commit_in_one_statement_keeps_the_check_order(
+    pool: asyncpg.Pool, novel_id: str, unit_id: str
+) -> None:
+    """STORE-2 §16 order across both ways of committing: a body failing a database-free check
+    (the prose guard) is still refused first for what comes first — the unit not claimed, an
+    existing commit with another body — and a canon source naming a paragraph an earlier commit
+    does not have is refused by the one-statement way with check_body's own message."""
+    from novelbus.novel.body import CanonChange
+    from novelbus.novel.guard import ProseGuardError
+
+    guarded = make_body("Chapter 3", "Mira climbed.")
+    with pytest.raises(store.UnitNotClaimed):
+        await store.commit_body(pool, novel_id, unit_id, "0" * 64, guarded, run_id="r", context_hash=None)
+    claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
+    with pytest.raises(ProseGuardError):
+        await store.commit_body(pool, novel_id, unit_id, claim.token, guarded, run_id="r", context_hash=None)
+    first = await store.commit_body(pool, novel_id, unit_id, claim.token, make_body("One.", "Two."),
+                                    run_id="r", context_hash=None)
+    with pytest.raises(store.CommitConflict):
+        await store.commit_body(pool, novel_id, unit_id, claim.token, guarded, run_id="r", context_hash=None)
+
+    second = await store.prepare_unit(pool, novel_id, "ch-a", "s2", fragment=1, continuation_anchor=None)
+    claim2 = await store.claim_unit(pool, novel_id, second, "intent-2", mode="subagent")
+    for source, message in (("commit-1#2", "paragraph index 2 out of range (commit-1 has 2)"),
+                            ("commit-7", "unknown commit commit-7")):
+        bad = make_body("Three.", canon=[CanonChange(kind="event", summary="x", sources=["inline", source])])
+        with pytest.raises(BodyError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            await store.commit_body(pool, novel_id, second, claim2.token, bad, run_id="r", context_hash=None)
+    assert await table_counts(pool, "commits", "canon_facts") == {"commits": 1, "canon_facts": 0}
+    good = make_body("Three.", canon=[CanonChange(kind="event", summary="x", sources=["inline#0", "commit-1#1"])])
+    receipt = await store.commit_body(pool, novel_id, second, claim2.token, good, run_id="r", context_hash=None)
+    assert (receipt.commit_id, receipt.total_characters) == ("commit-2", first.total_characters + effective_characters("Three."))
+    assert await pool.fetchval("SELECT sources FROM canon_facts WHERE commit_id = 'commit-2'") == [
+        "commit-2#0", "commit-1#1"]
