@@ -7,7 +7,8 @@ import json
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from novelbus.novel.body import CanonChange, CommitBody, SceneCompletion
 from novelbus.novel.commitcheck import (
@@ -219,3 +220,40 @@ def test_parse_draft_schema_errors_name_the_field(raw: str, needle: str) -> None
     assert err.value.code == "schema"
     assert needle in str(err.value)
     assert SECRET not in str(err.value)
+
+
+_SOURCES = st.one_of(
+    st.just("inline"),
+    st.integers(0, 4).map(lambda i: f"inline#{i}"),
+    st.integers(1, 4).map(lambda n: f"commit-{n}"),
+    st.tuples(st.integers(1, 4), st.integers(0, 4)).map(lambda t: f"commit-{t[0]}#{t[1]}"),
+)
+
+
+@given(st.lists(st.lists(_SOURCES, min_size=1, max_size=3), max_size=3),
+       st.dictionaries(st.integers(1, 4).map(lambda n: f"commit-{n}"), st.integers(1, 4)))
+@PURE
+def test_perf2_commit_references_are_what_the_source_check_needs_from_the_book(
+        sources: list[list[str]], known: dict[str, int]) -> None:
+    """PERF-2 (nb_commit_body checks sources in SQL): a body whose database-free checks pass
+    fails the source check against a book exactly when a commit it references is missing or
+    has no paragraph of the highest index referenced (STORE-3)."""
+    from novelbus.novel.commitcheck import commit_references
+
+    b = CommitBody(paragraphs=["One.", "Two.", "Three."],
+                   scene_completion=SceneCompletion(completed=True, basis="done"),
+                   canon_changes=[CanonChange(kind="event", summary="s", sources=s) for s in sources])
+    every = {f"commit-{n}": 10**6 for n in range(1, 5)}
+    try:
+        check_body(b, known_commits=every, hard_max_remaining=None)
+    except BodyError:
+        assume(False)  # refused without the book: nb_commit_body is never asked
+    refs = commit_references(b)
+    ok = all(c in known and i < known[c] for c, i in refs.items())
+    try:
+        check_body(b, known_commits=known, hard_max_remaining=None)
+        passed = True
+    except BodyError as e:
+        assert e.code == "bad-canon-source"
+        passed = False
+    assert passed == ok
