@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from novelbus import store
-from novelbus.bus import outbox
+from novelbus.bus import outbox, tally
 from novelbus.bus.codec import encode, type_tag
 from novelbus.bus.service import CommandService
 from novelbus.bus.streams import DUPLICATE_WINDOW_S
@@ -157,7 +157,8 @@ class ActorContext:
         if key is None:
             if self.ledger is None:
                 self.ledger = LedgerBatch(self.pool)
-            seq = await self.ledger.append(event.novel_id, tag, payload)
+            with tally.span("ledger"):
+                seq = await self.ledger.append(event.novel_id, tag, payload)
         else:
             seq, first, age_s = await store.append_event_once(self.pool, event.novel_id, tag, payload, key)
             if not first and age_s > REPUBLISH_WITHIN_S:

@@ -184,13 +184,19 @@ class Driver:
         (REL-6), an actor answering `internal` is retried for a while, anything else raises (the
         consumer naks it, then dead-letters it after the redelivery bound)."""
         tally.actor.set("driver")  # this handler's task and the flows it runs count as the driver's
+        tally.trace_key.set(notice.novel_id)  # a benchmark may trace where this novel's time goes
+        tally.mark("notice in")
         self.state.notices += 1
         started, attempt = time.monotonic(), 0
         while True:
             try:
                 lock = self.state.locks.setdefault(notice.novel_id, asyncio.Lock())
-                async with lock:
+                with tally.span("novel lock"):
+                    await lock.acquire()
+                try:
                     await self.advance(notice)
+                finally:
+                    lock.release()
                 return
             except asyncio.CancelledError:
                 raise
@@ -282,6 +288,7 @@ class Driver:
                                                continuation_anchor=decision.continuation_anchor)
             await ctx.emit(ev.UnitPrepared(novel_id=novel_id, unit_id=unit_id, chapter_id=decision.chapter_id,
                                            scene_id=decision.scene_id, fragment=decision.fragment))
+            tally.mark("prepared")
         # DRV-3: read at claim time; the claim keeps it to the end (the store admits only these two)
         mode: cm.WriterMode = "inline" if novel.writer_mode == "inline" else "subagent"
         intent_id = f"intent-{secrets.token_hex(8)}"

@@ -76,7 +76,8 @@ async def request(
     while True:
         try:
             tally.count("request_reply")
-            raw = await nc.request(subject, data, timeout=timeout, headers=headers)
+            with tally.span(f"rr {type(msg).__name__}"):
+                raw = await nc.request(subject, data, timeout=timeout, headers=headers)
             break
         except (TimeoutError, NoRespondersError, NatsTimeout) as e:
             if attempt >= retries:

@@ -55,7 +55,8 @@ async def settle() -> None:
     waiting = _pending.pop(task, None) if task is not None else None
     if waiting:
         tally.count("publish_waits")
-        await asyncio.gather(*waiting, return_exceptions=True)
+        with tally.span("event acks"):
+            await asyncio.gather(*waiting, return_exceptions=True)
 
 
 async def _confirm(js: JetStreamContext, ack: asyncio.Future[Any] | None, subject: str, data: bytes,

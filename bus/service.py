@@ -84,7 +84,10 @@ class CommandService:
         try:
             try:
                 request = decode(msg.data, self.kind, msg.headers)
-                reply: msgspec.Struct = await self.handlers[type(request)](request)
+                novel_id = getattr(request, "novel_id", None) if tally.tracing else None
+                tally.trace_key.set(f"{novel_id}@{self.label}" if isinstance(novel_id, str) else None)
+                with tally.span(f"serve {type(request).__name__}"):
+                    reply: msgspec.Struct = await self.handlers[type(request)](request)
                 self.stats["served"] += 1
             except MessageError as e:
                 self.stats[e.code] += 1
@@ -100,6 +103,7 @@ class CommandService:
             if msg.reply:
                 data, headers = encode(reply)
                 await self.nc.publish(msg.reply, data, headers=headers)
+                tally.mark("replied")
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a broken reply path must not kill the service

@@ -116,6 +116,8 @@ class PhaseResult:
     units: int
     seconds: float
     timings: list[UnitTiming] = field(default_factory=list)
+    novel_ids: list[str] = field(default_factory=list)
+    breakdown: dict[str, Any] = field(default_factory=dict)  # one traced novel (trace_breakdown)
 
     @property
     def units_per_s(self) -> float:
@@ -165,6 +167,86 @@ async def unit_timings(ctx: ActorContext, novel_id: str) -> list[UnitTiming]:
     return out
 
 
+Span = tuple[str, float, float]
+
+
+def _exclusive(spans: list[Span], start: float, end: float, rest: str) -> dict[str, float]:
+    """ms of [start, end) by what was being waited on: at each instant the innermost (latest
+    started) open span; no open span is `rest` (the task's own Python, or the CPU it waited for)."""
+    inside = [(label, max(t0, start), min(t1, end)) for label, t0, t1 in spans if t1 > start and t0 < end]
+    cuts = sorted({start, end} | {t for _, t0, t1 in inside for t in (t0, t1)})
+    out: dict[str, float] = {}
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        mid = (a + b) / 2
+        open_ = [(t0, label) for label, t0, t1 in inside if t0 <= mid < t1]
+        label = max(open_)[1] if open_ else rest
+        out[label] = out.get(label, 0.0) + (b - a) * 1000
+    return out
+
+
+def trace_breakdown(traced: dict[str, list[Span]], novel_id: str) -> dict[str, Any]:
+    """Where one novel's unit cycles went (`tally` spans of the latency phase): the driver's
+    timeline from one `prepared` to the next, by wait, averaged over cycles; each command's
+    round trip split into the serving actor's handler (by wait) and transport (NATS, the event
+    loop's queue); a work notice's trip from its publish to the driver's next `notice in`."""
+    driver = list(traced.get(novel_id, []))
+    ins = [t0 for label, t0, _ in driver if label == "notice in"]
+    for label, _, t1 in list(driver):
+        if label == "notice publish":
+            later = [t for t in ins if t >= t1]
+            if later:
+                driver.append(("notice delivery", t1, later[0]))
+    # points are no waits; the usage record is sent by a task of its own, off the unit's path (REL-7)
+    driver = [s for s in driver if s[0] not in ("notice in", "prepared", "rr RecordTurn")]
+    marks = [t0 for label, t0, _ in traced.get(novel_id, []) if label == "prepared"]
+    cycles = list(zip(marks, marks[1:], strict=False))
+    if not cycles:
+        return {}
+    total: dict[str, float] = {}
+    for a, b in cycles:
+        for label, ms in _exclusive(driver, a, b, "driver python").items():
+            total[label] = total.get(label, 0.0) + ms
+    n = len(cycles)
+    cycle_ms = sorted((b - a) * 1000 for a, b in cycles)
+    rr: dict[str, list[float]] = {}
+    for key, spans in traced.items():  # the driver's commands and those an actor sends (the writer's commit)
+        if key == novel_id or key.startswith(novel_id + "@"):
+            for label, t0, t1 in spans:
+                if label.startswith("rr "):
+                    rr.setdefault(label[3:], []).append((t1 - t0) * 1000)
+    serve: dict[str, dict[str, float]] = {}
+    for key, spans in traced.items():
+        if not key.startswith(novel_id + "@"):
+            continue
+        actor = key.split("@", 1)[1]
+        replied = [t0 for label, t0, _ in spans if label == "replied"]
+        for label, t0, t1 in spans:
+            if not label.startswith("serve "):
+                continue
+            kind = label[6:]
+            row = serve.setdefault(f"{kind} ({actor})", {"count": 0.0, "handler": 0.0, "acks before reply": 0.0})
+            row["count"] += 1
+            row["handler"] += (t1 - t0) * 1000
+            reply_at = next((r for r in replied if r >= t1), t1)
+            row["acks before reply"] += (reply_at - t1) * 1000  # the handler's events stored first
+            for what, ms in _exclusive([s for s in spans if not s[0].startswith("serve ")], t0, t1,
+                                       "python").items():
+                row[what] = row.get(what, 0.0) + ms
+    services = {}
+    for name, row in sorted(serve.items()):
+        count = row.pop("count")
+        services[name] = {k: round(v / count, 3) for k, v in row.items()}
+        trips = rr.get(name.split(" ", 1)[0])
+        if trips:
+            services[name]["round_trip"] = round(statistics.mean(trips), 3)
+            services[name]["transport"] = round(statistics.mean(trips) - services[name]["handler"]
+                                                - services[name]["acks before reply"], 3)
+    return {"cycles": n, "cycle_p50_ms": round(percentile(cycle_ms, 50), 3),
+            "cycle_mean_ms": round(statistics.mean(cycle_ms), 3),
+            "driver_mean_ms": {k: round(v / n, 3) for k, v in sorted(total.items(), key=lambda kv: -kv[1])},
+            "handlers_mean_ms": services}
+
+
 async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout: float,
                      label: str, live: bool = False) -> tuple[list[str], float]:
     """Create novels, publish their first notices together, wait until all finished."""
@@ -207,7 +289,8 @@ async def phase(ctx: ActorContext, name: str, novels: int, chapters: int, scenes
                         label=f"bench throughput {name} {i + 1}") for i in range(novels)]
     err_console.print(f"[dim]{name}: {novels} novel(s) × {chapters * scenes} units[/]")
     ids, seconds = await write_many(ctx, datas, timeout=timeout, label=name, live=live)
-    result = PhaseResult(name=name, novels=novels, units=novels * chapters * scenes, seconds=seconds)
+    result = PhaseResult(name=name, novels=novels, units=novels * chapters * scenes, seconds=seconds,
+                         novel_ids=ids)
     for novel_id in ids:
         result.timings.extend(await unit_timings(ctx, novel_id))
     return result
@@ -407,6 +490,20 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
         console.print(f"{hop:16} {lat[hop]:>10.2f} {lod[hop]:>11.2f}")
     console.print(f"{'cycle (p50)':16} {percentile([t.cycle_ms for t in latency.timings], 50):>10.2f} "
                   f"{percentile([t.cycle_ms for t in load.timings], 50):>11.2f}")
+    trace = latency.breakdown
+    if trace:
+        console.print()
+        console.print(f"[bold]where a unit's time goes[/] (one novel, {trace['cycles']} traced cycles, mean "
+                      f"{trace['cycle_mean_ms']:.2f} ms): the driver's timeline by what it waited on")
+        for what, ms in trace["driver_mean_ms"].items():
+            console.print(f"  {what:28} {ms:>8.2f}")
+        console.print(f"{'command (actor), mean ms':28} {'round trip':>10} {'handler':>8} {'acks':>6} "
+                      f"{'transport':>9}   handler's waits")
+        for name, row in trace["handlers_mean_ms"].items():
+            waits = ", ".join(f"{k} {v:.2f}" for k, v in row.items()
+                              if k not in ("handler", "round_trip", "transport", "acks before reply"))
+            console.print(f"{name:28} {row.get('round_trip', float('nan')):>10.2f} {row['handler']:>8.2f} "
+                          f"{row['acks before reply']:>6.2f} {row.get('transport', float('nan')):>9.2f}   {waits}")
 
 
 async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, latency_units: int,
@@ -423,8 +520,14 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 lat_chapters = max(1, math.ceil(latency_units / scenes))
                 counted, stored = tally.snapshot(), await stream_messages(ctx)
                 cpu = time.process_time()
-                latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout, live)
+                tally.start_tracing()
+                try:
+                    latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout, live)
+                finally:
+                    traced = tally.stop_tracing()
                 cpu = time.process_time() - cpu
+                if latency.novel_ids:
+                    latency.breakdown = trace_breakdown(traced, latency.novel_ids[0])
                 counts = Counts(
                     per_unit=None if processes else tally.per_unit(counted, tally.snapshot(), latency.units),
                     stream_messages_per_unit=round((await stream_messages(ctx) - stored) / latency.units, 2),
@@ -498,6 +601,7 @@ def bench_throughput(
         "load_hops": load.hop_p50(),
         "load_seconds": round(load.seconds, 3),
         "latency_units_measured": len(latency.timings),
+        "latency_breakdown": latency.breakdown,
         "model_ms_p50": round(statistics.median([t.model_ms for t in latency.timings]), 3)
         if latency.timings else None,
         "targets": {"overhead_ratio": TARGET_RATIO, "overhead_p99_ms": TARGET_P99_MS,

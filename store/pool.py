@@ -38,19 +38,23 @@ class CountingConnection(asyncpg.Connection):  # type: ignore[misc]
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> Any:
         tally.count("db_round_trips")
-        return await super().execute(query, *args, timeout=timeout)
+        with tally.span("db"):
+            return await super().execute(query, *args, timeout=timeout)
 
     async def fetch(self, query: str, *args: Any, timeout: float | None = None, record_class: Any = None) -> Any:
         tally.count("db_round_trips")
-        return await super().fetch(query, *args, timeout=timeout, record_class=record_class)
+        with tally.span("db"):
+            return await super().fetch(query, *args, timeout=timeout, record_class=record_class)
 
     async def fetchval(self, query: str, *args: Any, column: int = 0, timeout: float | None = None) -> Any:
         tally.count("db_round_trips")
-        return await super().fetchval(query, *args, column=column, timeout=timeout)
+        with tally.span("db"):
+            return await super().fetchval(query, *args, column=column, timeout=timeout)
 
     async def fetchrow(self, query: str, *args: Any, timeout: float | None = None, record_class: Any = None) -> Any:
         tally.count("db_round_trips")
-        return await super().fetchrow(query, *args, timeout=timeout, record_class=record_class)
+        with tally.span("db"):
+            return await super().fetchrow(query, *args, timeout=timeout, record_class=record_class)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

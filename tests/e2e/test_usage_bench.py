@@ -163,6 +163,17 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
         per_unit["transactions"]
     )
     assert per_unit["publishes"]["total"] >= report["stream_messages_per_unit"] > 0
+    # issue 14: the latency novel's cycles traced hop by hop — the driver's timeline split by what
+    # it waited on adds up to the cycle; each command's round trip into handler, acks and transport
+    trace = report["latency_breakdown"]
+    assert trace["cycles"] == 5
+    assert sum(trace["driver_mean_ms"].values()) == pytest.approx(trace["cycle_mean_ms"], rel=0.01)
+    assert {"rr ClaimUnit", "rr RenderPack", "rr RunWriter", "rr VerifyCommit"} <= set(trace["driver_mean_ms"])
+    handlers = trace["handlers_mean_ms"]
+    assert {"ClaimUnit (claims)", "RenderPack (packer)", "RunWriter (writer)", "VerifyCommit (verifier)",
+            "CommitUnit (claims)"} <= set(handlers)
+    run = handlers["RunWriter (writer)"]
+    assert 0 < run["handler"] <= run["round_trip"] and "rr CommitUnit" in run
 
 
 class _NoUsageOnCompaction(OfflineProvider):
