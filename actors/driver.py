@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import msgspec
 
@@ -85,11 +85,43 @@ SWEEP_S = 2.0  # how often a driver looks for claims nobody drives any more
 INTERNAL_RETRY_S = 30.0  # an actor answering `internal` is retried in place this long, then the notice naks
 
 
+MAX_CONTINUED = 4096  # notices continued in-process whose JetStream copy has not come back yet
+
+
+class FlowLock(asyncio.Lock):
+    """A novel's flow lock (FIFO) that counts its acquisitions: a continuation can tell whether
+    anybody (a steering command, another notice) held the novel between two of its steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch = 0
+
+    async def acquire(self) -> Literal[True]:
+        await super().acquire()
+        self.epoch += 1
+        return True
+
+
+class FlowLocks(dict[str, asyncio.Lock]):
+    """Per-novel flow locks; `setdefault(novel, anything)` always stores a FlowLock (steering
+    takes the same locks the same way)."""
+
+    def setdefault(self, key: str, default: asyncio.Lock | None = None) -> asyncio.Lock:
+        lock = self.get(key)
+        if lock is None:
+            lock = self[key] = FlowLock()
+        return lock
+
+
 @dataclass
 class DriverState:
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)  # one flow per novel (DRV-1)
+    locks: FlowLocks = field(default_factory=FlowLocks)  # one flow per novel (DRV-1)
+    # issue 14: notice id → outcome of its in-process continuation (True: done, its copy on the
+    # work stream only needs acking; False: the copy is handled as any notice)
+    continued: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
     driving: set[str] = field(default_factory=set)  # novels with a unit flow in this process
     notices: int = 0
+    continuations: int = 0  # notices run in-process right after the flow that published them
     units_done: int = 0
     running: bool = True
 
@@ -120,6 +152,7 @@ class Driver:
         self.accounting = Accounting(ctx, self.instance, publish_notice, lease_s=lease_s,
                                      usage_retry_s=usage_retry_s)
         self._sweeper: asyncio.Task[None] | None = None
+        self._continuations: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -137,7 +170,11 @@ class Driver:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._sweeper
-        await self.consumer.stop()
+        await self.consumer.stop()  # first: a copy waiting for its continuation is not acked
+        for task in list(self._continuations):  # their notices are on the work stream, unacked
+            task.cancel()
+        if self._continuations:
+            await asyncio.gather(*self._continuations, return_exceptions=True)
         await self.accounting.stop()
 
     async def resume_active_novels(self) -> None:
@@ -187,6 +224,12 @@ class Driver:
         tally.trace_key.set(notice.novel_id)  # a benchmark may trace where this novel's time goes
         tally.mark("notice in")
         self.state.notices += 1
+        local = self.state.continued.get(notice.notice_id)
+        if local is not None:  # this driver already runs (or ran) this notice in-process
+            done = await asyncio.shield(local)
+            self.state.continued.pop(notice.notice_id, None)
+            if done:
+                return  # its work is done and what it published is stored: ack the copy
         started, attempt = time.monotonic(), 0
         while True:
             try:
@@ -212,11 +255,14 @@ class Driver:
                 await asyncio.sleep(delay)
 
     # --- decisions ------------------------------------------------------------------------
-    async def advance(self, notice: WorkNotice) -> None:
+    async def advance(self, notice: WorkNotice,
+                      known: tuple[NovelSnapshot, store.NovelRow] | None = None) -> None:
+        """Decide and do the novel's next step; `known`: its snapshot and novel row as read after
+        the previous turn, when nothing has held the novel since (a continuation)."""
         pool = self.ctx.pool
         # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
         # PERF-2: the novel row (budgets, counters, mode) is read with the snapshot, one statement.
-        snapshot, novel = await store.load_snapshot_and_novel(pool, notice.novel_id)
+        snapshot, novel = known or await store.load_snapshot_and_novel(pool, notice.novel_id)
         if removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
             snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
@@ -411,9 +457,11 @@ class Driver:
                 usage_record(novel_id, unit_id, claim, outcome, mode or novel.writer_mode, counters.turns))
         elif first:  # REL-7: one sample or marker per turn; this one made no model call to sample
             await self.accounting.mark_missing(novel_id, unit_id, claim.claim_id, counters.turns, "no-writer-run")
+        known: tuple[NovelSnapshot, store.NovelRow] | None = None
         if outcome.ok and first:
             self.state.units_done += 1
-            after = await store.load_snapshot(pool, novel_id, prose=False)
+            known = await store.load_snapshot_and_novel(pool, novel_id)  # the next decision's input too
+            after = known[0]
             for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
                 await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
         if not outcome.ok:
@@ -427,12 +475,66 @@ class Driver:
                               budgets=novel.config.budgets, stall_count=counters.stall_count,
                               consecutive_failures=counters.consecutive_failures, external_failures=lost)
         if isinstance(decision, NextUnit):
-            await publish_notice(ctx, novel_id, reason="next-unit", dedupe=decision.dedupe)
+            # issue 14: the next unit starts here at once; its notice is stored meanwhile (the
+            # notice being handled is acked only after it) for another process or a restart.
+            events = outbox.pending()
+            notice_id = await publish_notice(ctx, novel_id, reason="next-unit", dedupe=decision.dedupe, wait=False)
+            self._continue(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason="next-unit"), known, events)
         elif isinstance(decision, Pause):
             await self.pause(novel_id, decision)
         else:
             await asyncio.sleep(decision.delay_s)
             await publish_notice(ctx, novel_id, reason=decision.reason)
+
+    def _continue(self, notice: WorkNotice, known: tuple[NovelSnapshot, store.NovelRow] | None,
+                  events: list[asyncio.Task[None]]) -> None:
+        """Run `notice` in-process right after the flow that published it (issue 14: no round trip
+        through the work stream between two units of a novel this driver is driving).
+
+        The notice itself is on the work stream as before. Its copy, when it comes back to this
+        driver, waits for the continuation: done → acked; failed → handled like any notice (so
+        every retry, backoff and dead-letter rule still applies). A copy delivered to another
+        driver process is handled there as any notice: the claim lets only one of them write
+        the unit (REL-2). `events`: the flow's unconfirmed events, stored before the
+        continuation emits or sends anything (per-novel order)."""
+        if not self.state.running or notice.notice_id in self.state.continued:
+            return  # stopping, or a retried accounting that already continued
+        if len(self.state.continued) >= MAX_CONTINUED:  # copies that went to other processes
+            for key in [k for k, f in self.state.continued.items() if f.done()][:MAX_CONTINUED // 2]:
+                del self.state.continued[key]
+        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.state.continued[notice.notice_id] = outcome
+        lock = self.state.locks.setdefault(notice.novel_id)
+        epoch = lock.epoch if isinstance(lock, FlowLock) else -1
+        task = asyncio.create_task(self._run_continuation(notice, known, events, epoch, outcome),
+                                   name=f"continue-{notice.novel_id}")
+        self._continuations.add(task)
+        task.add_done_callback(self._continuations.discard)
+
+    async def _run_continuation(self, notice: WorkNotice, known: tuple[NovelSnapshot, store.NovelRow] | None,
+                                events: list[asyncio.Task[None]], epoch: int, outcome: asyncio.Future[bool]) -> None:
+        done = False
+        try:
+            outbox.adopt(events)
+            await outbox.settle()  # the previous turn's events are stored first (usually already)
+            lock = self.state.locks.setdefault(notice.novel_id)
+            await lock.acquire()
+            try:
+                if not isinstance(lock, FlowLock) or lock.epoch != epoch + 1:
+                    known = None  # somebody held the novel in between: read it again
+                self.state.continuations += 1
+                await self.advance(notice, known)
+            finally:
+                lock.release()
+            await outbox.settle()  # what it published (its next notice) is stored before its copy is acked
+            done = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the notice's copy on the work stream takes over
+            log.info("continuation of %s left to its work notice (%s)", notice.novel_id, error_code(e))
+        finally:
+            if not outcome.done():
+                outcome.set_result(done)
 
     async def _release(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, reason: str) -> None:
         """A failed turn gives its claim back: through the claim-manager instance holding the

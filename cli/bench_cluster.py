@@ -46,7 +46,8 @@ from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 
 KILL_AT = (0.25, 0.5)  # share of units written when the work-stream leader is killed
-DOWN_S = 5.0  # how long a killed node stays down before it is restarted
+DOWN_S = 5.0  # how long a killed node stays down before it is restarted, at most…
+DOWN_UNITS = 0.15  # …or until this share of units more is written (the work goes on without it)
 
 
 @dataclass
@@ -150,7 +151,9 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
             result.node_kills += 1
             result.killed.append({"node": leader, "role": "work-stream leader", "at": round(commits / units, 2)})
             say(f"  SIGKILL node {leader} (pid {pid}), leader of the work stream, at {commits}/{units} units")
-            await asyncio.sleep(DOWN_S)
+            down_until, killed_at = time.monotonic() + DOWN_S, commits
+            while not done.done() and commits < killed_at + DOWN_UNITS * units and time.monotonic() < down_until:
+                await asyncio.sleep(0.05)  # the next kill must still find the novel being written
             await cluster.restart(i)
             say(f"  node {leader} restarted")
         with contextlib.suppress(TimeoutError):
