@@ -73,6 +73,7 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
     total = len(nf.outline.scenes)
     done: asyncio.Future[ev.NovelEvent] = asyncio.get_running_loop().create_future()
     committed = runs = failed_runs = 0
+    last_failure = ""  # the reason code of the latest failed writer run (a code, never prose)
     bar = Bar()
     started = last_line = time.monotonic()
 
@@ -83,7 +84,7 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
             err_console.print(f"[dim]  {label}: {text} ({_elapsed(last_line - started)})[/]")
 
     async def on_event(e: ev.NovelEvent) -> None:
-        nonlocal committed, runs, failed_runs
+        nonlocal committed, runs, failed_runs, last_failure
         if isinstance(e, ev.UnitCommitted):
             committed += 1
             bar.update(committed)
@@ -91,7 +92,9 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
                 say(f"{committed}/{total} units")
         elif isinstance(e, ev.WriterFinished):
             runs += 1
-            failed_runs += 0 if e.ok else 1
+            if not e.ok:
+                failed_runs += 1
+                last_failure = e.reason
         elif isinstance(e, ev.UnitFailed):
             say(f"unit {e.unit_id} failed ({e.reason}) after {e.dispatches} dispatches")
         elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
@@ -101,7 +104,8 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
         while True:
             await asyncio.sleep(max(1.0, HEARTBEAT_S - (time.monotonic() - last_line)))
             if time.monotonic() - last_line >= HEARTBEAT_S:
-                say(f"{committed}/{total} units, {runs} writer runs finished ({failed_runs} failed)")
+                why = f", latest: {last_failure}" if last_failure else ""
+                say(f"{committed}/{total} units, {runs} writer runs finished ({failed_runs} failed{why})")
 
     async with EventFollower(ctx.nc, ctx.subjects, novel_id=novel_id, on_event=on_event):
         beat = asyncio.create_task(heartbeat())
