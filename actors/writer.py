@@ -177,7 +177,8 @@ class WriterRunner(ServiceActor):
                                          max_tool_rounds=self.ctx.settings.max_tool_rounds,
                                          max_output_tokens=max_tokens, mark=self._marks.get(sid),
                                          usage_threshold_ratio=req.usage_threshold_ratio, window=window,
-                                         unit_id=req.unit_id)
+                                         unit_id=req.unit_id, auto_declined=self._auto_declined)
+            self._auto_declined = self._auto_declined or turn.outcome.auto_declined  # MODEL-3, as W2
             await store.save_session(self.ctx.pool, sid, req.novel_id, None, turn.history)
             if turn.mark is not None:
                 self._marks[sid] = turn.mark

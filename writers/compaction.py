@@ -86,3 +86,18 @@ def offline_summary(messages: Sequence[ChatMessage]) -> str:
         f"lastProse: {tail(last_prose, SUMMARY_TAIL_CHARS)}" if last_prose else "lastProse: ",
     ]
     return "\n".join(lines)
+
+
+def committed_in_context(messages: Sequence[ChatMessage]) -> set[str]:
+    """MODEL-6: commit ids whose prose is in these messages — a successful novel_body_commit call
+    (its arguments carry the paragraphs) answered with that commit id. One rule for the offline
+    writer's research and the inline session's forced research: read only what is not held."""
+    commit_calls = {c.get("id") for m in messages for c in m.get("tool_calls") or ()
+                    if c.get("function", {}).get("name") == COMMIT_TOOL}
+    out: set[str] = set()
+    for m in messages:
+        if m.get("role") == "tool" and m.get("tool_call_id") in commit_calls:
+            result = _loads(m.get("content"))
+            if isinstance(result, dict) and result.get("ok") is True and isinstance(result.get("commitId"), str):
+                out.add(result["commitId"])
+    return out

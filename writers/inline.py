@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -40,7 +41,7 @@ from novelbus.writers.chat import (
     tool_message,
     user_message,
 )
-from novelbus.writers.compaction import COMPACT_INSTRUCTION, SUMMARY_HEADER
+from novelbus.writers.compaction import COMPACT_INSTRUCTION, SUMMARY_HEADER, committed_in_context
 from novelbus.writers.loop import (
     CommitFn,
     ReadTool,
@@ -68,7 +69,7 @@ from novelbus.writers.runner import (
     ToolRecord,
     WindowError,
     fit_output_tokens,
-    forced_commit_tools,
+    forced_tools,
     projected_tokens,
     prompt_mark,
     split_input,
@@ -76,7 +77,14 @@ from novelbus.writers.runner import (
     truncate_args,
 )
 from novelbus.writers.structured import unit_target_max
-from novelbus.writers.tools import COMMIT_TOOL, openai_tool_definitions
+from novelbus.writers.tool_policy import (
+    BODY_READ,
+    RunState,
+    next_choice,
+    pack_blocks,
+    research_target,
+)
+from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS, openai_tool_definitions
 
 DEFAULT_COMPACT_TOKENS = 100_000
 ENV_COMPACT_TOKENS = "NOVELBUS_INLINE_COMPACT_TOKENS"
@@ -282,6 +290,7 @@ async def run_inline_unit(
     usage_threshold_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
     window: int | None = None,
     unit_id: str | None = None,
+    auto_declined: bool = False,
 ) -> InlineRun:
     """Continue the session with one unit: brief → research → commit, re-sending all history.
 
@@ -289,6 +298,11 @@ async def run_inline_unit(
     recorded, the first successful commit ends the unit's turn, `tool-round-limit` after
     `max_tool_rounds` executed rounds. Failures carry a RUN-4 reason; the history is returned
     either way, since a host session keeps a failed attempt too.
+
+    MODEL-3/6: the tool choice is W2's policy (`writers.tool_policy.next_choice`, the same
+    `auto_declined` knowledge), with W2's research rule applied to what the session holds: the
+    forced research reads the chapter's prose only when the session does not already hold its
+    own last commit (a compaction drops it); otherwise there is nothing left to research.
     """
     allowed = tuple(dict.fromkeys(allow_list))
     tools = openai_tool_definitions(allowed)
@@ -321,11 +335,16 @@ async def run_inline_unit(
             usage=calls,
             output_chars=sum(c.output_chars for c in calls if not getattr(c, "compaction", False)),
             detail=detail,
+            auto_declined=auto_calls > 0 and own_calls == 0,
             **kw,
         )
         return InlineRun(outcome=outcome, history=messages, compactions=compactions, mark=mark)
 
-    force_next = False
+    research = research_target(pack_blocks(pack_text), allowed)
+    held = research is not None and research.tool == BODY_READ and bool(committed_in_context(messages))
+    state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=held or research is None,
+                     answered_in_text=False, auto_declined=auto_declined)
+    auto_calls = own_calls = 0
     while True:
         if (projected_tokens(messages, tools, mark, tool_tokens) > threshold
                 and _compactable(messages, brief_at)):
@@ -356,10 +375,13 @@ async def run_inline_unit(
             brief_at = 2
             compactions += 1
             mark = None  # the history changed: estimate until the next reported figure
+            if held:  # the summary replaced the prose the session held: research it, as W2 does
+                held = False
+                state = replace(state, researched=False)
 
         split = inline_split(messages, brief_at, new_from)
-        forced = COMMIT_TOOL in allowed and (force_next or rounds == max_tool_rounds - 1)
-        force_next = False
+        choice = next_choice(state, allowed, research)  # MODEL-3: W2's policy, the same rules
+        forced = choice.forced
         try:
             max_tokens = fit_output_tokens(messages, tools, max_output_tokens, window,
                                            prompt_tokens=projected_tokens(messages, tools, mark, tool_tokens))
@@ -367,9 +389,9 @@ async def run_inline_unit(
             return done(False, "window-exceeded", str(e))
         try:
             reply = await complete(provider, messages,
-                                   forced_commit_tools(tools, unit_id, target_max) if forced else tools,
+                                   forced_tools(tools, choice.tool, unit_id, target_max, research),
                                    max_output_tokens=max_tokens,
-                                   tool_choice=forced_tool_choice(COMMIT_TOOL) if forced else None)
+                                   tool_choice=forced_tool_choice(choice.tool) if choice.tool is not None else None)
         except ProviderError as e:
             calls.append(_call_usage(messages, split, None, compaction=False, tools=tools,
                                      forced=forced, tool_tokens=tool_tokens))
@@ -377,26 +399,28 @@ async def run_inline_unit(
         calls.append(_call_usage(messages, split, reply, compaction=False, tools=tools,
                                  forced=forced, tool_tokens=tool_tokens))
         mark = prompt_mark(messages, tools, reply, tool_tokens)
+        usable = [c for c in reply.tool_calls if c.name in allowed]
+        state = replace(state, calls=state.calls + 1, last_forced=choice.tool, answered_in_text=not usable)
+        if not forced:
+            auto_calls += 1
+            own_calls += len(usable)
 
         rambled = reply.stop_reason == "length" and not reply.tool_calls and not forced
         if reply.stop_reason not in ("completed", "tool_calls") and not rambled:
             return done(False, f"stop-reason:{reply.stop_reason}")
         if not reply.tool_calls:
             messages.append(assistant_message(reply))  # what the author said stays in the session
-            if rambled and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
-                force_next = True  # MODEL-3: text cut at max_tokens is a text answer too
-                continue
+            if not forced and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
+                continue  # MODEL-3: a text answer (also one cut at max_tokens): the policy forces
             if reply.stop_reason != "completed":
                 return done(False, f"stop-reason:{reply.stop_reason}")
-            if not forced and COMMIT_TOOL in allowed and rounds < max_tool_rounds:
-                force_next = True  # MODEL-3: answered in text; ask for the commit by name
-                continue
             if not (reply.text or "").strip():
                 return done(False, "empty-output")
             return done(False, "not-committed", "the writer stopped without a successful commit")
         if rounds >= max_tool_rounds:
             return done(False, "tool-round-limit", f"more than {max_tool_rounds} tool rounds")
         rounds += 1
+        state = replace(state, rounds=rounds)
 
         messages.append(assistant_message(reply))
         new_from = len(messages)
@@ -415,6 +439,9 @@ async def run_inline_unit(
                     forced=forced,
                 )
             )
+            if call.name in READ_TOOLS and code != "tool-not-allowed":
+                state = replace(state, researched=True)
+                held = False  # read in this unit: kept verbatim by a compaction
             messages.append(tool_message(call.id, content))
             if committed is not None:
                 # RUN-3, as in W2: the first successful commit ends the unit's turn. Later calls

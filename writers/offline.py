@@ -36,7 +36,7 @@ from typing import Any
 from novelbus.novel.guard import ProseGuardError, guard_prose
 from novelbus.novel.pack import block_fields, parse_pack
 from novelbus.novel.text import effective_characters, estimate_tokens, is_cjk
-from novelbus.writers.compaction import is_compaction_request, offline_summary
+from novelbus.writers.compaction import committed_in_context, is_compaction_request, offline_summary
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
 from novelbus.writers.runner import tool_definition_tokens
 
@@ -571,7 +571,7 @@ class OfflineProvider:
         # MODEL-6: research only what is not already in the context, by one rule in both modes:
         # an inline session that committed the last unit itself still holds its prose (a fresh W2
         # writer never does), so it reads nothing more — unless a compaction dropped it.
-        known = last.get("commitId") is not None and last.get("commitId") in _committed_in_context(messages)
+        known = last.get("commitId") is not None and last.get("commitId") in committed_in_context(messages)
         if BODY_READ_TOOL in offered and BODY_READ_TOOL not in by_tool and chapter_id and not known:
             if last.get("chapterId") == chapter_id and last.get("sceneId"):
                 return call(BODY_READ_TOOL, {"chapterId": chapter_id, "sceneId": last["sceneId"]})
@@ -582,20 +582,6 @@ class OfflineProvider:
                 messages, text="Stopping: no way to commit this unit.", calls=[], stop="completed"
             )
         return call(COMMIT_TOOL, {"unitId": brief.unit_id, **compose_draft(pack)})
-
-
-def _committed_in_context(messages: Sequence[ChatMessage]) -> set[str]:
-    """Commit ids whose prose is in these messages: a successful novel_body_commit call (its
-    arguments carry the paragraphs) answered with that commit id."""
-    commit_calls = {c.get("id") for m in messages for c in m.get("tool_calls") or ()
-                    if c.get("function", {}).get("name") == COMMIT_TOOL}
-    out: set[str] = set()
-    for m in messages:
-        if m.get("role") == "tool" and m.get("tool_call_id") in commit_calls:
-            result = _loads(m.get("content") or "")
-            if result.get("ok") is True and isinstance(result.get("commitId"), str):
-                out.add(result["commitId"])
-    return out
 
 
 def _call_number(call_id: Any) -> int:
