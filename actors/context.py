@@ -163,6 +163,17 @@ class ActorContext:
             seq, first, age_s = await store.append_event_once(self.pool, event.novel_id, tag, payload, key)
             if not first and age_s > REPUBLISH_WITHIN_S:
                 return
+        await self.publish_recorded(event, seq)
+
+    @staticmethod
+    def ledger_entry(event: Event) -> tuple[str, dict[str, Any]]:
+        """(type, payload) of an event's ledger row, for a store function that writes it in the
+        same statement as the step it reports (PERF-2); then `publish_recorded` with its seq."""
+        return type_tag(event), msgspec.to_builtins(event)
+
+    async def publish_recorded(self, event: Event, seq: int) -> None:
+        """The publish half of `emit`, for an event whose ledger row (seq) is already written."""
+        tag = type_tag(event)
         data, headers = encode(event)
         headers["Nats-Msg-Id"] = f"{self.subjects.namespace}ev-{seq}"
         await outbox.publish(self.js, self.subjects.event(event.novel_id, tag), data, headers,

@@ -91,10 +91,13 @@ class WriterRunner(ServiceActor):
 
     async def on_run(self, req: m.RunWriter) -> m.WriterResult:
         provider = TimedProvider(self.state.provider)  # model time, for benchmarks to subtract
-        await store.start_writer_run(self.ctx.pool, run_id=req.run_id, novel_id=req.novel_id, unit_id=req.unit_id,
-                                     claim_id=req.claim_id or None, dispatch=req.dispatch, mode=req.shape, provider=provider.label)
-        await self.ctx.emit(ev.WriterDispatched(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
-                                                dispatch=req.dispatch, provider=provider.label))
+        dispatched = ev.WriterDispatched(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
+                                         dispatch=req.dispatch, provider=provider.label)
+        seq = await store.start_writer_run_with_event(  # the run and its event: one statement (PERF-2)
+            self.ctx.pool, self.ctx.ledger_entry(dispatched), run_id=req.run_id, novel_id=req.novel_id,
+            unit_id=req.unit_id, claim_id=req.claim_id or None, dispatch=req.dispatch, mode=req.shape,
+            provider=provider.label)
+        await self.ctx.publish_recorded(dispatched, seq)
         self.state.runs += 1
         self.state.active.add(req.run_id)
         started: set[int] = set()  # tool calls whose tool.started event went out as they began
@@ -214,12 +217,14 @@ class WriterRunner(ServiceActor):
         # RUN-6: a successful run stores its dependency manifest [{seq, tool, args, isError}]; a failed
         # run, or one without tool calls, stores none.
         manifest = outcome.dependencies if outcome.ok and outcome.tool_calls else None
-        await store.finish_writer_run(
-            self.ctx.pool, req.run_id, status="ok" if outcome.ok else "failed", reason=reason,
-            output_chars=outcome.output_chars, manifest=manifest)
-        await self.ctx.emit(ev.WriterFinished(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
-                                              ok=outcome.ok, reason=reason,
-                                              output_chars=outcome.output_chars, tool_calls=len(outcome.tool_calls)))
+        finished = ev.WriterFinished(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id, ok=outcome.ok,
+                                     reason=reason, output_chars=outcome.output_chars,
+                                     tool_calls=len(outcome.tool_calls))
+        seq = await store.finish_writer_run_with_event(  # the run closed and its event: one statement (PERF-2)
+            self.ctx.pool, req.run_id, (req.novel_id, *self.ctx.ledger_entry(finished)),
+            status="ok" if outcome.ok else "failed", reason=reason, output_chars=outcome.output_chars,
+            manifest=manifest)
+        await self.ctx.publish_recorded(finished, seq)
         calls = [call_sample(c) for c in outcome.usage]
         return m.WriterResult(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=reason,
                                 provider=provider.label, output_chars=outcome.output_chars,

@@ -105,7 +105,14 @@ from novelbus.store.recovery import (
     unannounced_superseded_units,
 )
 from novelbus.store.requirements import RequirementRecord, list_requirements, receive_requirement
-from novelbus.store.runs import WriterRunRow, finish_writer_run, list_writer_runs, start_writer_run
+from novelbus.store.runs import (
+    WriterRunRow,
+    finish_writer_run,
+    finish_writer_run_with_event,
+    list_writer_runs,
+    start_writer_run,
+    start_writer_run_with_event,
+)
 from novelbus.store.snapshots import load_snapshot, load_snapshot_and_novel
 from novelbus.store.units import (
     Claim,
@@ -184,6 +191,7 @@ __all__ = [
     "finish_novel",
     "external_failures",
     "finish_writer_run",
+    "finish_writer_run_with_event",
     "get_commit_for_unit",
     "get_context_freeze",
     "get_novel",
@@ -220,6 +228,7 @@ __all__ = [
     "save_session",
     "set_writer_mode",
     "start_writer_run",
+    "start_writer_run_with_event",
     "supersede_removed_units",
     "supersede_unit",
     "unannounced_superseded_units",

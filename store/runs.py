@@ -9,6 +9,7 @@ import msgspec
 
 from novelbus.store._db import Db, novel_must_exist, statement
 from novelbus.store.errors import RunNotFound
+from novelbus.store.events import check_event
 
 
 class WriterRunRow(msgspec.Struct, frozen=True):
@@ -27,6 +28,17 @@ class WriterRunRow(msgspec.Struct, frozen=True):
     ended_at: datetime | None
 
 
+_START_RUN = (
+    "INSERT INTO writer_runs (run_id, novel_id, unit_id, claim_id, dispatch, mode,"
+    " provider) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+    " ON CONFLICT (run_id) DO NOTHING RETURNING run_id"
+)
+_FINISH_RUN = (
+    "UPDATE writer_runs SET status = $2, reason = $3, output_chars = $4, manifest = $5,"
+    " ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING run_id"
+)
+
+
 async def start_writer_run(
     pool: Db,
     *,
@@ -41,18 +53,37 @@ async def start_writer_run(
     """Record a dispatch as `running`; False when the run id was already recorded."""
     async with novel_must_exist(novel_id), statement(pool) as conn:
         inserted = await conn.fetchval(
-            "INSERT INTO writer_runs (run_id, novel_id, unit_id, claim_id, dispatch, mode,"
-            " provider) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-            " ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
-            run_id,
-            novel_id,
-            unit_id,
-            claim_id,
-            dispatch,
-            mode,
-            provider,
+            _START_RUN, run_id, novel_id, unit_id, claim_id, dispatch, mode, provider
         )
     return inserted is not None
+
+
+async def start_writer_run_with_event(
+    pool: Db,
+    event: tuple[str, dict[str, Any]],
+    *,
+    run_id: str,
+    novel_id: str,
+    unit_id: str,
+    claim_id: str | None,
+    dispatch: int,
+    mode: str,
+    provider: str,
+) -> int:
+    """`start_writer_run` and the ledger row of the event that announces it, (type, payload),
+    in ONE statement (PERF-2); the event's ledger seq. The event is written whether or not the
+    run was already recorded (a redelivered dispatch announces itself again, as before); an
+    unknown novel (NovelNotFound) writes neither."""
+    type, payload = event
+    check_event(type, payload)
+    async with novel_must_exist(novel_id), statement(pool) as conn:
+        seq = await conn.fetchval(
+            f"WITH run AS ({_START_RUN}),"
+            " ev AS (INSERT INTO events (novel_id, type, payload) VALUES ($2, $8, $9) RETURNING seq)"
+            " SELECT seq FROM ev",
+            run_id, novel_id, unit_id, claim_id, dispatch, mode, provider, type, payload,
+        )
+    return int(seq)
 
 
 async def finish_writer_run(
@@ -71,15 +102,7 @@ async def finish_writer_run(
     if status == "running":
         raise ValueError("a finished run needs a final status, not 'running'")
     async with statement(pool) as conn:
-        updated = await conn.fetchval(
-            "UPDATE writer_runs SET status = $2, reason = $3, output_chars = $4, manifest = $5,"
-            " ended_at = now() WHERE run_id = $1 AND status = 'running' RETURNING run_id",
-            run_id,
-            status,
-            reason,
-            output_chars,
-            manifest,
-        )
+        updated = await conn.fetchval(_FINISH_RUN, run_id, status, reason, output_chars, manifest)
         if updated is None:
             exists = await conn.fetchval(
                 "SELECT EXISTS (SELECT 1 FROM writer_runs WHERE run_id = $1)", run_id
@@ -88,6 +111,36 @@ async def finish_writer_run(
                 raise RunNotFound(f"writer run {run_id!r} not found")
             return False
     return True
+
+
+async def finish_writer_run_with_event(
+    pool: Db,
+    run_id: str,
+    event: tuple[str | None, str, dict[str, Any]],
+    *,
+    status: str,
+    reason: str | None,
+    output_chars: int,
+    manifest: list[dict[str, Any]] | None,
+) -> int:
+    """`finish_writer_run` and the ledger row of the event that reports it, (novel id, type,
+    payload), in ONE statement (PERF-2); the event's ledger seq. A run already closed still gets
+    its event (as before); an unknown run raises RunNotFound and writes neither."""
+    if status == "running":
+        raise ValueError("a finished run needs a final status, not 'running'")
+    novel_id, type, payload = event
+    check_event(type, payload)
+    async with statement(pool) as conn:
+        seq = await conn.fetchval(
+            f"WITH run AS ({_FINISH_RUN}),"
+            " ev AS (INSERT INTO events (novel_id, type, payload)"
+            "  SELECT $6, $7, $8 WHERE EXISTS (SELECT 1 FROM writer_runs WHERE run_id = $1) RETURNING seq)"
+            " SELECT seq FROM ev",
+            run_id, status, reason, output_chars, manifest, novel_id, type, payload,
+        )
+    if seq is None:
+        raise RunNotFound(f"writer run {run_id!r} not found")
+    return int(seq)
 
 
 async def list_writer_runs(pool: Db, novel_id: str) -> list[WriterRunRow]:

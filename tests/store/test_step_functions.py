@@ -241,3 +241,37 @@ async def test_perf2_commit_in_one_statement_keeps_the_check_order(
     assert (receipt.commit_id, receipt.total_characters) == ("commit-2", first.total_characters + effective_characters("Three."))
     assert await pool.fetchval("SELECT sources FROM canon_facts WHERE commit_id = 'commit-2'") == [
         "commit-2#0", "commit-1#1"]
+
+
+async def test_perf2_writer_run_and_its_event_in_one_statement(
+    pool: asyncpg.Pool, novel_id: str, unit_id: str
+) -> None:
+    """RUN-4/RUN-6 rows and their writer.dispatched / writer.finished ledger rows (BUS-3) in one
+    statement each; an unknown novel or run writes neither; reserved keys are refused (BUS-6)."""
+    run = {"run_id": "run-1", "novel_id": novel_id, "unit_id": unit_id, "claim_id": None, "dispatch": 1,
+           "mode": "W2", "provider": "offline"}
+    before = _round_trips()
+    seq = await store.start_writer_run_with_event(pool, ("writer.dispatched", {"runId": "run-1"}), **run)
+    assert _round_trips() - before == 1
+    again = await store.start_writer_run_with_event(pool, ("writer.dispatched", {"runId": "run-1"}), **run)
+    assert again > seq and await table_counts(pool, "writer_runs") == {"writer_runs": 1}
+    with pytest.raises(store.NovelNotFound):
+        await store.start_writer_run_with_event(pool, ("writer.dispatched", {}), **{**run, "run_id": "run-2",
+                                                                                     "novel_id": "n-none"})
+    with pytest.raises(store.UnsafePayload):
+        await store.start_writer_run_with_event(pool, ("writer.dispatched", {"text": "x"}), **{**run, "run_id": "r3"})
+    before = _round_trips()
+    done = await store.finish_writer_run_with_event(pool, "run-1", (novel_id, "writer.finished", {"ok": True}),
+                                                    status="ok", reason="completed", output_chars=5, manifest=None)
+    assert _round_trips() - before == 1
+    runs = await store.list_writer_runs(pool, novel_id)
+    assert [(r.run_id, r.status, r.output_chars) for r in runs] == [("run-1", "ok", 5)]
+    closed_again = await store.finish_writer_run_with_event(pool, "run-1", (novel_id, "writer.finished", {}),
+                                                            status="failed", reason="x", output_chars=9, manifest=None)
+    assert closed_again > done and (await store.list_writer_runs(pool, novel_id))[0].status == "ok"
+    with pytest.raises(store.RunNotFound):
+        await store.finish_writer_run_with_event(pool, "run-none", (novel_id, "writer.finished", {}),
+                                                 status="ok", reason=None, output_chars=0, manifest=None)
+    events = [(e.seq, e.type) for e in await store.list_events(pool, novel_id)]
+    assert events == [(seq, "writer.dispatched"), (again, "writer.dispatched"), (done, "writer.finished"),
+                      (closed_again, "writer.finished")]
