@@ -46,16 +46,17 @@ class PackRenderer(ServiceActor):
         except Exception:
             self.state.failures += 1
             raise
-        if await store.save_context_freeze(pool, novel_id=req.novel_id, unit_id=req.unit_id,
-                                           manifest_hash=frozen.manifest_sha256,
-                                           context_hash=frozen.context_sha256,
-                                           manifest=frozen.manifest_builtins()):
+        rendered = ev.PackRendered(novel_id=req.novel_id, unit_id=req.unit_id, shape=pack.shape, chars=pack.chars,
+                                   est_tokens=pack.est_tokens, prefix_sha256=pack.prefix_sha256)
+        saved, seq = await store.save_context_freeze_with_event(  # CTX-6 and its event: one statement (PERF-2)
+            pool, self.ctx.ledger_entry(rendered), novel_id=req.novel_id, unit_id=req.unit_id,
+            manifest_hash=frozen.manifest_sha256, context_hash=frozen.context_sha256,
+            manifest=frozen.manifest_builtins())
+        if saved:
             self.state.freezes += 1
         self.state.rendered += 1
         self.state.last_prefix[req.novel_id] = pack.prefix_sha256
-        await self.ctx.emit(ev.PackRendered(novel_id=req.novel_id, unit_id=req.unit_id, shape=pack.shape,
-                                            chars=pack.chars, est_tokens=pack.est_tokens,
-                                            prefix_sha256=pack.prefix_sha256))
+        await self.ctx.publish_recorded(rendered, seq)
         return m.PackReady(unit_id=req.unit_id, shape=pack.shape, text=pack.text,
                               prefix_sha256=pack.prefix_sha256, sha256=pack.sha256, chars=pack.chars,
                               est_tokens=pack.est_tokens, blocks=list(pack.blocks),

@@ -102,17 +102,21 @@ class UsageSampler(ServiceActor):
         input_chars = int(sample["inputChars"])
         # A request retried after a lost reply must not count twice (REL-2).
         key = f"usage:{req.novel_id}:{req.unit_id}:{req.turn}:{req.claim_id}"
-        # All or nothing: a sample that fails to record (unknown novel, database away) leaves no
-        # mark behind, so nothing is written (REL-3) and a retry is not mistaken for a duplicate.
-        # REL-7: one sample or `usage.missing` marker per accounted turn (keyed by its claim).
-        if not await store.record_turn_usage(self.ctx.pool, req.novel_id, req.mode, sample,
-                                             turn_key=req.claim_id or None, message_key=key):
-            self.state.duplicates += 1
-            return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)
-        self.state.samples += 1
-        await self.ctx.emit(ev.UsageSampled(
+        sampled = ev.UsageSampled(
             novel_id=req.novel_id, unit_id=req.unit_id, mode=req.mode, turn=req.turn,
             input_chars=input_chars, est_input_tokens=int(sample["estInputTokens"]),
             output_chars=int(sample["outputChars"]), window_peak_tokens=int(sample["windowPeakTokens"]),
-            calls=len(req.calls)))
+            calls=len(req.calls))
+        # All or nothing, with its event in the same statement (PERF-2): a sample that fails to
+        # record (unknown novel, database away) leaves no mark behind, so nothing is written
+        # (REL-3) and a retry is not mistaken for a duplicate.
+        # REL-7: one sample or `usage.missing` marker per accounted turn (keyed by its claim).
+        seq = await store.record_turn_usage_with_event(self.ctx.pool, req.novel_id, req.mode, sample,
+                                                       self.ctx.ledger_entry(sampled),
+                                                       turn_key=req.claim_id or None, message_key=key)
+        if seq is None:
+            self.state.duplicates += 1
+            return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)
+        self.state.samples += 1
+        await self.ctx.publish_recorded(sampled, seq)
         return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars)

@@ -56,6 +56,7 @@ from novelbus.store.memory import (
     list_notes,
     load_session,
     save_context_freeze,
+    save_context_freeze_with_event,
     save_session,
 )
 from novelbus.store.novels import (
@@ -130,6 +131,7 @@ from novelbus.store.usage import (
     RING_SIZE,
     recent_usage,
     record_turn_usage,
+    record_turn_usage_with_event,
     record_usage,
     usage_totals,
 )
@@ -216,6 +218,7 @@ __all__ = [
     "record_intent",
     "record_intent_and_lease",
     "record_turn_usage",
+    "record_turn_usage_with_event",
     "record_usage",
     "recent_usage",
     "recover_claims",
@@ -225,6 +228,7 @@ __all__ = [
     "resume_novel",
     "revise_outline",
     "save_context_freeze",
+    "save_context_freeze_with_event",
     "save_session",
     "set_writer_mode",
     "start_writer_run",

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from novelbus.store._db import Db, novel_must_exist, statement
+from novelbus.store.events import check_event
 
 
 class SessionRow(msgspec.Struct, frozen=True):
@@ -40,6 +41,39 @@ async def save_context_freeze(
             manifest,
         )
     return inserted is not None
+
+
+async def save_context_freeze_with_event(
+    pool: Db,
+    event: tuple[str, dict[str, Any]],
+    *,
+    novel_id: str,
+    unit_id: str,
+    manifest_hash: str,
+    context_hash: str,
+    manifest: dict[str, Any],
+) -> tuple[bool, int]:
+    """`save_context_freeze` and the ledger row of the event that reports the pack, (type,
+    payload), in ONE statement (PERF-2): (saved now, the event's seq). The event is written
+    whether or not the freeze was already saved (as before); an unknown novel writes neither."""
+    type, payload = event
+    check_event(type, payload)
+    async with novel_must_exist(novel_id), statement(pool) as conn:
+        row = await conn.fetchrow(
+            "WITH frozen AS (INSERT INTO context_freeze (manifest_hash, novel_id, unit_id, context_hash,"
+            "  manifest) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (manifest_hash) DO NOTHING"
+            "  RETURNING manifest_hash),"
+            " ev AS (INSERT INTO events (novel_id, type, payload) VALUES ($2, $6, $7) RETURNING seq)"
+            " SELECT EXISTS (SELECT 1 FROM frozen) AS saved, (SELECT seq FROM ev) AS seq",
+            manifest_hash,
+            novel_id,
+            unit_id,
+            context_hash,
+            manifest,
+            type,
+            payload,
+        )
+    return bool(row["saved"]), int(row["seq"])
 
 
 async def get_context_freeze(pool: Db, manifest_hash: str) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from novelbus.store._db import Db, novel_must_exist, statement
+from novelbus.store.events import check_event
 
 RING_SIZE = 50
 
@@ -52,6 +53,26 @@ async def record_turn_usage(
     PERF-2: two statements, no BEGIN/COMMIT: the totals are read and the sample added to them
     here (`add_totals`), then `nb_record_turn_usage` (migration 006) writes everything under the
     novel's usage lock if the totals did not move meanwhile (else this reads again)."""
+    return await _record(pool, novel_id, mode, sample, turn_key, message_key, None) is not False
+
+
+async def record_turn_usage_with_event(
+    pool: Db, novel_id: str, mode: str, sample: dict[str, Any], event: tuple[str, dict[str, Any]], *,
+    turn_key: str | None = None, message_key: str | None = None,
+) -> int | None:
+    """`record_turn_usage` and, when it recorded the sample, the ledger row of the event that
+    reports it, (type, payload), in the same statement (PERF-2): the event's seq, None for a
+    duplicate (nothing written)."""
+    check_event(*event)
+    seq = await _record(pool, novel_id, mode, sample, turn_key, message_key, event)
+    return None if seq is False else int(seq)
+
+
+async def _record(
+    pool: Db, novel_id: str, mode: str, sample: dict[str, Any], turn_key: str | None,
+    message_key: str | None, event: tuple[str, dict[str, Any]] | None,
+) -> int | bool:
+    """The sample recorded (True, or the event's seq), or False for a duplicate."""
     async with novel_must_exist(novel_id):
         while True:
             async with statement(pool) as conn:
@@ -62,8 +83,12 @@ async def record_turn_usage(
                 )
             totals = add_totals({} if current is None else current["totals"], sample)
             async with statement(pool) as conn:
-                outcome = await conn.fetchval(
-                    "SELECT nb_record_turn_usage($1, $2, $3, $4, $5, $6, $7, $8)",
+                row = await conn.fetchrow(
+                    "WITH r AS (SELECT nb_record_turn_usage($1, $2, $3, $4, $5, $6, $7, $8) AS outcome),"
+                    " ev AS (INSERT INTO events (novel_id, type, payload)"
+                    "  SELECT $1, $9, $10 FROM r WHERE r.outcome = 'recorded' AND $9::text IS NOT NULL"
+                    "  RETURNING seq)"
+                    " SELECT r.outcome, (SELECT seq FROM ev) AS seq FROM r",
                     novel_id,
                     turn_key,
                     message_key,
@@ -72,9 +97,13 @@ async def record_turn_usage(
                     RING_SIZE,
                     None if current is None else current["samples"],
                     totals,
+                    None if event is None else event[0],
+                    None if event is None else event[1],
                 )
-            if outcome != "changed":
-                return bool(outcome == "recorded")
+            if row["outcome"] == "recorded":
+                return True if event is None else int(row["seq"])
+            if row["outcome"] != "changed":
+                return False
 
 
 async def recent_usage(pool: Db, novel_id: str) -> list[dict[str, Any]]:

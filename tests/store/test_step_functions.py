@@ -275,3 +275,37 @@ async def test_perf2_writer_run_and_its_event_in_one_statement(
     events = [(e.seq, e.type) for e in await store.list_events(pool, novel_id)]
     assert events == [(seq, "writer.dispatched"), (again, "writer.dispatched"), (done, "writer.finished"),
                       (closed_again, "writer.finished")]
+
+
+async def test_perf2_context_freeze_and_usage_sample_with_their_events(
+    pool: asyncpg.Pool, novel_id: str, unit_id: str
+) -> None:
+    """CTX-6 freeze + pack.rendered and USE-1 sample + usage.sampled (BUS-3): one statement each;
+    a repeated freeze is not saved again but still reported (as before); a duplicate sample writes
+    no event (REL-2); an unknown novel writes nothing."""
+    freeze = {"novel_id": novel_id, "unit_id": unit_id, "manifest_hash": "m" * 64, "context_hash": "c" * 64,
+              "manifest": {"blocks": []}}
+    before = _round_trips()
+    saved, seq = await store.save_context_freeze_with_event(pool, ("pack.rendered", {"chars": 1}), **freeze)
+    assert _round_trips() - before == 1 and saved
+    saved_again, seq_again = await store.save_context_freeze_with_event(pool, ("pack.rendered", {"chars": 1}),
+                                                                        **freeze)
+    assert not saved_again and seq_again > seq
+    with pytest.raises(store.NovelNotFound):
+        await store.save_context_freeze_with_event(pool, ("pack.rendered", {}),
+                                                   **{**freeze, "novel_id": "n-none", "manifest_hash": "x" * 64})
+    await store.account_turn(pool, novel_id, "claim-1", outcome="committed", unit_id=unit_id, holder="d")
+    sample = {"inputChars": 10}
+    sampled = await store.record_turn_usage_with_event(pool, novel_id, "subagent", sample,
+                                                       ("usage.sampled", {"turn": 1}), turn_key="claim-1",
+                                                       message_key="m-1")
+    assert sampled is not None and sampled > seq_again
+    assert await store.record_turn_usage_with_event(pool, novel_id, "subagent", sample, ("usage.sampled", {}),
+                                                    message_key="m-1") is None
+    with pytest.raises(store.NovelNotFound):
+        await store.record_turn_usage_with_event(pool, "n-none", "subagent", sample, ("usage.sampled", {}),
+                                                 message_key="m-2")
+    assert [(e.seq, e.type) for e in await store.list_events(pool, novel_id)] == [
+        (seq, "pack.rendered"), (seq_again, "pack.rendered"), (sampled, "usage.sampled")]
+    assert await table_counts(pool, "context_freeze", "usage_samples", "processed_messages") == {
+        "context_freeze": 1, "usage_samples": 1, "processed_messages": 1}
