@@ -47,7 +47,7 @@ def call_row(c: CallSample) -> dict[str, Any]:
     if c.compaction:
         row["compaction"] = True
     if c.forced:
-        row["forced"] = True  # MODEL-3: the commit was forced by name on this call
+        row["forced"] = True  # MODEL-3: a tool (read or commit) was forced by name on this call
     if c.tool_definition_tokens:
         row["toolDefinitionTokens"] = c.tool_definition_tokens
     return row

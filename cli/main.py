@@ -283,7 +283,7 @@ def novel_create(
         fail(f"{file}: {e}", code=2)
     shape = "inline" if nf.config.writerMode == "inline" else nf.config.writerShape
     nf = require_known_window(model, nf)  # MODEL-5: openai: needs a known window
-    require_w2_fits(nf, shape)  # MODEL-5: the first W2 request must fit that window
+    require_w2_fits(nf, shape)  # MODEL-5: the first request (W1, W2 or inline) must fit that window
     require_shape_capable(model, home, shape)  # fails closed, before anything is created
     from novelbus.novel.planning import preflight
 

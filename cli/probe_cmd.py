@@ -30,7 +30,7 @@ from novelbus.app.probe import (
     run_probes,
     save_report,
 )
-from novelbus.app.window_fit import w2_fit_error, w2_floor
+from novelbus.app.window_fit import fit_error, w2_floor
 from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
 from novelbus.infra.llama import open_local_server
 from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider, window_from_env
@@ -171,11 +171,11 @@ def _with_window(nf: Any, window: int) -> Any:
 
 
 def require_w2_fits(nf: Any, shape: str) -> None:
-    """MODEL-5: a W2 novel whose first request (trimmed pack + W2 instruction + tool definitions +
-    a minimal reply reserve) cannot fit the known window is refused before anything is created.
-    The window: the smaller of config.model.contextWindow and NOVELBUS_MODEL_CONTEXT_WINDOW."""
-    if shape != "W2":
-        return
+    """MODEL-5: a novel whose first request cannot fit the known window is refused before
+    anything is created — W2: trimmed pack + W2 instruction + tool definitions; W1: full pack +
+    W1 instruction; inline: session preamble + first unit brief + tool definitions; each with a
+    minimal reply reserve (`app.window_fit`). The window: the smaller of
+    config.model.contextWindow and NOVELBUS_MODEL_CONTEXT_WINDOW."""
     try:
         env_window = window_from_env()
     except ProviderError as e:
@@ -183,12 +183,16 @@ def require_w2_fits(nf: Any, shape: str) -> None:
     windows = [w for w in (nf.config.model.contextWindow, env_window) if w is not None]
     if not windows:
         return
-    error = w2_fit_error(nf, min(windows))
+    error = fit_error(nf, min(windows), shape)
     if error is not None:
+        other = ('config.writerShape "W1" (no tool definitions), ' if shape != "W1"
+                 else "a shorter outline (the full pack carries every character and lore entry), ")
         fail(f"{error}. Nothing was created.",
              hint=f"use a model with a bigger window (config.model.contextWindow / {ENV_CONTEXT_WINDOW}), "
-                  'config.writerShape "W1" (no tool definitions), or shorter outline fields '
-                  "(scene goals, characters, lore)", code=1)
+                  f"{other}or shorter outline fields (scene goals, characters, lore)", code=1)
+
+
+require_first_request_fits = require_w2_fits  # the name says W2; it checks every shape (MODEL-5)
 
 
 def window_summary(model: str) -> str | None:

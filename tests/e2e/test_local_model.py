@@ -17,9 +17,11 @@ import importlib.util
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,7 +38,7 @@ from novelbus.novel.generate import generate_novel_file
 from novelbus.novel.outline import parse_novel_file
 from novelbus.writers.compaction import COMPACT_MARKER
 from novelbus.writers.provider import ChatMessage, ModelReply, complete, measured_tool_tokens
-from novelbus.writers.tools import COMMIT_TOOL
+from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -92,8 +94,10 @@ class Recorder:
     async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
         return await measured_tool_tokens(self.inner, tools)
 
-    def of(self, unit_id: str) -> list[Call]:
-        return [c for c in self.calls if c.unit_id == unit_id]
+    def of(self, unit_id: str, tools: bool | None = None) -> list[Call]:
+        """The calls of `unit_id`; `tools`: only W2 (True) or W1 (False) calls, for novels
+        whose unit ids coincide."""
+        return [c for c in self.calls if c.unit_id == unit_id and (tools is None or bool(c.tools) == tools)]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -168,98 +172,171 @@ async def model_stack(local_model: Any, nats_url: str, new_database: Any,
 
 
 async def _usage_of(rt: Runtime, novel_id: str, unit_id: str) -> dict[str, Any]:
-    """The unit's usage sample; the driver records it just after the commit event."""
+    """The usage sample of the unit's last turn (the one that committed; an earlier turn whose
+    dispatches all failed has its own); the driver records it just after the commit event."""
     for _ in range(100):
         samples = [s for s in await store.recent_usage(rt.ctx.pool, novel_id) if s["unitId"] == unit_id]
         if samples:
-            assert len(samples) == 1
-            return samples[0]
+            return max(samples, key=lambda s: s["turn"])
         await asyncio.sleep(0.2)
     raise AssertionError(f"no usage sample for {unit_id}")
 
 
-async def test_model1_model2_a_real_model_commits_a_w1_draft_of_its_own(
-        model_stack: tuple[Runtime, Recorder]) -> None:
-    """MODEL-1 / MODEL-2 / RUN-2: through all six actors the embedded model writes a W1 unit,
-    requested as json_object + schema (what this server honours); the committed paragraphs
-    are exactly the draft in the model's raw reply; the turn's usage is the server's."""
-    rt, recorder = model_stack
-    novel_id, events = await write_until(rt, small_novel("W1"), lambda es: bool(commits_of(es)))
-    committed = commits_of(events)
-    assert committed, f"no W1 commit: {[type(e).__name__ for e in events][-8:]}"
-    unit_id = committed[0].unit_id
-    commit = next(c for c in (await store.load_snapshot(rt.ctx.pool, novel_id)).commits if c.unit_id == unit_id)
+async def novelbus(*args: str, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """The `novelbus` CLI as a user runs it (its own process, its own embedded model server)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "novelbus.cli.main", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**base, "COLUMNS": "200", **env})
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
-    calls = recorder.of(unit_id)
-    assert calls and all(c.tools == [] for c in calls)
-    fmt = calls[0].options["response_format"]
-    assert fmt["type"] == "json_object" and fmt["schema"]["properties"]["paragraphs"]["minItems"] == 1
-    drafts = []
-    for c in calls:
-        try:
-            drafts.append(parse_draft_lenient(c.reply.text or "").paragraphs)
-        except ValueError:
-            continue
-    assert commit.paragraphs in drafts  # the model's own words, not a template
 
-    sample = await _usage_of(rt, novel_id, unit_id)
-    reported = [c.reply.usage for c in calls]
-    assert all(u is not None and u.input_tokens for u in reported)
-    assert sample["inputTokens"] == sum(u.input_tokens or 0 for u in reported if u is not None)
-    assert sample["outputTokens"] == sum(u.output_tokens or 0 for u in reported if u is not None)
+async def wait_for_commits(rt: Runtime, novel_ids: list[str], units: int, timeout: float) -> None:
+    """Until every novel has `units` committed units, or one stops being active."""
+    deadline = time.monotonic() + timeout
+    waiting = set(novel_ids)
+    while waiting and time.monotonic() < deadline:
+        for novel_id in sorted(waiting):  # a novel that has its units writes no further ones
+            done = len(await store.count_commits_per_unit(rt.ctx.pool, novel_id)) >= units
+            if done or (await store.get_novel(rt.ctx.pool, novel_id)).status != "active":
+                await store.pause_novel(rt.ctx.pool, novel_id, "user-request")
+                waiting.discard(novel_id)
+        await asyncio.sleep(1)
+    for novel_id in novel_ids:  # let an in-flight unit finish its turn
+        await store.pause_novel(rt.ctx.pool, novel_id, "user-request")
+    for _ in range(600):
+        if not rt.actor("writer").state.active:  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.5)
+    for novel_id in novel_ids:  # shown when a test fails
+        for run in await store.list_writer_runs(rt.ctx.pool, novel_id):
+            print("writer run", novel_id, run.unit_id, run.dispatch, run.status, run.reason, run.manifest)
+
+
+def _usage_matches(sample: dict[str, Any], calls: list[Call]) -> None:
+    """USE-1/2: the turn's usage is the server's: its calls are the unit's last model calls, each
+    with the token figures the server reported and the forced flag the runner sent."""
+    per_call = sample["perCall"]
+    mine = calls[-sample["calls"]:]
+    assert len(mine) == sample["calls"] and sample["reportedCalls"] == len(mine)
+    assert all(c.reply.usage is not None and c.reply.usage.input_tokens for c in mine)
+    assert [p["inputTokens"] for p in per_call] == [c.reply.usage.input_tokens for c in mine if c.reply.usage][
+        : len(per_call)]
+    assert sample["inputTokens"] == sum(c.reply.usage.input_tokens or 0 for c in mine if c.reply.usage)
+    assert sample["outputTokens"] == sum(c.reply.usage.output_tokens or 0 for c in mine if c.reply.usage)
+    assert [bool(p.get("forced")) for p in per_call] == [bool(c.options.get("tool_choice")) for c in mine][
+        : len(per_call)]
+    assert sample["forcedCalls"] == sum(bool(c.options.get("tool_choice")) for c in mine)
     assert "local model smollm2-135m-instruct" in sample["provider"]
 
 
-async def test_model3_a_real_model_answering_in_text_gets_a_forced_commit_recorded_as_forced(
-        model_stack: tuple[Runtime, Recorder]) -> None:
-    """MODEL-3 / RUN-3: the embedded model, offered the ten W2 tools with `auto`, answers in
-    text; the runner then forces one read tool, then novel_body_commit, by name; the commit stored is the forced
-    call's arguments; the manifest and the usage sample mark it forced; usage is the server's."""
-    rt, recorder = model_stack
-    novel_id, events = await write_until(rt, small_novel("W2"), lambda es: bool(commits_of(es)))
-    committed = commits_of(events)
-    if not committed:
-        runs = await store.list_writer_runs(rt.ctx.pool, novel_id)
-        for c in recorder.calls:
-            print("CALL", c.options, c.max_output_tokens, c.reply.stop_reason, c.reply.usage,
-                  repr(c.reply.text)[:300], [(t.name, t.arguments[:600]) for t in c.reply.tool_calls])
-        raise AssertionError(f"no W2 commit: {[(r.reason, r.manifest) for r in runs]}")
-    unit_id = committed[0].unit_id
-    commit = next(c for c in (await store.load_snapshot(rt.ctx.pool, novel_id)).commits if c.unit_id == unit_id)
+@pytest.mark.timeout(1800)
+async def test_model3_model4_model5_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_units(
+        local_model: Any, nats_url: str, new_database: Any, namespace: str, tmp_path: Path) -> None:
+    """The issue's check, as a user takes it: `novelbus novel create --model local` of a W2 and a
+    W1 novel of two units each — the MODEL-4 gate probes the real model (P1–P3 for W2 through the
+    MODEL-3 policy, the evidence naming the forced calls; P6 for W1, from the cached report), and
+    MODEL-5 writes the server's n_ctx into config.model.contextWindow — then the six actors (as
+    `up` runs them) write both novels with the embedded model until every unit commits.
 
-    calls = recorder.of(unit_id)
-    forced = [i for i, c in enumerate(calls) if c.options.get("tool_choice")]
-    assert forced, "no call was forced"
-    first = forced[0]
-    assert first > 0 and not calls[first - 1].reply.tool_calls  # it had answered in text
-    assert calls[first - 1].reply.text and "tool_choice" not in calls[first - 1].options
-    # MODEL-3: one read tool forced by name (the chapter's outline: no prose yet), then the commit
-    assert calls[first].options["tool_choice"] == {"type": "function", "function": {"name": "novel_outline_read"}}
-    assert calls[first + 1].options["tool_choice"] == {"type": "function", "function": {"name": COMMIT_TOOL}}
+    Real commits (MODEL-1/2/3, RUN-2/3/6, USE-1/2): each committed W1 unit's paragraphs are the
+    draft in the model's raw reply (asked as json_object + schema, no tools); each committed W2
+    unit's paragraphs are the arguments of the model's commit tool call, after a read tool
+    (forced by name when the model answered in text, and from the first call once the writer
+    knows it declines `auto`), every forced call marked forced in the manifest and the usage;
+    the usage of every turn is the server's."""
+    home = tmp_path / "home"
+    env = {"NOVELBUS_MAX_OUTPUT_TOKENS": str(MAX_OUTPUT_TOKENS), "NOVELBUS_REQUIRE_LOCAL_MODEL": "1"}
+    dsn = await new_database()
+    flags = ["--home", str(home), "--nats-url", nats_url, "--database-url", dsn, "--namespace", namespace]
+    ids: dict[str, str] = {}
+    for shape in ("W2", "W1"):
+        data = generate_novel_file(1, 2, seed=3, unit_chars=200)
+        data["config"].update(writerShape=shape, writerMode="subagent")
+        data["config"]["budgets"] = {"writerDispatchLimit": 3, "consecutiveFailureLimit": 3}
+        path = tmp_path / f"{shape}.json"
+        path.write_text(json.dumps(data))
+        started = time.monotonic()
+        code, out, err = await novelbus("novel", "create", str(path), "--model", "local", *flags,
+                                        env=env, timeout=1200)
+        print(f"novel create {shape}: {time.monotonic() - started:.1f} s\n{err}")
+        assert code == 0, err
+        ids[shape] = out.strip().splitlines()[-1]
+        assert "context window of local model" in err and "8,192 tokens" in err  # MODEL-5
 
-    commit_args = [json.loads(tc.arguments, strict=False) for c in calls for tc in c.reply.tool_calls
-                   if tc.name == COMMIT_TOOL and c.options.get("tool_choice")]
-    assert commit.paragraphs in [a.get("paragraphs") for a in commit_args]  # the model's own words
+    report = json.loads((home / "probes.json").read_text(encoding="utf-8"))["local"]["results"]
+    for pid in ("P1", "P2", "P3", "P4", "P6"):
+        assert report[pid]["status"] == "pass", (pid, report[pid])
+    assert report["P6"]["mechanism"] == "json_object+schema"
+    evidence = report["P3"]["evidence"]
+    assert ("forced by the tool-choice policy" in evidence) != ("the model's own call" in evidence), evidence
 
-    # The run row is closed by the runner after the commit it made itself landed (and its
-    # unit.committed event went out): wait for it rather than race it.
-    run = None
-    for _ in range(300):
-        run = next((r for r in await store.list_writer_runs(rt.ctx.pool, novel_id)
-                    if r.unit_id == unit_id and r.status == "ok"), None)
-        if run is not None:
-            break
-        await asyncio.sleep(0.1)
-    assert run is not None, f"the writer run of {unit_id} never closed as ok"
-    commits_in_manifest = [d for d in run.manifest or [] if d["tool"] == COMMIT_TOOL]
-    assert commits_in_manifest and commits_in_manifest[-1].get("forced") is True
-    assert (run.manifest or [])[0]["tool"] == "novel_outline_read" and (run.manifest or [])[0].get("forced") is True
+    recorder = Recorder(local_model)
+    kwargs = {"writer": {"provider": recorder, "max_output_tokens": MAX_OUTPUT_TOKENS}}
+    started = time.monotonic()
+    async with running(nats_url, dsn, subjects=Subjects(namespace), actor_kwargs=kwargs) as rt:
+        await wait_for_commits(rt, list(ids.values()), 2, timeout=1200)
+        print(f"writing both novels: {time.monotonic() - started:.1f} s, {len(recorder.calls)} model calls")
+        pool = rt.ctx.pool
+        novels = {n.novel_id: n for n in await store.list_novels(pool)}
+        assert {novels[i].config.model.contextWindow for i in ids.values()} == {8192}  # MODEL-5
+        snapshots = {shape: await store.load_snapshot(pool, i) for shape, i in ids.items()}
+        for shape, snapshot in snapshots.items():
+            assert len(snapshot.commits) >= 2, f"{shape}: {len(snapshot.commits)} commits"
 
-    sample = await _usage_of(rt, novel_id, unit_id)
-    assert sample["forcedCalls"] == len(forced)
-    assert [bool(c.get("forced")) for c in sample["perCall"]] == [bool(c.options.get("tool_choice"))
-                                                                  for c in calls][: len(sample["perCall"])]
-    assert sample["inputTokens"] == sum(c.reply.usage.input_tokens or 0 for c in calls if c.reply.usage)
+        for commit in snapshots["W1"].commits:  # MODEL-2 / RUN-2: the model's own draft
+            calls = recorder.of(commit.unit_id, tools=False)
+            assert calls
+            fmt = calls[0].options["response_format"]
+            assert fmt["type"] == "json_object" and fmt["schema"]["properties"]["paragraphs"]["minItems"] == 1
+            drafts = []
+            for c in calls:
+                try:
+                    drafts.append(parse_draft_lenient(c.reply.text or "").paragraphs)
+                except ValueError:
+                    continue
+            assert commit.paragraphs in drafts
+            _usage_matches(await _usage_of(rt, ids["W1"], commit.unit_id), calls)
+
+        runs = await store.list_writer_runs(pool, ids["W2"])
+        ordered = sorted(snapshots["W2"].commits, key=lambda c: c.seq)
+        for commit in ordered:  # MODEL-3 / RUN-3 / RUN-6: research, then the model's own commit
+            calls = recorder.of(commit.unit_id, tools=True)
+            commit_args = [json.loads(tc.arguments, strict=False) for c in calls for tc in c.reply.tool_calls
+                           if tc.name == COMMIT_TOOL]
+            assert commit.paragraphs in [a.get("paragraphs") for a in commit_args]  # the model's own words
+            run = next(r for r in runs if r.unit_id == commit.unit_id and r.status == "ok")
+            manifest = run.manifest or []
+            tools_called = [d["tool"] for d in manifest]
+            assert COMMIT_TOOL in tools_called
+            assert any(t in READ_TOOLS for t in tools_called[: tools_called.index(COMMIT_TOOL)]), manifest
+            forced_names = {c.options["tool_choice"]["function"]["name"] for c in calls if c.options.get("tool_choice")}
+            for entry in manifest:  # a forced call is recorded as forced, and only a forced one
+                if entry.get("forced"):
+                    assert entry["tool"] in forced_names
+            for c in calls:
+                if c.options.get("tool_choice"):
+                    name = c.options["tool_choice"]["function"]["name"]
+                    assert name in c.tools and all(tc.name == name for tc in c.reply.tool_calls)
+            sample = await _usage_of(rt, ids["W2"], commit.unit_id)
+            _usage_matches(sample, calls)
+            if sample["dispatches"] == 1:  # the turn is the ok run: its manifest, call by call
+                made = [bool(c.options.get("tool_choice")) for c in calls[-sample["calls"]:]
+                        for _ in c.reply.tool_calls]
+                assert [bool(d.get("forced")) for d in manifest] == made[: len(manifest)]
+
+        first, second = (recorder.of(c.unit_id, tools=True) for c in ordered[:2])
+        if not first[0].options.get("tool_choice") and not first[0].reply.tool_calls:
+            # the model declined auto in the first unit: the writer knows it, the second unit's
+            # research is forced from its first call (MODEL-3), no text answer generated
+            assert second[0].options.get("tool_choice", {}).get("function", {}).get("name") in READ_TOOLS
 
 
 async def test_model5_inline_with_a_small_window_compacts_at_0_7_and_never_sends_an_oversized_request(

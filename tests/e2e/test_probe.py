@@ -263,7 +263,8 @@ async def test_model5_create_refuses_a_w2_novel_whose_first_request_cannot_fit_t
         stack: Runtime, nats_url: str, tmp_path: Path) -> None:
     """MODEL-5: at `novel create` the trimmed W2 pack + tool definitions + a reply reserve must fit
     the known window (config.model.contextWindow, NOVELBUS_MODEL_CONTEXT_WINDOW: the smaller);
-    else a refusal names the window, the figure and what to do — nothing created, no probe."""
+    else a refusal names the window, the figure and what to do — nothing created, no probe. W1
+    (full pack, no tools) and inline (session preamble + first brief + tools) have their own."""
     data = json.loads(sample_novel_bytes())
     data["config"]["model"] = {"contextWindow": 1024}
     small = tmp_path / "small.json"
@@ -285,12 +286,32 @@ async def test_model5_create_refuses_a_w2_novel_whose_first_request_cannot_fit_t
     code, _, err = await novelbus("novel", "create", str(big), "--no-start", *home, *flags,
                                   env={"NOVELBUS_MODEL_CONTEXT_WINDOW": "1024"})
     assert code == 1 and "context window of 1,024 tokens" in err  # the smaller window counts
+    from novelbus.app.window_fit import first_request_bound
+    from novelbus.novel.outline import parse_novel_file
+
     data["config"]["writerShape"] = "W1"
     w1 = tmp_path / "w1.json"
     w1.write_text(json.dumps(data))
+    w1_bound = first_request_bound(parse_novel_file(w1.read_bytes()), "W1")
+    w2_bound = first_request_bound(parse_novel_file(big.read_bytes()), "W2")
+    assert w1_bound is not None and w2_bound is not None and w1_bound.tokens < w2_bound.tokens
+    between = str(w1_bound.tokens)  # the W1 opening fits, the W2 one (its tools) would not
     code, _, err = await novelbus("novel", "create", str(w1), "--no-start", *home, *flags,
-                                  env={"NOVELBUS_MODEL_CONTEXT_WINDOW": "1024"})
-    assert code == 0, err  # W1 sends no tool definitions: not gated by the W2 bound
+                                  env={"NOVELBUS_MODEL_CONTEXT_WINDOW": between})
+    assert code == 0, err  # W1 sends no tool definitions: its own, smaller bound
+    code, _, err = await novelbus("novel", "create", str(big), "--no-start", *home, *flags,
+                                  env={"NOVELBUS_MODEL_CONTEXT_WINDOW": between})
+    assert code == 1 and "first W2 request" in err
+    code, _, err = await novelbus("novel", "create", str(w1), "--no-start", *home, *flags,
+                                  env={"NOVELBUS_MODEL_CONTEXT_WINDOW": str(w1_bound.tokens - 1)})
+    flat = " ".join(err.split())
+    assert code == 1 and "cannot hold the first W1 request" in flat and "full pack" in flat, err
+    data["config"].update(writerShape="W2", writerMode="inline")
+    inline = tmp_path / "inline.json"
+    inline.write_text(json.dumps(data))
+    code, _, err = await novelbus("novel", "create", str(inline), "--no-start", *home, *flags,
+                                  env={"NOVELBUS_MODEL_CONTEXT_WINDOW": between})
+    assert code == 1 and "first inline request" in " ".join(err.split()), err
     code, _, err = await novelbus("novel", "create", str(big), "--no-start", *home, *flags)
     assert code == 0, err
     assert len(await store.list_novels(stack.ctx.pool)) == 2

@@ -308,3 +308,44 @@ def test_model5_w2_request_bound_counts_pack_tools_and_reserve() -> None:
     error = w2_fit_error(long, b.tokens - 1)
     assert error is not None
     assert f"{b.tokens - 1:,} tokens" in error and f"about {b.tokens:,}" in error and scene in error
+
+
+def test_model5_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -> None:
+    """MODEL-5: the creation-time bound covers every shape — W1 the full pack and its instruction
+    with no tools, inline the session preamble and the first unit's brief with the W2 tools — each
+    equal to the estimate of the opening request those runs build (writers.runner /
+    writers.inline), plus the reply reserve; `fit_error` names the shape when it does not fit."""
+    from novelbus.app.window_fit import first_request_bound, fit_error
+    from novelbus.novel.outline import outline_revision
+    from novelbus.novel.pack import render_pack
+    from novelbus.novel.snapshot import NovelSnapshot, UnitView
+    from novelbus.writers.chat import system_message, user_message
+    from novelbus.writers.inline import session_preamble, unit_brief
+    from novelbus.writers.runner import MIN_OUTPUT_TOKENS, W1_INSTRUCTION, request_tokens
+
+    nf = _sample_with_goal("Find the bell.")
+    w1, w2, inline = (first_request_bound(nf, s) for s in ("W1", "W2", "inline"))
+    assert w1 is not None and w2 is not None and inline is not None
+    assert w1.tool_tokens == 0 and inline.tool_tokens == w2.tool_tokens > 0
+    assert nf.outline is not None
+    tools = openai_tool_definitions(W2_ALLOW_LIST)
+    expected = {"W1": 0, "inline": 0}
+    for scene in nf.outline.scenes:
+        unit = UnitView(unit_id="u-fit", chapter_id=scene.chapterId, scene_id=scene.sceneId, fragment=1,
+                        state="prepared", attempt=0, continuation_anchor=scene.continuationAnchor)
+        snap = NovelSnapshot(novel_id="n-fit", title=nf.title, status="active", pause_reason=None,
+                             config=nf.config, outline=nf.outline,
+                             outline_revision=outline_revision(None, "create", nf.outline),
+                             units=[unit], commits=[], as_of_seq=0)
+        full, trimmed = render_pack(snap, "u-fit", "full").text, render_pack(snap, "u-fit", "trimmed").text
+        expected["W1"] = max(expected["W1"], request_tokens(
+            [system_message(full), user_message(W1_INSTRUCTION)], None) + MIN_OUTPUT_TOKENS)
+        expected["inline"] = max(expected["inline"], request_tokens(
+            [system_message(session_preamble(trimmed)), user_message(unit_brief(trimmed))], tools)
+            + MIN_OUTPUT_TOKENS)
+    assert (w1.tokens, inline.tokens) == (expected["W1"], expected["inline"])
+    assert fit_error(nf, w1.tokens, "W1") is None and fit_error(nf, inline.tokens, "inline") is None
+    error = fit_error(nf, w1.tokens - 1, "W1")
+    assert error is not None and "first W1 request" in error and "tool definitions" not in error
+    error = fit_error(nf, inline.tokens - 1, "inline")
+    assert error is not None and "first inline request" in error and "of tool definitions" in error
