@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from novelbus import store
-from novelbus.bus import outbox, tally
+from novelbus.bus import outbox
 from novelbus.bus.codec import encode, type_tag
 from novelbus.bus.service import CommandService
 from novelbus.bus.streams import DUPLICATE_WINDOW_S
@@ -91,13 +91,17 @@ class LedgerBatch:
         self._flusher: asyncio.Task[None] | None = None
 
     async def append(self, novel_id: str | None, tag: str, payload: dict[str, Any]) -> int:
+        return await self.enqueue(novel_id, tag, payload)
+
+    def enqueue(self, novel_id: str | None, tag: str, payload: dict[str, Any]) -> asyncio.Future[int]:
+        """Queue the row and return the future of its seq (the INSERT's error, if it fails)."""
         store.check_event(tag, payload)  # bad input fails here, before anything is written
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self.queue.append((novel_id, tag, payload, future))
         if not self.flushing:
             self.flushing = True
             self._flusher = asyncio.create_task(self._flush())
-        return await future
+        return future
 
     async def _flush(self) -> None:
         try:
@@ -150,6 +154,10 @@ class ActorContext:
         PERF-2: concurrent flows' ledger rows share one INSERT (LedgerBatch); the publish does not
         wait for its ack here: the task's next command, reply or work notice waits for all of
         them first (`bus.outbox`), so events stay ordered per novel.
+        Issue 14: nor does `emit` wait for the ledger row: the row is queued (checked at once, so
+        bad input still fails here) and published once stored; the same `settle()` waits for the
+        row and the ack, and raises the INSERT's error if the row could not be written. An event
+        is in the ledger and its stream before anything causally later leaves, as before.
         """
         tag = type_tag(event)
         payload = msgspec.to_builtins(event)
@@ -157,12 +165,15 @@ class ActorContext:
         if key is None:
             if self.ledger is None:
                 self.ledger = LedgerBatch(self.pool)
-            with tally.span("ledger"):
-                seq = await self.ledger.append(event.novel_id, tag, payload)
-        else:
-            seq, first, age_s = await store.append_event_once(self.pool, event.novel_id, tag, payload, key)
-            if not first and age_s > REPUBLISH_WITHIN_S:
-                return
+            stored = self.ledger.enqueue(event.novel_id, tag, payload)
+            data, headers = encode(event)
+            namespace = self.subjects.namespace
+            outbox.publish_stored(self.js, stored, self.subjects.event(event.novel_id, tag), data, headers,
+                                  msg_id=lambda seq: f"{namespace}ev-{seq}", what=f"event {tag}")
+            return
+        seq, first, age_s = await store.append_event_once(self.pool, event.novel_id, tag, payload, key)
+        if not first and age_s > REPUBLISH_WITHIN_S:
+            return
         await self.publish_recorded(event, seq)
 
     @staticmethod

@@ -475,19 +475,17 @@ class Driver:
                               budgets=novel.config.budgets, stall_count=counters.stall_count,
                               consecutive_failures=counters.consecutive_failures, external_failures=lost)
         if isinstance(decision, NextUnit):
-            # issue 14: the next unit starts here at once; its notice is stored meanwhile (the
-            # notice being handled is acked only after it) for another process or a restart.
-            events = outbox.pending()
-            notice_id = await publish_notice(ctx, novel_id, reason="next-unit", dedupe=decision.dedupe, wait=False)
-            self._continue(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason="next-unit"), known, events)
+            # issue 14: once its notice is stored (for another process or a restart), the next
+            # unit starts here at once instead of after a round trip through the work stream.
+            notice_id = await publish_notice(ctx, novel_id, reason="next-unit", dedupe=decision.dedupe)
+            self._continue(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason="next-unit"), known)
         elif isinstance(decision, Pause):
             await self.pause(novel_id, decision)
         else:
             await asyncio.sleep(decision.delay_s)
             await publish_notice(ctx, novel_id, reason=decision.reason)
 
-    def _continue(self, notice: WorkNotice, known: tuple[NovelSnapshot, store.NovelRow] | None,
-                  events: list[asyncio.Task[None]]) -> None:
+    def _continue(self, notice: WorkNotice, known: tuple[NovelSnapshot, store.NovelRow] | None) -> None:
         """Run `notice` in-process right after the flow that published it (issue 14: no round trip
         through the work stream between two units of a novel this driver is driving).
 
@@ -495,8 +493,8 @@ class Driver:
         driver, waits for the continuation: done → acked; failed → handled like any notice (so
         every retry, backoff and dead-letter rule still applies). A copy delivered to another
         driver process is handled there as any notice: the claim lets only one of them write
-        the unit (REL-2). `events`: the flow's unconfirmed events, stored before the
-        continuation emits or sends anything (per-novel order)."""
+        the unit (REL-2). Everything the previous flow published is stored before (the notice's
+        publish waited for it), so per-novel order is as through the work stream."""
         if not self.state.running or notice.notice_id in self.state.continued:
             return  # stopping, or a retried accounting that already continued
         if len(self.state.continued) >= MAX_CONTINUED:  # copies that went to other processes
@@ -506,17 +504,15 @@ class Driver:
         self.state.continued[notice.notice_id] = outcome
         lock = self.state.locks.setdefault(notice.novel_id)
         epoch = lock.epoch if isinstance(lock, FlowLock) else -1
-        task = asyncio.create_task(self._run_continuation(notice, known, events, epoch, outcome),
+        task = asyncio.create_task(self._run_continuation(notice, known, epoch, outcome),
                                    name=f"continue-{notice.novel_id}")
         self._continuations.add(task)
         task.add_done_callback(self._continuations.discard)
 
     async def _run_continuation(self, notice: WorkNotice, known: tuple[NovelSnapshot, store.NovelRow] | None,
-                                events: list[asyncio.Task[None]], epoch: int, outcome: asyncio.Future[bool]) -> None:
+                                epoch: int, outcome: asyncio.Future[bool]) -> None:
         done = False
         try:
-            outbox.adopt(events)
-            await outbox.settle()  # the previous turn's events are stored first (usually already)
             lock = self.state.locks.setdefault(notice.novel_id)
             await lock.acquire()
             try:
@@ -526,7 +522,7 @@ class Driver:
                 await self.advance(notice, known)
             finally:
                 lock.release()
-            await outbox.settle()  # what it published (its next notice) is stored before its copy is acked
+            await outbox.settle()  # what it published is stored before its copy is acked (as before_ack)
             done = True
         except asyncio.CancelledError:
             raise

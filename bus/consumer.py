@@ -138,7 +138,14 @@ class DurablePullConsumer(Generic[M]):
             heartbeat.cancel()
         with contextlib.suppress(Exception), tally.span("notice ack"):  # NATS away: redelivered
             if self.before_ack is not None:
-                await self.before_ack()
+                try:
+                    await self.before_ack()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - what the handler wrote is not stored: again
+                    log.warning("message on %s not acked (%s)", msg.subject, error_code(e))
+                    await msg.nak(delay=self.backoff_s)
+                    return
             await msg.ack()
 
     async def _heartbeat(self, msg: Msg) -> None:

@@ -23,22 +23,14 @@ class NoticeTarget(Protocol):
     def subjects(self) -> Subjects: ...
 
 
-async def publish_notice(target: NoticeTarget, novel_id: str, *, reason: str, dedupe: str | None = None,
-                         wait: bool = True) -> str:
+async def publish_notice(target: NoticeTarget, novel_id: str, *, reason: str, dedupe: str | None = None) -> str:
     """Publish a durable work notice and return its id.
 
     The message id is `<novel>:<notice id>`, so the stream's duplicate window drops a repeat; a
-    caller passing `dedupe` (e.g. `after-<unit>-<claim>`) makes a repeated publish a no-op.
-    `wait=False` (issue 14): sent behind the flow's events without waiting for its ack; the
-    calling task's next `outbox.settle()` waits for it and raises if it could not be stored (the
-    driver settles before acking the notice it is handling, so a notice is never acked before
-    the one that follows it is stored)."""
+    caller passing `dedupe` (e.g. `after-<unit>-<claim>`) makes a repeated publish a no-op."""
     notice_id = dedupe or f"notice-{secrets.token_hex(8)}"
     data, headers = encode(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason=reason))
     headers["Nats-Msg-Id"] = f"{novel_id}:{notice_id}"
-    if not wait:  # sent once the flow's events are stored, the flow going on meanwhile
-        outbox.publish_after(target.js, target.subjects.work(novel_id), data, headers, what="work notice")
-        return notice_id
     await outbox.settle()  # the flow's events are stored before the notice that follows them
     tally.count("publishes")
     tally.count("publish_waits")

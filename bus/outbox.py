@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -41,7 +42,7 @@ async def publish(js: JetStreamContext, subject: str, data: bytes, headers: dict
     except Exception as e:  # noqa: BLE001 - NATS away or too many in flight: the confirmer retries
         log.debug("%s publish on %s deferred (%s)", what, subject, type(e).__name__)
         ack = None
-    confirmer = asyncio.create_task(_confirm(js, ack, subject, data, headers, what, False))
+    confirmer = asyncio.create_task(_confirm(js, ack, subject, data, headers, what))
     _confirmers.add(confirmer)
     confirmer.add_done_callback(_confirmers.discard)
     task = asyncio.current_task()
@@ -49,33 +50,48 @@ async def publish(js: JetStreamContext, subject: str, data: bytes, headers: dict
         _pending.setdefault(task, []).append(confirmer)
 
 
-def publish_after(js: JetStreamContext, subject: str, data: bytes, headers: dict[str, str], *,
-                  what: str) -> None:
-    """Publish once the calling task's earlier publishes are stored — off the task's path: the
-    task goes on at once and its next `settle()` waits for this one too, raising its error if it
-    could not be stored (nothing else keeps it: a work notice). The order "events, then what
-    follows them" holds as with a waited publish, without the task waiting for either ack."""
-    task = asyncio.current_task()
-    before = list(_pending.get(task, ())) if task is not None else []
+def publish_stored(js: JetStreamContext, stored: asyncio.Future[int], subject: str, data: bytes,
+                   headers: dict[str, str], *, msg_id: Callable[[int], str], what: str) -> None:
+    """Publish an event once its ledger row is written (`stored`: the row's seq; it names the
+    message, so a re-publish is de-duplicated) — off the calling task's path: its next
+    `settle()` waits for the row and the ack, and raises the row's error if it was not written."""
     tally.count("publishes")
-    confirmer = asyncio.create_task(_publish_after(before, js, subject, data, headers, what))
+    confirmer = asyncio.create_task(_publish_stored(js, stored, subject, data, headers, msg_id, what))
+    confirmer.add_done_callback(_retrieved)
     _confirmers.add(confirmer)
     confirmer.add_done_callback(_confirmers.discard)
+    task = asyncio.current_task()
     if task is not None:
         _pending.setdefault(task, []).append(confirmer)
 
 
-async def _publish_after(before: list[asyncio.Task[None]], js: JetStreamContext, subject: str, data: bytes,
-                         headers: dict[str, str], what: str) -> None:
-    for outcome in await asyncio.gather(*before, return_exceptions=True):
-        if isinstance(outcome, Exception):
-            raise outcome  # what it follows is not stored: it is not sent (the task's settle raises)
-    await _confirm(js, None, subject, data, headers, what, True)
+async def _publish_stored(js: JetStreamContext, stored: asyncio.Future[int], subject: str, data: bytes,
+                          headers: dict[str, str], msg_id: Callable[[int], str], what: str) -> None:
+    try:
+        seq = await stored
+    except Exception as e:
+        log.warning("%s not written to the ledger (%s)", what, type(e).__name__)
+        raise
+    headers["Nats-Msg-Id"] = msg_id(seq)
+    try:
+        ack: asyncio.Future[Any] | None = await js.publish_async(subject, data, headers=headers,
+                                                                 wait_stall=ACK_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - NATS away or too many in flight: retried below
+        log.debug("%s seq %s publish deferred (%s)", what, seq, type(e).__name__)
+        ack = None
+    await _confirm(js, ack, subject, data, headers, f"{what} seq {seq}")
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """A failure nobody settles is logged (above), not reported again at garbage collection."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def settle() -> None:
-    """Wait until every publish of the calling task is acked (or given up on and logged); a
-    `publish_after` given up on raises its error (the caller must not go on as if it were stored)."""
+    """Wait until every publish of the calling task is acked (or given up on and logged); an
+    event whose ledger row could not be written raises that error (`publish_stored`): the caller
+    must not go on as if it were stored."""
     task = asyncio.current_task()
     waiting = _pending.pop(task, None) if task is not None else None
     if waiting:
@@ -87,23 +103,8 @@ async def settle() -> None:
                 raise outcome
 
 
-def pending() -> list[asyncio.Task[None]]:
-    """The calling task's unconfirmed publishes (a copy): for a task it starts to `adopt`."""
-    task = asyncio.current_task()
-    return list(_pending.get(task, ())) if task is not None else []
-
-
-def adopt(confirmers: list[asyncio.Task[None]]) -> None:
-    """Make another task's unconfirmed publishes this task's too: its next `settle()` waits for
-    them as well, so what it does next cannot overtake what came before it (the other task still
-    waits for them itself)."""
-    task = asyncio.current_task()
-    if task is not None and confirmers:
-        _pending.setdefault(task, []).extend(confirmers)
-
-
 async def _confirm(js: JetStreamContext, ack: asyncio.Future[Any] | None, subject: str, data: bytes,
-                   headers: dict[str, str], what: str, must: bool) -> None:
+                   headers: dict[str, str], what: str) -> None:
     if ack is not None:
         try:
             await asyncio.wait_for(ack, ACK_TIMEOUT_S)
@@ -116,9 +117,6 @@ async def _confirm(js: JetStreamContext, ack: asyncio.Future[Any] | None, subjec
             return
         except Exception as e:  # noqa: BLE001 - NATS away: retry, then keep the ledger row
             if attempt == REPUBLISH_ATTEMPTS - 1:
-                if must:
-                    log.warning("%s %s not stored (%s)", what, headers.get("Nats-Msg-Id", ""), type(e).__name__)
-                    raise
                 log.warning("%s %s kept in the ledger only (%s)", what, headers.get("Nats-Msg-Id", ""),
                             type(e).__name__)
             else:

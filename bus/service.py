@@ -99,7 +99,11 @@ class CommandService:
                 self.stats[reply.code] += 1
                 if reply.code == INTERNAL:
                     log.exception("handler failed on %s", self.subject)
-            await outbox.settle()  # the handler's events are stored before its reply leaves
+            try:
+                await outbox.settle()  # the handler's events are stored before its reply leaves
+            except Exception as e:  # noqa: BLE001 - an event not written: the reply says so
+                reply = error_reply_for(e)
+                self.stats[reply.code] += 1
             if msg.reply:
                 data, headers = encode(reply)
                 await self.nc.publish(msg.reply, data, headers=headers)

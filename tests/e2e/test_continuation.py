@@ -1,9 +1,11 @@
-"""Issue 14 (PERF-2 latency): the driver starts a novel's next unit in-process right after
-accounting the previous one, while the next-unit work notice is still stored on the work stream
-for another process or a restart (REL-1). Its copy coming back is only acked (REL-2: nothing done
-twice); a continuation that fails leaves the work to the copy, with every retry rule (DRV-1).
-And `outbox.publish_after`: a notice is stored only after the events before it (BUS-3), and a
-notice that cannot be stored makes the publisher's next settle fail (never silently acked)."""
+"""Issue 14 (PERF-2 latency): waits taken off a unit's path, each with its guarantee kept.
+
+- The driver starts a novel's next unit in-process once its next-unit work notice is stored (for
+  another process or a restart, REL-1); the notice's copy coming back is only acked (REL-2:
+  nothing done twice); a continuation that fails leaves the work to the copy, with every retry
+  rule (DRV-1).
+- `emit` does not wait for the ledger row; a row that cannot be written still fails the
+  emitter's next settle, and a command service's reply (BUS-3: nothing causally later leaves)."""
 
 from __future__ import annotations
 
@@ -12,16 +14,17 @@ import logging
 from collections import Counter
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
-from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NoStreamResponseError
 
 from novelbus import store
+from novelbus.actors.context import ActorContext
 from novelbus.actors.runtime import Runtime
-from novelbus.actors.unit_flow import is_infrastructure_error
 from novelbus.bus import outbox
-from novelbus.bus.notices import publish_notice
+from novelbus.bus.client import RemoteError, request
+from novelbus.bus.service import CommandService
 from novelbus.messages import events as ev
+from novelbus.messages.work import WorkNotice
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
@@ -71,52 +74,35 @@ async def test_drv1_a_failed_continuation_leaves_the_unit_to_its_notice(
     assert not driver.state.continued
 
 
-async def test_bus3_publish_after_stores_a_notice_after_the_events_before_it(stack: Runtime) -> None:
+async def test_bus3_an_event_whose_ledger_row_fails_fails_the_next_settle_and_the_reply(
+        stack: Runtime, new_database: Any) -> None:
+    """Issue 14: `emit` no longer waits for the ledger row; a row that cannot be written still
+    stops what follows — the emitting task's settle raises, and a command service answers with an
+    error reply instead of its reply (before: the emit itself raised in the handler)."""
     ctx = stack.ctx
-    novel_id = await store.create_novel(ctx.pool, parse_novel_file(sample_novel_bytes()))
-    await store.pause_novel(ctx.pool, novel_id, "test")  # the driver leaves its notices alone
-
-    async def late_event() -> None:  # an event whose ack comes late (a re-publish, say)
-        await asyncio.sleep(0.3)
-        await ctx.js.publish(ctx.subjects.event(novel_id, "claim.released"), b"{}", headers={"Nats-Msg-Id": "late"})
-
-    async def flow() -> str:
-        for k in range(3):
-            await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=f"u-{k}", reason="test"))
-        outbox.adopt([asyncio.create_task(late_event())])  # this flow's, as another task's events are
-        notice_id = await publish_notice(ctx, novel_id, reason="test", wait=False)
-        await outbox.settle()
-        return notice_id
-
-    notice_id = await asyncio.create_task(flow())
-    stored = []
-    for stream, subject in ((ctx.subjects.events_stream, ctx.subjects.event(novel_id, "claim.released")),
-                            (ctx.subjects.work_stream, ctx.subjects.work(novel_id))):
-        sub = await ctx.js.pull_subscribe(subject, durable=None, stream=stream,
-                                          config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-        for msg in await sub.fetch(batch=10, timeout=5):
-            assert msg.metadata is not None
-            stored.append((msg.metadata.timestamp, msg.headers.get("Nats-Msg-Id", "") if msg.headers else ""))
-        await sub.unsubscribe()
-    stored.sort()
-    assert len(stored) == 5 and stored[-1][1] == f"{novel_id}:{notice_id}", stored  # the notice last
-    assert stored[-2][1] == "late"
-
-
-async def test_rel1_a_notice_that_cannot_be_stored_fails_the_settle(stack: Runtime) -> None:
-    ctx = stack.ctx
-    class Target:
-        js = ctx.js
-
-        class subjects:  # noqa: N801 - the NoticeTarget shape: a work subject nobody stores
-            @staticmethod
-            def work(novel_id: str) -> str:
-                return "nostream.x"
+    broken = await store.connect(await new_database(), max_size=1)
+    await broken.close()  # a real pool that cannot write any more
+    away = ActorContext(nc=ctx.nc, js=ctx.js, pool=broken, subjects=ctx.subjects)
+    event = ev.ClaimReleased(novel_id="n-x", unit_id="u-x", reason="test")
 
     async def flow() -> None:
-        await publish_notice(Target(), "n-x", reason="test", wait=False)  # type: ignore[arg-type]
+        await away.emit(event)  # returns: the row is queued
         await outbox.settle()
 
-    with pytest.raises(NoStreamResponseError) as raised:
+    with pytest.raises(asyncpg.InterfaceError):
         await asyncio.create_task(flow())
-    assert is_infrastructure_error(raised.value)  # the notice being handled is retried, not acked
+
+    async def handler(notice: WorkNotice) -> WorkNotice:
+        await away.emit(event)
+        return notice
+
+    subject = f"{ctx.subjects.namespace}test.emit-fails"
+    service = CommandService(ctx.nc, subject, {WorkNotice: handler}, queue="test")
+    await service.start()
+    try:
+        with pytest.raises(RemoteError):
+            await request(ctx.nc, subject, WorkNotice(novel_id="n-x", notice_id="x", reason="t"), WorkNotice,
+                          timeout=10)
+    finally:
+        await service.stop()
+    assert not [e for e in await store.list_events(ctx.pool, "n-x")]  # nothing half-written here either
