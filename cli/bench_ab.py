@@ -63,7 +63,7 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
                       quiet: bool = False, live: bool = True) -> tuple[str, float]:
     """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds).
     Progress: a live bar on a terminal (`live`); else lines on stderr (not `quiet`): every 10 units,
-    every unit once units are slow (a real model), a failed unit's reason code, and a heartbeat
+    every unit once units are slow (a real model), a failed unit's reason code, the end, and a heartbeat
     with the writer runs so far at least every minute — a long real-model job is never silent."""
     try:
         nf = parse_novel_file(json.dumps(data, ensure_ascii=False))
@@ -77,6 +77,10 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
     bar = Bar()
     started = last_line = time.monotonic()
 
+    def units() -> str:
+        # A scene may take more than one unit (a continuation when its prose falls short).
+        return f"{committed} units committed ({total} scenes)"
+
     def say(text: str) -> None:
         nonlocal last_line
         last_line = time.monotonic()
@@ -85,11 +89,11 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
 
     async def on_event(e: ev.NovelEvent) -> None:
         nonlocal committed, runs, failed_runs, last_failure
-        if isinstance(e, ev.UnitCommitted):
+        if isinstance(e, ev.UnitCommitted) and not e.duplicate:
             committed += 1
             bar.update(committed)
-            if committed % 10 == 0 or committed == total or time.monotonic() - last_line >= SLOW_UNIT_S:
-                say(f"{committed}/{total} units")
+            if committed % 10 == 0 or time.monotonic() - last_line >= SLOW_UNIT_S:
+                say(units())
         elif isinstance(e, ev.WriterFinished):
             runs += 1
             if not e.ok:
@@ -105,7 +109,7 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
             await asyncio.sleep(max(1.0, HEARTBEAT_S - (time.monotonic() - last_line)))
             if time.monotonic() - last_line >= HEARTBEAT_S:
                 why = f", latest: {last_failure}" if last_failure else ""
-                say(f"{committed}/{total} units, {runs} writer runs finished ({failed_runs} failed{why})")
+                say(f"{units()}, {runs} writer runs finished ({failed_runs} failed{why})")
 
     async with EventFollower(ctx.nc, ctx.subjects, novel_id=novel_id, on_event=on_event):
         beat = asyncio.create_task(heartbeat())
@@ -117,11 +121,12 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
             with contextlib.suppress(Exception):
                 await store.pause_novel(ctx.pool, novel_id, "stopped")
             raise RuntimeError(f"{label}: novel {novel_id} did not finish within {timeout:.0f} s "
-                               f"({committed}/{total} units)") from None
+                               f"({units()})") from None
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
+        say(f"{units()}, done")
     if isinstance(final, ev.NovelPaused):
         if final.reason == "awaiting-approval":
             # Every unit is written; only the book's finish guard (length band, required

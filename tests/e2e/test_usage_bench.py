@@ -244,6 +244,8 @@ async def test_ops4_bench_ab_piped_progress_is_never_silent_on_a_slow_model(
         await write_novel(rt.ctx, data, timeout=120, label="heartbeat", live=False)
     err = capsys.readouterr().err
     for k in range(1, 5):
-        assert f"per-unit: {k}/4 units" in err, err
-    assert "heartbeat: 1/4 units (" not in err and "heartbeat: 4/4 units (" in err, err
-    assert re.search(r"heartbeat: [0-3]/4 units, [0-9]+ writer runs finished \(0 failed\)", err), err
+        assert f"per-unit: {k} units committed (4 scenes) (" in err, err
+    assert "heartbeat: 1 units committed (4 scenes) (" not in err, err
+    assert re.search(r"heartbeat: 4 units committed \(4 scenes\), done", err), err
+    assert re.search(r"heartbeat: [0-3] units committed \(4 scenes\), [0-9]+ writer runs finished \(0 failed\)",
+                     err), err
