@@ -116,10 +116,14 @@ class ClaimManager(ServiceActor):
     # --- handlers -------------------------------------------------------------------------
     async def on_claim(self, req: m.ClaimUnit) -> m.ClaimGranted:
         try:
+            # PERF-2: the claim and its unit.claimed ledger row in one statement (attempt filled in)
             claim = await store.claim_unit(self.ctx.pool, req.novel_id, req.unit_id, req.intent_id,
                                            mode=req.mode, claimed_by=self.state.instance,
                                            expected_revision=req.outline_revision,
-                                           expected_watermark=req.requirement_watermark)
+                                           expected_watermark=req.requirement_watermark,
+                                           event=lambda claim_id: self.ctx.ledger_entry(ev.UnitClaimed(
+                                               novel_id=req.novel_id, unit_id=req.unit_id, claim_id=claim_id,
+                                               attempt=0, mode=req.mode)))
         except (store.UnitNotClaimable, store.UnitInFlight):
             # REL-2: a retried ClaimUnit whose first reply was lost gets the same delegation.
             for d in self.state.delegations.values():
@@ -143,8 +147,10 @@ class ClaimManager(ServiceActor):
             intent_id=req.intent_id, execution_token=claim.token, granted_at=time.time(),
             dispatch_limit=limit, dispatches=first or 0, reply=reply,
         )
-        await self.ctx.emit(ev.UnitClaimed(novel_id=req.novel_id, unit_id=claim.unit_id,
-                                           claim_id=claim.claim_id, attempt=claim.attempt, mode=req.mode))
+        claimed = ev.UnitClaimed(novel_id=req.novel_id, unit_id=claim.unit_id, claim_id=claim.claim_id,
+                                 attempt=claim.attempt, mode=req.mode)
+        assert claim.event_seq is not None
+        await self.ctx.publish_recorded(claimed, claim.event_seq)
         return reply
 
     async def on_begin_dispatch(self, req: m.BeginDispatch) -> m.DispatchGranted:

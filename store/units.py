@@ -6,7 +6,8 @@ import hashlib
 import itertools
 import secrets
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
@@ -26,6 +27,7 @@ from novelbus.store.errors import (
     UnitNotFound,
     WatermarkConflict,
 )
+from novelbus.store.events import check_event
 from novelbus.store.novels import WRITER_MODES
 
 MAX_ID_LENGTH = 64
@@ -61,6 +63,8 @@ class Claim(msgspec.Struct, frozen=True):
     # The novel's writerDispatchLimit as the claim found it (DRV-4), read under the same lock
     # (PERF-2: the claim manager needs no second read of the novel).
     dispatch_limit: int = 3
+    # The ledger seq of the event written with the claim (`claim_unit(event=...)`), else None.
+    event_seq: int | None = None
 
     def __repr__(self) -> str:  # REL-4: a logged Claim never shows the token
         return (
@@ -162,6 +166,7 @@ async def claim_unit(
     claimed_by: str | None = None,
     expected_revision: str | None = None,
     expected_watermark: int | None = None,
+    event: Callable[[str], tuple[str, dict[str, Any]]] | None = None,
 ) -> Claim:
     """STORE-1: prepared → claimed with a fresh 256-bit token; only its SHA-256 is stored.
 
@@ -171,6 +176,9 @@ async def claim_unit(
     `claimed_by` names the claim-manager instance (CLM-5) so it can recover its own claims.
     PERF-2: one statement (`nb_claim_unit`, migration 006) checks them in this order under the
     novel-row lock and makes the conditional update (ARCH-4); this raises what it answers.
+    `event(claim_id)` gives the (type, payload) of the event that announces the claim: its
+    ledger row is written by the same statement, only when the claim is made, with the payload's
+    `attempt` set to the claim's attempt (`Claim.event_seq`).
     """
     if mode not in WRITER_MODES:
         raise ValueError(f"mode must be one of {WRITER_MODES}, got {mode!r}")
@@ -178,11 +186,19 @@ async def claim_unit(
         raise ValueError("intent_id must not be empty")
     token = secrets.token_hex(32)
     claim_id = "claim-" + uuid.uuid4().hex[:16]
+    entry = None if event is None else event(claim_id)
+    if entry is not None:
+        check_event(*entry)
     async with statement(pool) as conn:
         r = await conn.fetchrow(
-            "SELECT * FROM nb_claim_unit($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            "WITH c AS (SELECT * FROM nb_claim_unit($1, $2, $3, $4, $5, $6, $7, $8, $9)),"
+            " ev AS (INSERT INTO events (novel_id, type, payload)"
+            "  SELECT $1, $10, jsonb_set($11::jsonb, '{attempt}', to_jsonb(c.o_attempt)) FROM c"
+            "  WHERE c.o_outcome = 'claimed' AND $10::text IS NOT NULL RETURNING seq)"
+            " SELECT c.*, (SELECT seq FROM ev) AS o_event_seq FROM c",
             novel_id, unit_id, hash_token(token), claim_id, mode, intent_id, claimed_by,
             expected_revision, expected_watermark,
+            None if entry is None else entry[0], None if entry is None else entry[1],
         )
     outcome = r["o_outcome"]
     if outcome == "claimed":
@@ -190,7 +206,7 @@ async def claim_unit(
         if not isinstance(limit, int) or isinstance(limit, bool):
             limit = _DEFAULT_DISPATCH_LIMIT
         return Claim(claim_id=claim_id, unit_id=unit_id, attempt=r["o_attempt"], token=token,
-                     dispatch_limit=limit)
+                     dispatch_limit=limit, event_seq=r["o_event_seq"])
     if outcome == "novel-not-found":
         raise NovelNotFound(f"novel {novel_id!r} not found")
     if outcome == "not-active":

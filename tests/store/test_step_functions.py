@@ -309,3 +309,28 @@ async def test_perf2_context_freeze_and_usage_sample_with_their_events(
         (seq, "pack.rendered"), (seq_again, "pack.rendered"), (sampled, "usage.sampled")]
     assert await table_counts(pool, "context_freeze", "usage_samples", "processed_messages") == {
         "context_freeze": 1, "usage_samples": 1, "processed_messages": 1}
+
+
+async def test_perf2_claim_and_its_event_in_one_statement(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
+    """STORE-1 claim and its unit.claimed ledger row (BUS-3) in one statement, the attempt filled
+    in by the database; a refused claim writes no event; a claim without an event writes none."""
+    import msgspec
+
+    from novelbus.messages.events import UnitClaimed
+
+    def event(claim_id: str) -> tuple[str, dict[str, object]]:
+        template = UnitClaimed(novel_id=novel_id, unit_id=unit_id, claim_id=claim_id, attempt=0, mode="subagent")
+        return "unit.claimed", msgspec.to_builtins(template)
+
+    await store.claim_unit(pool, novel_id, unit_id, "intent-0", mode="subagent")
+    assert await store.release_claim(pool, novel_id, unit_id, reason="test")  # attempt 1 → 2 (released)
+    before = _round_trips()
+    claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent", event=event)
+    assert _round_trips() - before == 1
+    assert claim.attempt == 3 and claim.event_seq is not None
+    with pytest.raises(store.UnitNotClaimable):
+        await store.claim_unit(pool, novel_id, unit_id, "intent-2", mode="subagent", event=event)
+    events = await store.list_events(pool, novel_id)
+    assert [(e.seq, e.type) for e in events] == [(claim.event_seq, "unit.claimed")]
+    expected = UnitClaimed(novel_id=novel_id, unit_id=unit_id, claim_id=claim.claim_id, attempt=3, mode="subagent")
+    assert events[0].payload == msgspec.to_builtins(expected)  # what the claim manager then publishes
