@@ -639,6 +639,8 @@ async def _w2_loop(
         if not forced:
             auto_calls += 1
             own_calls += len(usable)
+            if not usable:  # declined auto: not offered it again in this run (MODEL-3)
+                state = replace(state, auto_declined=True)
 
         rambled = reply.stop_reason == "length" and not reply.tool_calls and not forced
         if reply.stop_reason not in ("completed", "tool_calls") and not rambled:

@@ -10,12 +10,13 @@ The policy, in order:
 1. the commit tool is not allowed → never force anything (the server's default, `auto`);
 2. the last allowed round → force `novel_body_commit`;
 3. nothing researched yet and the model answered in text (or cut its text at max_tokens), or
-   the model is known not to call tools under `auto` (it declined in an earlier run of this
-   process, or the user said so) and this is the run's first call → force ONE read tool by name
+   the model is known not to call tools under `auto` (it declined earlier in this run or in an
+   earlier run of this process, or the user said so) → force ONE read tool by name
    (`research_target`: the previous prose of the unit's chapter when there is some, else the
    chapter's outline, else the novel's status);
 4. the model answered in text, the previous call was forced research, or the model is known
-   not to call tools under `auto` and has researched → force the commit;
+   not to call tools under `auto` and has researched → force the commit (so a forced commit
+   the claim manager refused is followed by another forced commit, not by `auto` again);
 5. otherwise `auto`: the model decides (strong tool users research and commit on their own).
 
 `auto` is never sent explicitly (some servers refuse it); a forced call is
@@ -45,7 +46,7 @@ class RunState:
     researched: bool  # a read tool call was executed in this run (own or forced)
     answered_in_text: bool  # the last reply carried no tool call (text, or text cut at max_tokens)
     last_forced: str | None = None  # the tool the previous call was forced to, if any
-    auto_declined: bool = False  # known: this model does not call tools under `auto`
+    auto_declined: bool = False  # known: this model does not call tools under `auto` (this run or before)
     calls: int = 0  # model calls made so far in this run
 
 
@@ -77,7 +78,7 @@ def next_choice(state: RunState, allowed: tuple[str, ...], research: Research | 
     if can_research and research is not None:
         if state.answered_in_text:
             return Choice(research.tool, "research-after-text")
-        if state.auto_declined and state.calls == 0:
+        if state.auto_declined:
             return Choice(research.tool, "research-known")
     if state.answered_in_text:
         return Choice(COMMIT_TOOL, "commit-after-text")

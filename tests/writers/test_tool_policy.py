@@ -166,3 +166,19 @@ async def test_model3_forced_research_still_meets_the_allow_list() -> None:
                            commit=host.commit, max_output_tokens=1000, unit_id="u-1")
     assert not outcome.ok and outcome.reason == "not-committed" and len(deaf.options) == 2
     assert json.dumps(deaf.options[1]).count(OUTLINE_READ) == 1
+
+
+async def test_model3_a_refused_forced_commit_is_forced_again_not_offered_auto() -> None:
+    """MODEL-3: once the model declined `auto` in a run, a commit the claim manager refused is
+    followed by another forced commit (no second text answer nobody uses)."""
+    provider = ScriptedProvider([
+        text("I will write about the lamp."),
+        tools(call(OUTLINE_READ, {"chapterId": "ch1"}, "r")),
+        tools(call(COMMIT_TOOL, COMMIT_ARGS, "c1")),
+        tools(call(COMMIT_TOOL, COMMIT_ARGS, "c2")),
+    ])
+    host = Host(commit_results=[{"ok": False, "code": "prose-guard"}, {"ok": True, "receipt": {"commitId": "c"}}])
+    outcome = await run_w2(provider, PACK, allow_list=W2_ALLOW_LIST, read_tool=host.read_tool,
+                           commit=host.commit, max_output_tokens=1000, unit_id="u-1")
+    assert outcome.ok and len(host.commits) == 2
+    assert provider.options == [{}, forced(OUTLINE_READ), forced(COMMIT_TOOL), forced(COMMIT_TOOL)]
