@@ -519,6 +519,7 @@ class Driver:
                 if not isinstance(lock, FlowLock) or lock.epoch != epoch + 1:
                     known = None  # somebody held the novel in between: read it again
                 self.state.continuations += 1
+                tally.mark("continued")  # the next unit did not wait for its notice's delivery
                 await self.advance(notice, known)
             finally:
                 lock.release()

@@ -191,13 +191,14 @@ def trace_breakdown(traced: dict[str, list[Span]], novel_id: str) -> dict[str, A
     loop's queue); a work notice's trip from its publish to the driver's next `notice in`."""
     driver = list(traced.get(novel_id, []))
     ins = [t0 for label, t0, _ in driver if label == "notice in"]
+    continued = [t0 for label, t0, _ in driver if label == "continued"]
     for label, _, t1 in list(driver):
         if label == "notice publish":
             later = [t for t in ins if t >= t1]
-            if later:
+            if later and not any(t1 <= c <= later[0] for c in continued):  # a continuation did not wait
                 driver.append(("notice delivery", t1, later[0]))
     # points are no waits; the usage record is sent by a task of its own, off the unit's path (REL-7)
-    driver = [s for s in driver if s[0] not in ("notice in", "prepared", "rr RecordTurn")]
+    driver = [s for s in driver if s[0] not in ("notice in", "prepared", "continued", "rr RecordTurn")]
     marks = [t0 for label, t0, _ in traced.get(novel_id, []) if label == "prepared"]
     cycles = list(zip(marks, marks[1:], strict=False))
     if not cycles:

@@ -56,3 +56,7 @@ def test_perf1_breakdown_of_a_cycle_and_a_command_round_trip() -> None:
     claim = got["handlers_mean_ms"]["ClaimUnit (claims)"]
     assert claim["handler"] == pytest.approx(1.5) and claim["db"] == pytest.approx(0.5)
     assert claim["acks before reply"] == pytest.approx(0.5) and claim["transport"] == pytest.approx(1.0)
+    # the next unit continued in-process: its notice's trip through the stream is nobody's wait
+    traced["n-1"].insert(3, ("continued", 0.0065, 0.0065))
+    driver = trace_breakdown(traced, "n-1")["driver_mean_ms"]
+    assert "notice delivery" not in driver and driver["driver python"] == pytest.approx(6.0)
