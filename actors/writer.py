@@ -17,6 +17,7 @@ import msgspec
 from novelbus import store
 from novelbus.actors.context import ActorContext, ServiceActor
 from novelbus.actors.writer_sessions import PgSessionStore
+from novelbus.bus import outbox
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.service import CommandService
 from novelbus.infra.llama import open_local_server
@@ -220,6 +221,9 @@ class WriterRunner(ServiceActor):
         finished = ev.WriterFinished(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id, ok=outcome.ok,
                                      reason=reason, output_chars=outcome.output_chars,
                                      tool_calls=len(outcome.tool_calls))
+        # The tool.started events this task queued are stored (and sent) first: the row written
+        # with the run's close must follow them in the ledger and in the stream (per-novel order).
+        await outbox.settle()
         seq = await store.finish_writer_run_with_event(  # the run closed and its event: one statement (PERF-2)
             self.ctx.pool, req.run_id, (req.novel_id, *self.ctx.ledger_entry(finished)),
             status="ok" if outcome.ok else "failed", reason=reason, output_chars=outcome.output_chars,
