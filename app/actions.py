@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from novelbus import store
+from novelbus.bus import outbox
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
 from novelbus.messages import events as ev
@@ -57,6 +58,7 @@ async def steer(ctx: Any, novel_id: str, action: SteerAction) -> store.NovelRow:
         await publish_notice(ctx, novel_id, reason="resume")
     else:
         raise ValueError(f"unknown action {action!r}; choose from {', '.join(STEER_ACTIONS)}")
+    await outbox.settle()  # the event is in the ledger and its stream before the caller is answered
     return await store.get_novel(ctx.pool, novel_id)
 
 
@@ -64,6 +66,7 @@ async def switch_mode(ctx: Any, novel_id: str, mode: str) -> None:
     """Switch writerMode; it takes effect from the next unit (DRV-3)."""
     await store.set_writer_mode(ctx.pool, novel_id, mode)
     await ctx.emit(ev.ModeSwitched(novel_id=novel_id, writer_mode=mode))
+    await outbox.settle()  # stored before the caller is answered (emit queues the ledger row)
 
 
 # --- steering over the bus (PLAN-1..5), shared by `novelbus novel revise|direct|config` and the panel
