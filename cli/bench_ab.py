@@ -365,7 +365,7 @@ def print_table(inline: ModeResult, sub: ModeResult, flat: ModeResult | None, ra
     rows: list[tuple[str, str, str, str]] = [
         ("total raw input (chars)", f"{inline.input_chars:,}", f"{sub.input_chars:,}", ""),
         ("total raw input (est. tokens)", f"{inline.input_tokens:,}", f"{sub.input_tokens:,}", ""),
-        ("units committed", f"{inline.committed}/{len(inline.units)}", f"{sub.committed}/{len(sub.units)}", ""),
+        ("units committed", f"{inline.committed}", f"{sub.committed}", "a short scene may take a continuation unit"),
         ("provider prompt tokens (all calls)", _opt(inline.provider_input_tokens), _opt(sub.provider_input_tokens),
          "server-reported sums; n/a unless every call reported"),
         ("calls with reported usage", f"{inline.reported_calls}/{inline.calls}", f"{sub.reported_calls}/{sub.calls}",
@@ -381,7 +381,7 @@ def print_table(inline: ModeResult, sub: ModeResult, flat: ModeResult | None, ra
          f"at {compact_tokens:,} tokens" if window is not None else ""),
         ("tool definitions per call (est.)", f"{inline.tool_definition_tokens_per_call:,.0f}",
          f"{sub.tool_definition_tokens_per_call:,.0f}", "counted in the input"),
-        ("forced commit calls", f"{inline.forced_calls}", f"{sub.forced_calls}", ""),
+        ("forced calls (research or commit)", f"{inline.forced_calls}", f"{sub.forced_calls}", "MODEL-3"),
         ("cached share", _share(inline.cached_share), _share(sub.cached_share), ""),
         ("model calls", f"{inline.calls:,}", f"{sub.calls:,}", ""),
         ("wall time (s)", f"{inline.seconds:.1f}", f"{sub.seconds:.1f}", ""),
