@@ -41,7 +41,7 @@ from novelbus.writers.chat import (
     tool_message,
     user_message,
 )
-from novelbus.writers.compaction import COMPACT_INSTRUCTION, SUMMARY_HEADER, committed_in_context
+from novelbus.writers.compaction import COMPACT_INSTRUCTION, SUMMARY_HEADER
 from novelbus.writers.loop import (
     CommitFn,
     ReadTool,
@@ -78,11 +78,8 @@ from novelbus.writers.runner import (
 )
 from novelbus.writers.structured import unit_target_max
 from novelbus.writers.tool_policy import (
-    BODY_READ,
     RunState,
     next_choice,
-    pack_blocks,
-    research_target,
 )
 from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS, openai_tool_definitions
 
@@ -299,10 +296,12 @@ async def run_inline_unit(
     `max_tool_rounds` executed rounds. Failures carry a RUN-4 reason; the history is returned
     either way, since a host session keeps a failed attempt too.
 
-    MODEL-3/6: the tool choice is W2's policy (`writers.tool_policy.next_choice`, the same
-    `auto_declined` knowledge), with W2's research rule applied to what the session holds: the
-    forced research reads the chapter's prose only when the session does not already hold its
-    own last commit (a compaction drops it); otherwise there is nothing left to research.
+    MODEL-3: the tool choice is W2's policy (`writers.tool_policy.next_choice`, with the same
+    learned `auto_declined`: a model known not to call tools under auto is forced from its first
+    call, a text answer is followed by a forced call) — except that the inline session is never
+    forced to research: it holds the prose it wrote and its brief carries the chapter, scene and
+    unit blocks, and a forced read would pad the baseline (and, with a small window, leave no room
+    for the commit). A model that researches on its own still may.
     """
     allowed = tuple(dict.fromkeys(allow_list))
     tools = openai_tool_definitions(allowed)
@@ -340,9 +339,8 @@ async def run_inline_unit(
         )
         return InlineRun(outcome=outcome, history=messages, compactions=compactions, mark=mark)
 
-    research = research_target(pack_blocks(pack_text), allowed)
-    held = research is not None and research.tool == BODY_READ and bool(committed_in_context(messages))
-    state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=held or research is None,
+    research = None  # never forced in the inline session (see the docstring)
+    state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=True,
                      answered_in_text=False, auto_declined=auto_declined)
     auto_calls = own_calls = 0
     while True:
@@ -375,9 +373,6 @@ async def run_inline_unit(
             brief_at = 2
             compactions += 1
             mark = None  # the history changed: estimate until the next reported figure
-            if held:  # the summary replaced the prose the session held: research it, as W2 does
-                held = False
-                state = replace(state, researched=False)
 
         split = inline_split(messages, brief_at, new_from)
         choice = next_choice(state, allowed, research)  # MODEL-3: W2's policy, the same rules
@@ -441,7 +436,6 @@ async def run_inline_unit(
             )
             if call.name in READ_TOOLS and code != "tool-not-allowed":
                 state = replace(state, researched=True)
-                held = False  # read in this unit: kept verbatim by a compaction
             messages.append(tool_message(call.id, content))
             if committed is not None:
                 # RUN-3, as in W2: the first successful commit ends the unit's turn. Later calls

@@ -453,37 +453,32 @@ def _forced(name: str) -> dict[str, Any]:
     return {"tool_choice": {"type": "function", "function": {"name": name}}}
 
 
-async def test_model3_inline_applies_the_w2_policy_and_researches_only_what_it_does_not_hold() -> None:
-    """MODEL-3/6, AB-2: the inline session follows W2's tool-choice policy (a text answer gets one
-    forced read, then the forced commit; a model known not to call tools under auto is forced
-    from the first call) and W2's research rule applied to its context: the chapter's prose is not
-    read again while the session holds its own last commit, and is read after a compaction."""
+async def test_model3_inline_applies_the_w2_policy_without_forced_research() -> None:
+    """MODEL-3, AB-2: the inline session follows W2's tool-choice policy — a text answer is
+    followed by the forced commit; a model known not to call tools under auto (`auto_declined`,
+    learned per process) is forced from its first call, so no text answer is paid for — but it is
+    never forced to research: it holds what it wrote, and a forced read would pad the baseline."""
     from tests.writers.test_runner import COMMIT_ARGS, Host, call, text, tools
 
     host = Host()
-    weak = ScriptedProvider([text("I will write about the lamp."),
-                             tools(call("novel_outline_read", {"chapterId": "ch1"}, "r1")),
-                             tools(call(COMMIT_TOOL, COMMIT_ARGS, "c1"))])
+    weak = ScriptedProvider([text("I will write about the lamp."), tools(call(COMMIT_TOOL, COMMIT_ARGS, "c1"))])
     first = await run_inline_unit(weak, [], POLICY_PACK, allow_list=W2_ALLOW_LIST, read_tool=host.read_tool,
                                   commit=host.commit, max_output_tokens=1000, unit_id="u-1")
     assert first.outcome.ok and first.outcome.auto_declined
-    assert weak.options == [{}, _forced("novel_outline_read"), _forced(COMMIT_TOOL)]
-    assert [c.forced for c in first.outcome.usage] == [False, True, True]
+    assert weak.options == [{}, _forced(COMMIT_TOOL)]
+    assert [c.forced for c in first.outcome.usage] == [False, True]
 
-    # The next unit continues the chapter; the session holds the prose it committed: no read.
     known = ScriptedProvider([tools(call(COMMIT_TOOL, COMMIT_ARGS, "c2"))])
     second = await run_inline_unit(known, first.history, POLICY_PACK_WITH_PROSE, allow_list=W2_ALLOW_LIST,
                                    read_tool=host.read_tool, commit=host.commit, max_output_tokens=1000,
                                    unit_id="u-1", auto_declined=True)
-    assert second.outcome.ok and known.options == [_forced(COMMIT_TOOL)]
-    assert host.reads == [("novel_outline_read", {"chapterId": "ch1"})]
+    assert second.outcome.ok and known.options == [_forced(COMMIT_TOOL)] and not second.outcome.auto_declined
 
-    # After a compaction the prose is gone from the session: it reads it, as a W2 writer would.
-    compacted: list[ChatMessage] = [*first.history[:1], {"role": "user", "content": f"{SUMMARY_HEADER}\nx"}]
-    fresh = ScriptedProvider([tools(call("novel_body_read", {"chapterId": "ch1"}, "r3")),
-                              tools(call(COMMIT_TOOL, COMMIT_ARGS, "c3"))])
-    third = await run_inline_unit(fresh, compacted, POLICY_PACK_WITH_PROSE, allow_list=W2_ALLOW_LIST,
+    # A model that researches on its own is not stopped, and not forced.
+    strong = ScriptedProvider([tools(call("novel_body_read", {"chapterId": "ch1"}, "r3")),
+                               tools(call(COMMIT_TOOL, COMMIT_ARGS, "c3"))])
+    third = await run_inline_unit(strong, second.history, POLICY_PACK_WITH_PROSE, allow_list=W2_ALLOW_LIST,
                                   read_tool=host.read_tool, commit=host.commit, max_output_tokens=1000,
-                                  unit_id="u-1", auto_declined=True)
-    assert third.outcome.ok and fresh.options == [_forced("novel_body_read"), _forced(COMMIT_TOOL)]
-    assert host.reads[-1] == ("novel_body_read", {"chapterId": "ch1"})
+                                  unit_id="u-1")
+    assert third.outcome.ok and strong.options == [{}, {}] and not third.outcome.auto_declined
+    assert host.reads == [("novel_body_read", {"chapterId": "ch1"})]
