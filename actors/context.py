@@ -154,10 +154,8 @@ class ActorContext:
         PERF-2: concurrent flows' ledger rows share one INSERT (LedgerBatch); the publish does not
         wait for its ack here: the task's next command, reply or work notice waits for all of
         them first (`bus.outbox`), so events stay ordered per novel.
-        Issue 14: nor does `emit` wait for the ledger row: the row is queued (checked at once, so
-        bad input still fails here) and published once stored; the same `settle()` waits for the
-        row and the ack, and raises the INSERT's error if the row could not be written. An event
-        is in the ledger and its stream before anything causally later leaves, as before.
+        The ledger row is written before `emit` returns: callers outside a command or notice
+        (the CLI, the panel) rely on it.
         """
         tag = type_tag(event)
         payload = msgspec.to_builtins(event)
@@ -165,15 +163,11 @@ class ActorContext:
         if key is None:
             if self.ledger is None:
                 self.ledger = LedgerBatch(self.pool)
-            stored = self.ledger.enqueue(event.novel_id, tag, payload)
-            data, headers = encode(event)
-            namespace = self.subjects.namespace
-            outbox.publish_stored(self.js, stored, self.subjects.event(event.novel_id, tag), data, headers,
-                                  msg_id=lambda seq: f"{namespace}ev-{seq}", what=f"event {tag}")
-            return
-        seq, first, age_s = await store.append_event_once(self.pool, event.novel_id, tag, payload, key)
-        if not first and age_s > REPUBLISH_WITHIN_S:
-            return
+            seq = await self.ledger.append(event.novel_id, tag, payload)
+        else:
+            seq, first, age_s = await store.append_event_once(self.pool, event.novel_id, tag, payload, key)
+            if not first and age_s > REPUBLISH_WITHIN_S:
+                return
         await self.publish_recorded(event, seq)
 
     @staticmethod

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -50,57 +49,14 @@ async def publish(js: JetStreamContext, subject: str, data: bytes, headers: dict
         _pending.setdefault(task, []).append(confirmer)
 
 
-def publish_stored(js: JetStreamContext, stored: asyncio.Future[int], subject: str, data: bytes,
-                   headers: dict[str, str], *, msg_id: Callable[[int], str], what: str) -> None:
-    """Publish an event once its ledger row is written (`stored`: the row's seq; it names the
-    message, so a re-publish is de-duplicated) — off the calling task's path: its next
-    `settle()` waits for the row and the ack, and raises the row's error if it was not written."""
-    tally.count("publishes")
-    confirmer = asyncio.create_task(_publish_stored(js, stored, subject, data, headers, msg_id, what))
-    confirmer.add_done_callback(_retrieved)
-    _confirmers.add(confirmer)
-    confirmer.add_done_callback(_confirmers.discard)
-    task = asyncio.current_task()
-    if task is not None:
-        _pending.setdefault(task, []).append(confirmer)
-
-
-async def _publish_stored(js: JetStreamContext, stored: asyncio.Future[int], subject: str, data: bytes,
-                          headers: dict[str, str], msg_id: Callable[[int], str], what: str) -> None:
-    try:
-        seq = await stored
-    except Exception as e:
-        log.warning("%s not written to the ledger (%s)", what, type(e).__name__)
-        raise
-    headers["Nats-Msg-Id"] = msg_id(seq)
-    try:
-        ack: asyncio.Future[Any] | None = await js.publish_async(subject, data, headers=headers,
-                                                                 wait_stall=ACK_TIMEOUT_S)
-    except Exception as e:  # noqa: BLE001 - NATS away or too many in flight: retried below
-        log.debug("%s seq %s publish deferred (%s)", what, seq, type(e).__name__)
-        ack = None
-    await _confirm(js, ack, subject, data, headers, f"{what} seq {seq}")
-
-
-def _retrieved(task: asyncio.Task[None]) -> None:
-    """A failure nobody settles is logged (above), not reported again at garbage collection."""
-    if not task.cancelled():
-        task.exception()
-
-
 async def settle() -> None:
-    """Wait until every publish of the calling task is acked (or given up on and logged); an
-    event whose ledger row could not be written raises that error (`publish_stored`): the caller
-    must not go on as if it were stored."""
+    """Wait until every publish of the calling task is acked (or given up on and logged)."""
     task = asyncio.current_task()
     waiting = _pending.pop(task, None) if task is not None else None
     if waiting:
         tally.count("publish_waits")
         with tally.span("event acks"):
-            outcomes = await asyncio.gather(*waiting, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, Exception):
-                raise outcome
+            await asyncio.gather(*waiting, return_exceptions=True)
 
 
 async def _confirm(js: JetStreamContext, ack: asyncio.Future[Any] | None, subject: str, data: bytes,

@@ -4,8 +4,9 @@
   another process or a restart, REL-1); the notice's copy coming back is only acked (REL-2:
   nothing done twice); a continuation that fails leaves the work to the copy, with every retry
   rule (DRV-1).
-- `emit` does not wait for the ledger row; a row that cannot be written still fails the
-  emitter's next settle, and a command service's reply (BUS-3: nothing causally later leaves)."""
+- `emit` still returns only once its ledger row is written (a deferred row was tried and dropped:
+  the CLI and the panel answer right after `emit`); a row that cannot be written fails the emit
+  and a command service's reply (BUS-3)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import pytest
 from novelbus import store
 from novelbus.actors.context import ActorContext
 from novelbus.actors.runtime import Runtime
-from novelbus.bus import outbox
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.service import CommandService
 from novelbus.messages import events as ev
@@ -74,23 +74,19 @@ async def test_drv1_a_failed_continuation_leaves_the_unit_to_its_notice(
     assert not driver.state.continued
 
 
-async def test_bus3_an_event_whose_ledger_row_fails_fails_the_next_settle_and_the_reply(
+async def test_bus3_an_event_whose_ledger_row_fails_fails_the_emit_and_the_reply(
         stack: Runtime, new_database: Any) -> None:
-    """Issue 14: `emit` no longer waits for the ledger row; a row that cannot be written still
-    stops what follows — the emitting task's settle raises, and a command service answers with an
-    error reply instead of its reply (before: the emit itself raised in the handler)."""
+    """BUS-3: `emit` returns only once the ledger row is written (the CLI and the panel answer
+    right after it); a row that cannot be written fails the emit, and a command service answers
+    with an error reply — never its reply before its events."""
     ctx = stack.ctx
     broken = await store.connect(await new_database(), max_size=1)
     await broken.close()  # a real pool that cannot write any more
     away = ActorContext(nc=ctx.nc, js=ctx.js, pool=broken, subjects=ctx.subjects)
     event = ev.ClaimReleased(novel_id="n-x", unit_id="u-x", reason="test")
-
-    async def flow() -> None:
-        await away.emit(event)  # returns: the row is queued
-        await outbox.settle()
-
     with pytest.raises(asyncpg.InterfaceError):
-        await asyncio.create_task(flow())
+        await away.emit(event)
+    assert (await asyncio.create_task(_emitted(ctx, "n-y"))) == ["claim.released"]  # written on return
 
     async def handler(notice: WorkNotice) -> WorkNotice:
         await away.emit(event)
@@ -106,3 +102,8 @@ async def test_bus3_an_event_whose_ledger_row_fails_fails_the_next_settle_and_th
     finally:
         await service.stop()
     assert not [e for e in await store.list_events(ctx.pool, "n-x")]  # nothing half-written here either
+
+
+async def _emitted(ctx: ActorContext, novel_id: str) -> list[str]:
+    await ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id="u-y", reason="test"))
+    return [e.type for e in await store.list_events(ctx.pool, novel_id)]  # no settle in between
