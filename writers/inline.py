@@ -375,11 +375,12 @@ async def run_inline_unit(
             mark = None  # the history changed: estimate until the next reported figure
 
         split = inline_split(messages, brief_at, new_from)
+        prompt = projected_tokens(messages, tools, mark, tool_tokens)
+        state = replace(state, room=None if window is None else window - prompt)  # MODEL-5
         choice = next_choice(state, allowed, research)  # MODEL-3: W2's policy, the same rules
         forced = choice.forced
         try:
-            max_tokens = fit_output_tokens(messages, tools, max_output_tokens, window,
-                                           prompt_tokens=projected_tokens(messages, tools, mark, tool_tokens))
+            max_tokens = fit_output_tokens(messages, tools, max_output_tokens, window, prompt_tokens=prompt)
         except WindowError as e:
             return done(False, "window-exceeded", str(e))
         try:

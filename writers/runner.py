@@ -611,12 +611,12 @@ async def _w2_loop(
         # MODEL-3: research with the server's default (auto; never sent, since some servers
         # refuse an explicit "auto"); the policy forces one read tool, then the commit, by name
         # when the model answers in text (writers.tool_policy).
+        prompt = projected_tokens(messages, tools, mark, tool_tokens)
+        state = replace(state, room=None if window is None else window - prompt)
         choice = next_choice(state, allowed, research)
         forced = choice.forced
         try:
-            max_tokens = fit_output_tokens(
-                messages, tools, max_output_tokens, window,
-                prompt_tokens=projected_tokens(messages, tools, mark, tool_tokens))
+            max_tokens = fit_output_tokens(messages, tools, max_output_tokens, window, prompt_tokens=prompt)
         except WindowError as e:
             return fail("window-exceeded", str(e))
         try:

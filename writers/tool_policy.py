@@ -11,7 +11,8 @@ The policy, in order:
 2. the last allowed round → force `novel_body_commit`;
 3. nothing researched yet and the model answered in text (or cut its text at max_tokens), or
    the model is known not to call tools under `auto` (it declined earlier in this run or in an
-   earlier run of this process, or the user said so) → force ONE read tool by name
+   earlier run of this process, or the user said so), and the window leaves room for a read
+   result and the commit (`RESEARCH_ROOM_TOKENS`) → force ONE read tool by name
    (`research_target`: the previous prose of the unit's chapter when there is some, else the
    chapter's outline, else the novel's status);
 4. the model answered in text, the previous call was forced research, or the model is known
@@ -32,6 +33,11 @@ from typing import Any
 
 from novelbus.writers.tools import COMMIT_TOOL
 
+# A forced read is only worth its place when the window can still hold a typical read result
+# (a chapter's outline is ~850 tokens for six scenes) and the commit that follows it; with less
+# room the policy forces the commit straight away (MODEL-5: never a research that cannot fit).
+RESEARCH_ROOM_TOKENS = 1024
+
 BODY_READ = "novel_body_read"
 OUTLINE_READ = "novel_outline_read"
 STATUS_READ = "novel_status_read"
@@ -48,6 +54,7 @@ class RunState:
     last_forced: str | None = None  # the tool the previous call was forced to, if any
     auto_declined: bool = False  # known: this model does not call tools under `auto` (this run or before)
     calls: int = 0  # model calls made so far in this run
+    room: int | None = None  # tokens the window leaves beyond the next request's prompt (None: no window)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,8 @@ def next_choice(state: RunState, allowed: tuple[str, ...], research: Research | 
         return Choice(None, "auto")
     if state.rounds >= state.max_tool_rounds - 1:
         return Choice(COMMIT_TOOL, "commit-last-round")
-    can_research = research is not None and research.tool in allowed and not state.researched
+    can_research = (research is not None and research.tool in allowed and not state.researched
+                    and (state.room is None or state.room >= RESEARCH_ROOM_TOKENS))
     if can_research and research is not None:
         if state.answered_in_text:
             return Choice(research.tool, "research-after-text")

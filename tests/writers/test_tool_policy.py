@@ -14,6 +14,7 @@ from novelbus.writers.runner import run_w2
 from novelbus.writers.tool_policy import (
     BODY_READ,
     OUTLINE_READ,
+    RESEARCH_ROOM_TOKENS,
     STATUS_READ,
     Research,
     RunState,
@@ -33,7 +34,8 @@ researches = st.one_of(st.none(), st.builds(Research, st.sampled_from([BODY_READ
 states = st.builds(RunState, rounds=st.integers(0, 10), max_tool_rounds=st.integers(1, 10),
                    researched=st.booleans(), answered_in_text=st.booleans(),
                    last_forced=st.one_of(st.none(), st.sampled_from([*READS, COMMIT_TOOL])),
-                   auto_declined=st.booleans(), calls=st.integers(0, 10))
+                   auto_declined=st.booleans(), calls=st.integers(0, 10),
+                   room=st.one_of(st.none(), st.integers(-100, 4000)))
 
 
 @given(states, allow_lists, researches)
@@ -50,6 +52,7 @@ def test_model3_policy_forces_only_allowed_tools_and_never_research_twice(
         assert choice.tool == COMMIT_TOOL
     if choice.tool is not None and choice.tool != COMMIT_TOOL:
         assert not state.researched and research is not None and choice.tool == research.tool
+        assert state.room is None or state.room >= RESEARCH_ROOM_TOKENS  # MODEL-5: it must fit
     if state.answered_in_text:
         assert choice.forced  # a text answer is never answered with auto again
 
@@ -182,3 +185,35 @@ async def test_model3_a_refused_forced_commit_is_forced_again_not_offered_auto()
                            commit=host.commit, max_output_tokens=1000, unit_id="u-1")
     assert outcome.ok and len(host.commits) == 2
     assert provider.options == [{}, forced(OUTLINE_READ), forced(COMMIT_TOOL), forced(COMMIT_TOOL)]
+
+
+async def test_model3_model5_no_forced_research_when_the_window_cannot_hold_it() -> None:
+    """MODEL-3 / MODEL-5: with a window that leaves less than RESEARCH_ROOM_TOKENS after the
+    prompt, a text answer gets the commit forced straight away (a read result there would make
+    the commit request overflow); with a roomy window the same run researches first."""
+    answer = "The lamp was cold. " * 100  # ~500 tokens of text nobody asked for
+    for window in (None, 8192):  # no window known / a roomy one: research first
+        provider = ScriptedProvider([text(answer), tools(call(OUTLINE_READ, {"chapterId": "ch1"}, "r")),
+                                     tools(call(COMMIT_TOOL, COMMIT_ARGS, "c"))])
+        host = Host()
+        outcome = await run_w2(provider, PACK, allow_list=W2_ALLOW_LIST, read_tool=host.read_tool,
+                               commit=host.commit, max_output_tokens=100, unit_id="u-1", window=window)
+        assert outcome.ok and provider.options == [{}, forced(OUTLINE_READ), forced(COMMIT_TOOL)]
+
+    # 2,048: the W2 tool definitions (~1,300 est.) and the text answer leave less than the room
+    tight = ScriptedProvider([text(answer), tools(call(COMMIT_TOOL, COMMIT_ARGS, "c"))])
+    host = Host()
+    outcome = await run_w2(tight, PACK, allow_list=W2_ALLOW_LIST, read_tool=host.read_tool,
+                           commit=host.commit, max_output_tokens=100, unit_id="u-1", window=2048)
+    assert outcome.ok and tight.options == [{}, forced(COMMIT_TOOL)] and host.reads == []
+
+
+@given(states, researches, st.integers(-100, RESEARCH_ROOM_TOKENS - 1))
+def test_model5_policy_never_forces_research_the_window_cannot_hold(
+        state: RunState, research: Research | None, room: int) -> None:
+    """MODEL-5: less than RESEARCH_ROOM_TOKENS left → never a forced read (the commit or auto)."""
+    from dataclasses import replace
+
+    choice = next_choice(replace(state, room=room), ALL, research)
+    assert choice.tool is None or choice.tool == COMMIT_TOOL
+
