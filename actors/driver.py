@@ -85,6 +85,7 @@ SWEEP_S = 2.0  # how often a driver looks for claims nobody drives any more
 INTERNAL_RETRY_S = 30.0  # an actor answering `internal` is retried in place this long, then the notice naks
 
 
+STOP_GRACE_S = 10.0  # how long a stopping driver waits for its cancelled continuations
 MAX_CONTINUED = 4096  # notices continued in-process whose JetStream copy has not come back yet
 
 
@@ -173,8 +174,10 @@ class Driver:
         await self.consumer.stop()  # first: a copy waiting for its continuation is not acked
         for task in list(self._continuations):  # their notices are on the work stream, unacked
             task.cancel()
-        if self._continuations:
-            await asyncio.gather(*self._continuations, return_exceptions=True)
+        if self._continuations:  # bounded: a continuation deaf to its cancel must not hang the stop
+            _, stuck = await asyncio.wait(self._continuations, timeout=STOP_GRACE_S)
+            if stuck:
+                log.warning("%d continuations did not stop within %.0f s", len(stuck), STOP_GRACE_S)
         await self.accounting.stop()
 
     async def resume_active_novels(self) -> None:

@@ -6,6 +6,7 @@ Each actor can run alone in its own OS process (`novelbus actor NAME`) or all to
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from novelbus.bus.streams import ensure_streams
 from novelbus.messages.subjects import Subjects
 
 log = logging.getLogger(__name__)
+CLOSE_GRACE_S = 10.0  # how long closing the database pool may wait for connections in use
 
 # Start order: servers of commands first, the driver (their client) last.
 ACTOR_NAMES = ("claims", "packer", "writer", "verifier", "usage", "driver")
@@ -77,7 +79,10 @@ async def connected(nats_url: str, database_url: str, *, subjects: Subjects, set
         if nc is not None:
             with contextlib.suppress(Exception):
                 await nc.drain()
-        await pool.close()
+        try:  # close waits for every connection to come back; a task stuck holding one must not hang exit
+            await asyncio.wait_for(pool.close(), CLOSE_GRACE_S)
+        except TimeoutError:  # asyncpg terminates the pool when close is interrupted
+            log.warning("database pool: connections still in use after %.0f s; terminated", CLOSE_GRACE_S)
 
 
 @contextlib.asynccontextmanager

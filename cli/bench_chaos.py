@@ -228,13 +228,12 @@ async def run_chaos(
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(claimed.wait(), 5)
                         await asyncio.sleep(rng.uniform(0, 0.15))
-                    elif not behind:
+                    else:
                         await asyncio.sleep(rng.uniform(min_gap_s, max_gap_s))
                     # The next planned kind that is up (a kind still restarting waits for a later turn).
                     up = {c.name for c in sup.children.values() if c.ready}
                     j = next((j for j in range(sup.kills, kills) if plan[j] in up), None)
                     if j is None or done.done():
-                        await asyncio.sleep(0.02)  # every planned kind is restarting
                         continue
                     plan[sup.kills], plan[j] = plan[j], plan[sup.kills]
                     kind = plan[sup.kills]

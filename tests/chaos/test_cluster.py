@@ -18,11 +18,12 @@ pytestmark = pytest.mark.timeout(300)
 
 async def test_rel10_cluster_loses_its_work_stream_leader_twice(tmp_home: Path) -> None:
     lines: list[str] = []
-    r = await run_cluster(tmp_home, units=20, seed=2, timeout=200, progress=lines.append)
+    r = await run_cluster(tmp_home, units=40, seed=2, timeout=200, progress=lines.append)
     detail = f"{r.as_json()}\n" + "\n".join(lines)
     assert r.nodes == 3 and r.node_kills == 2, detail
+    assert max(k["at"] for k in r.killed) < 1.0, detail  # both kills land while the novel is written
     assert len({k["node"] for k in r.killed}) == 2, detail  # the leader moved, and that node died too
-    assert r.finished and r.units == r.commits == r.turns == 20, detail
+    assert r.finished and r.units == r.commits == r.turns == 40, detail
     assert r.lost_notices == 0 and r.duplicate_events == 0, detail
     assert r.checks.failures() == [] and r.ok, detail
     assert any("3 replicas" in line for line in lines), detail
