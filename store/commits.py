@@ -265,14 +265,8 @@ async def _commit_checked(
     run_id: str,
     context_hash: str | None,
 ) -> Receipt:
-    """commit_body when the body fails a check that needs no database: the checks in order.
-
-    1. duplicate check on the business hash: same hash and token replays the original receipt
-       (`duplicate=True`); another hash for a committed unit is a CommitConflict;
-    2. unit claimed (UnitNotClaimed) and token hash matches (TokenMismatch);
-    3. body checks with the hard length maximum (novel.commitcheck.BodyError);
-    4. prose guard (STORE-6, novel.guard.ProseGuardError).
-    On any error nothing is written and the unit stays claimed.
+    """commit_body when the body fails a check that needs no database: `commit_body`'s checks,
+    in its order, one after the other; on any error nothing is written and the unit stays claimed.
 
     Two statements, no BEGIN/COMMIT. One read gives everything the checks need; the
     write (`nb_commit_write`, migration 006) takes the novel-row lock — which serialises commits
