@@ -57,7 +57,6 @@ from novelbus.writers.provider import (
     complete,
     context_window,
     forced_tool_choice,
-    measured_tool_tokens,
 )
 from novelbus.writers.record import record_tool_name
 from novelbus.writers.runner import (
@@ -72,6 +71,7 @@ from novelbus.writers.runner import (
     forced_tools,
     projected_tokens,
     prompt_mark,
+    run_tool_tokens,
     split_input,
     tool_definition_tokens,
     truncate_args,
@@ -307,7 +307,7 @@ async def run_inline_unit(
     tools = openai_tool_definitions(allowed)
     window = window if window is not None else context_window(provider)
     threshold = gate_tokens(window, compact_tokens, usage_threshold_ratio)
-    tool_tokens = await measured_tool_tokens(provider, tools)
+    tool_tokens = await run_tool_tokens(provider, tools)
     target_max = unit_target_max(pack_text)
     preamble = session_preamble(pack_text)
     messages: list[ChatMessage] = [dict(m) for m in history]

@@ -275,6 +275,13 @@ def tool_definition_tokens(tools: list[dict[str, Any]] | None) -> int:
     return estimate_tokens(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
 
 
+async def run_tool_tokens(provider: ModelProvider, tools: list[dict[str, Any]] | None) -> int:
+    """What the tool definitions cost every call of a run, resolved once per run: what the server
+    puts in the prompt where the provider measures it (MODEL-5), else the estimate (MODEL-6)."""
+    measured = await measured_tool_tokens(provider, tools)
+    return tool_definition_tokens(tools) if measured is None else measured
+
+
 def _input_text(messages: list[ChatMessage]) -> str:
     parts: list[str] = []
     for message in messages:
@@ -601,7 +608,7 @@ async def _w2_loop(
         )
 
     window = window if window is not None else context_window(provider)
-    tool_tokens = await measured_tool_tokens(provider, tools)
+    tool_tokens = await run_tool_tokens(provider, tools)
     research = research_target(pack_blocks(pack_text), allowed) if pack_text is not None else None
     state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=False,
                      answered_in_text=False, auto_declined=auto_declined)
