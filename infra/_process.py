@@ -99,6 +99,19 @@ class ServerStartError(RuntimeError):
     """An embedded server could not be started; the message says why and what to do."""
 
 
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if this task was cancelled and the cancel got lost on the way.
+
+    On Python 3.11 a nested ``asyncio.wait_for`` whose inner step finishes in the same loop
+    iteration as the cancel returns the result and drops the cancel; a start cancelled there
+    would run on and leave servers behind that its canceller believes stopped. A start calls
+    this after its last step, inside its clean-up, so a cancelled start never returns running.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def free_port(host: str = LOOPBACK) -> int:
     """A TCP port that is free on the loopback interface right now.
 

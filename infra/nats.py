@@ -42,6 +42,7 @@ from novelbus.infra._process import (
     ServerStartError,
     free_port,
     log_tail,
+    raise_if_cancelled,
     spawn,
     stop_stale,
     track,
@@ -185,6 +186,7 @@ class EmbeddedNats(OwnedServer):
         self._stop_stale()
         try:
             await self._spawn_until_ready(binary)
+            raise_if_cancelled()
         except BaseException:
             self.stop_sync()
             raise

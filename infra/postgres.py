@@ -55,6 +55,7 @@ from novelbus.infra._process import (
     free_port,
     log_tail,
     open_log,
+    raise_if_cancelled,
     spawn,
     stop_stale,
     track,
@@ -70,6 +71,10 @@ DEFAULT_DATABASE = "novelbus"
 # shutdown, would wait for every client - other processes may hold connections.)
 STOP_SIGNAL = signal.SIGINT
 _INITIALIZED = ".novelbus-initdb-complete"
+# Written before our initdb runs, removed once it finished: a directory that has it is what an
+# interrupted initdb left, however complete it looks (a cancel can land after template1,
+# template0 and the "postgres" directory exist but before the catalog holds "postgres").
+_INITIALIZING = ".novelbus-initdb-running"
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ".s.PGSQL.NNNNN" is appended
 AUTH_METHOD = "scram-sha-256"
 _PASSWORD_FILE = "password"
@@ -209,6 +214,7 @@ class EmbeddedPostgres(OwnedServer):
             await self._spawn_until_ready(bin_dir)
             await self._require_password()
             await self._ensure_database()
+            raise_if_cancelled()
         except BaseException:
             self.stop_sync()
             raise
@@ -302,6 +308,8 @@ class EmbeddedPostgres(OwnedServer):
         marker = self.data_dir / _INITIALIZED
         if marker.exists():
             return True
+        if (self.data_dir / _INITIALIZING).exists():
+            return False
         # A complete cluster from elsewhere (no marker): PG_VERSION, control file and the
         # template0/template1/postgres databases. Adopt it rather than touch it.
         base = self.pgdata / "base"
@@ -327,6 +335,7 @@ class EmbeddedPostgres(OwnedServer):
                 else:
                     child.unlink()
         assert self._password is not None
+        (self.data_dir / _INITIALIZING).touch()
         # initdb (as the server user) reads the password from a file it owns, removed after.
         pwfile = self.pgdata.parent / ".initdb-pwfile"
         write_private(pwfile, self._password + "\n")
@@ -375,6 +384,7 @@ class EmbeddedPostgres(OwnedServer):
                 f"{log_tail(self.log_path)}"
             )
         (self.data_dir / _INITIALIZED).touch()
+        (self.data_dir / _INITIALIZING).unlink()
 
     def _argv(self, bin_dir: Path, port: int) -> list[str]:
         assert self._socket_dir is not None

@@ -20,6 +20,7 @@ from novelbus.infra import (
     free_port,
     redact_url,
 )
+from novelbus.infra._process import raise_if_cancelled
 from tests.infra.procs import alive, servers_under, wait_gone
 
 
@@ -82,6 +83,51 @@ async def test_infra1_cancelled_start_leaves_nothing_and_the_next_start_works(
     async with Infrastructure(home=tmp_home, fast=True, environ={}) as infra:
         assert await _select_one(infra.database_url) == 1
     assert servers_under(tmp_home) == []
+
+
+async def test_infra1_a_start_whose_cancel_was_swallowed_still_ends_cancelled() -> None:
+    """Python 3.11's nested wait_for can drop a cancel that lands as its inner step finishes;
+    a server start checks after its last step, so a cancelled start never returns running."""
+    finished_steps: list[str] = []
+
+    async def start_like() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            finished_steps.append("step")  # the swallowed cancel: the step "finished" anyway
+        raise_if_cancelled()
+        finished_steps.append("returned running")
+
+    task = asyncio.create_task(start_like())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished_steps == ["step"]
+    raise_if_cancelled()  # a task nobody cancelled goes on
+
+
+async def test_infra1_an_interrupted_initdb_is_redone_even_when_the_directory_looks_complete(
+    tmp_home: Path,
+) -> None:
+    """A cancel can land late in initdb: template0/template1 and the "postgres" directory exist
+    but the catalog has no "postgres" yet. Such a directory must be initialised again, not
+    adopted as a cluster from elsewhere (which then never accepts connections)."""
+    data_dir = tmp_home / "pg"
+    async with EmbeddedPostgres(data_dir, fast=True) as pg:
+        conn = await asyncpg.connect(pg.dsn)  # the "novelbus" database
+        try:
+            await conn.execute("DROP DATABASE postgres")
+        finally:
+            await conn.close()
+    # What an initdb cancelled at that point leaves: our "running" marker, no "complete" one.
+    (data_dir / ".novelbus-initdb-complete").unlink()
+    (data_dir / ".novelbus-initdb-running").touch()
+    async with EmbeddedPostgres(data_dir, fast=True) as pg:
+        assert await _select_one(pg.admin_dsn) == 1
+        assert await _select_one(pg.dsn) == 1
+    assert (data_dir / ".novelbus-initdb-complete").exists()
+    assert not (data_dir / ".novelbus-initdb-running").exists()
 
 
 async def test_infra1_orphaned_postgres_of_a_dead_owner_is_stopped_and_replaced(
