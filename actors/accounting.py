@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from novelbus import store
 from novelbus.actors.context import ActorContext, once_key
 from novelbus.bus.client import RemoteError, request
+from novelbus.bus.tasks import cancel_and_wait
 from novelbus.messages import events as ev
 from novelbus.messages import usage as um
 from novelbus.novel.next_work import completed_chapters
@@ -68,9 +69,7 @@ class Accounting:
 
     async def stop(self) -> None:
         """Cancel samples still being retried; reconciliation marks their turns later."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks))
 
     async def idle(self) -> None:
         """Wait for every usage sample in flight (tests, an orderly stop)."""

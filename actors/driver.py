@@ -39,6 +39,7 @@ from novelbus.bus.consumer import DurablePullConsumer, error_code
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.routes import check_instance, claims_instance_subject
 from novelbus.bus.streams import WORK_MAX_DELIVER, driver_consumer_config
+from novelbus.bus.tasks import cancel_and_wait
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
 from novelbus.messages.errors import (
@@ -168,16 +169,13 @@ class Driver:
         with contextlib.suppress(Exception):
             await self.steering.service.stop()
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._sweeper
+            await cancel_and_wait([self._sweeper])
         await self.consumer.stop()  # first: a copy waiting for its continuation is not acked
-        for task in list(self._continuations):  # their notices are on the work stream, unacked
-            task.cancel()
-        if self._continuations:  # bounded: a continuation deaf to its cancel must not hang the stop
-            _, stuck = await asyncio.wait(self._continuations, timeout=STOP_GRACE_S)
-            if stuck:
-                log.warning("%d continuations did not stop within %.0f s", len(stuck), STOP_GRACE_S)
+        # Their notices are on the work stream, unacked. Bounded: one deaf to its cancel must
+        # not hang the stop.
+        stuck = await cancel_and_wait(list(self._continuations), grace_s=STOP_GRACE_S)
+        if stuck:
+            log.warning("%d continuations did not stop within %.0f s", len(stuck), STOP_GRACE_S)
         await self.accounting.stop()
 
     async def resume_active_novels(self) -> None:

@@ -28,6 +28,7 @@ from nats.js.errors import NotFoundError
 
 from novelbus.bus import tally
 from novelbus.bus.codec import MessageError, decode
+from novelbus.bus.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class DurablePullConsumer(Generic[M]):
         self._slots = asyncio.Semaphore(max_parallel)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._psub: JetStreamContext.PullSubscription | None = None
 
     async def start(self) -> None:
@@ -77,21 +79,17 @@ class DurablePullConsumer(Generic[M]):
 
     async def stop(self) -> None:
         """Stop fetching, cancel the running handlers (their messages are redelivered), unsubscribe."""
+        self._stopping = True  # the loop ends even if a cancel gets lost in a fetch (bus.tasks)
         if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._loop_task
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await cancel_and_wait([self._loop_task], recancel_s=0.5)  # nothing to clean up
+        await cancel_and_wait(list(self._tasks))
         if self._psub is not None:
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
 
     async def _pull_loop(self) -> None:
         assert self._psub is not None
-        while True:
+        while not self._stopping:
             try:
                 msgs = await self._psub.fetch(batch=self.batch, timeout=self.fetch_timeout_s)
             except (TimeoutError, NotFoundError):
@@ -102,6 +100,11 @@ class DurablePullConsumer(Generic[M]):
                 log.warning("fetch on %s failed (%s); retrying", self.config.durable_name, type(e).__name__)
                 await asyncio.sleep(0.5)
                 continue
+            if self._stopping:  # fetched as the stop began: no handler; redelivered at once
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                return
             for msg in msgs:
                 await self._slots.acquire()
                 task = asyncio.create_task(self._run(msg))
