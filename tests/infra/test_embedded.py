@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -72,14 +73,28 @@ async def test_infra1_embedded_servers_start_answer_and_stop(
 async def test_infra1_cancelled_start_leaves_nothing_and_the_next_start_works(
     tmp_home: Path,
 ) -> None:
-    """Cancel at several points of start-up (also mid-initdb); then a full start succeeds."""
-    for delay in (0.05, 0.3, 0.6):
+    """Cancel at several points of start-up (also mid-initdb); then a full start succeeds.
+
+    The points are found by watching start-up, not by fixed delays: a fresh start takes
+    0.6-1.1 s here, so a delay could outlast it and cancel nothing."""
+    pg = tmp_home / "pg"
+    points: list[tuple[str, Callable[[], bool]]] = [
+        ("at once", lambda: True),
+        ("mid-initdb", lambda: (pg / ".novelbus-initdb-running").exists()),
+        ("after initdb, the server starting", lambda: (pg / ".novelbus-initdb-complete").exists()),
+    ]
+    for point, reached in points:
         infra = Infrastructure(home=tmp_home, fast=True, environ={})
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(infra.start(), delay)
-        assert infra.pids == {}
+        start = asyncio.create_task(infra.start())
+        while not reached():
+            assert not start.done(), f"start-up finished before the point {point!r}"
+            await asyncio.sleep(0.005)
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        assert infra.pids == {}, point
         left = [p for p in servers_under(tmp_home) if alive(p)]
-        assert wait_gone(left, timeout=5) == []
+        assert wait_gone(left, timeout=5) == [], point
     async with Infrastructure(home=tmp_home, fast=True, environ={}) as infra:
         assert await _select_one(infra.database_url) == 1
     assert servers_under(tmp_home) == []
