@@ -181,5 +181,5 @@ class ActorContext:
         tag = type_tag(event)
         data, headers = encode(event)
         headers["Nats-Msg-Id"] = f"{self.subjects.namespace}ev-{seq}"
-        await outbox.publish(self.js, self.subjects.event(event.novel_id, tag), data, headers,
+        await outbox.publish(self.nc, self.js, self.subjects.event(event.novel_id, tag), data, headers,
                              what=f"event {tag} seq {seq}")

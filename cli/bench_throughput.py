@@ -451,6 +451,15 @@ class Counts:
     load_cpu_ms_per_unit: float | None = None
     # CPU of the embedded servers per unit in the latency phase (a unit's serial path waits for it)
     server_cpu_ms_per_unit: dict[str, float] | None = None
+    # NATS messages this process sent and received per unit (issue 14: every frame costs a send or
+    # a parse here and work in nats-server), latency phase and load phase; one process only.
+    nats_messages_per_unit: dict[str, dict[str, float]] | None = None
+
+
+def nats_messages(ctx: ActorContext) -> dict[str, int]:
+    """Messages this process's NATS connection has sent and received so far (nats-py's counters)."""
+    stats = ctx.nc.stats
+    return {"sent": int(stats["out_msgs"]), "received": int(stats["in_msgs"])}
 
 
 def _mark(ok: bool) -> str:
@@ -496,6 +505,9 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
     if counts.server_cpu_ms_per_unit:
         console.print("CPU of the embedded servers per unit (one novel): " + ", ".join(
             f"{k} {v:.2f} ms" for k, v in sorted(counts.server_cpu_ms_per_unit.items())))
+    if counts.nats_messages_per_unit:
+        console.print("NATS messages of this process per unit (sent / received): " + ", ".join(
+            f"{phase} {row['sent']:.1f} / {row['received']:.1f}" for phase, row in counts.nats_messages_per_unit.items()))
     if measured:
         console.print(f"published per unit: {measured['publishes']['total']:.1f} messages "
                       f"({counts.stream_messages_per_unit:.1f} stored in the streams)")
@@ -542,6 +554,7 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 await measure_floor(ctx, floor)  # PERF-1: before and after the latency phase
                 lat_chapters = max(1, math.ceil(latency_units / scenes))
                 counted, stored = tally.snapshot(), await stream_messages(ctx)
+                nats0 = nats_messages(ctx)
                 cpu, servers_cpu = time.process_time(), server_cpu_s()
                 tally.start_tracing()
                 try:
@@ -558,11 +571,16 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                     cpu_ms_per_unit=None if processes else round(cpu * 1000 / latency.units, 2),
                     server_cpu_ms_per_unit={k: round(v * 1000 / latency.units, 2) for k, v in servers_cpu.items()}
                     or None)
+                nats1 = nats_messages(ctx)
                 await measure_floor(ctx, floor)
-                cpu = time.process_time()
+                cpu, nats2 = time.process_time(), nats_messages(ctx)
                 load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout, live)
                 if not processes:
                     counts.load_cpu_ms_per_unit = round((time.process_time() - cpu) * 1000 / load.units, 2)
+                    nats3 = nats_messages(ctx)
+                    counts.nats_messages_per_unit = {
+                        "latency": {k: round((nats1[k] - nats0[k]) / latency.units, 2) for k in nats0},
+                        "load": {k: round((nats3[k] - nats2[k]) / load.units, 2) for k in nats0}}
             finally:
                 await drop_namespace_streams(ctx)
     return deploy, latency, load, floor, counts
@@ -621,6 +639,7 @@ def bench_throughput(
         "cpu_ms_per_unit": counts.cpu_ms_per_unit,
         "load_cpu_ms_per_unit": counts.load_cpu_ms_per_unit,
         "server_cpu_ms_per_unit": counts.server_cpu_ms_per_unit,
+        "nats_messages_per_unit": counts.nats_messages_per_unit,
         "deployment": deploy,
         "hops": latency.hop_p50(),
         "load_overhead_p50_ms": round(load.overhead(50), 3),
