@@ -53,9 +53,17 @@ _LATIN_WORD_RE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*", re.UNICODE)
 def effective_characters(text: str) -> int:
     """Count code points that are letters or digits (\\p{L}\\p{N}); SPEC §16 Length.
 
-    Whitespace, punctuation, symbols and emoji do not count.
+    Whitespace, punctuation, symbols and emoji do not count. ``str.isalnum`` is exactly "general
+    category L* or N*" for every code point (tests/pure/test_text.py checks all of them against
+    ``unicodedata``); ASCII text is counted by deleting its other bytes (PERF-2: this runs over
+    every commit's prose).
     """
-    return sum(1 for ch in text if unicodedata.category(ch)[0] in "LN")
+    if text.isascii():
+        return len(text.encode("ascii").translate(None, _ASCII_NOT_LN))
+    return sum(map(str.isalnum, text))
+
+
+_ASCII_NOT_LN = bytes(b for b in range(128) if unicodedata.category(chr(b))[0] not in "LN")
 
 
 def is_cjk(ch: str) -> bool:

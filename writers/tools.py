@@ -596,18 +596,27 @@ def _parameters_schema(name: str) -> dict[str, Any]:
 
 
 def openai_tool_definitions(names: Iterable[str]) -> list[dict[str, Any]]:
-    """Function-tool definitions for `names`, generated from the registry (TOOL-1)."""
-    return [
+    """Function-tool definitions for `names`, generated from the registry (TOOL-1). Each call
+    returns its own copy (a caller may change it); the definitions of one list of names are built
+    once and copied by decoding their JSON, several times cheaper than a deep copy (PERF-2: every
+    writer run asks for them)."""
+    result: list[dict[str, Any]] = json.loads(_definitions_json(tuple(dict.fromkeys(names))))
+    return result
+
+
+@functools.lru_cache(maxsize=64)
+def _definitions_json(names: tuple[str, ...]) -> str:
+    return json.dumps([
         {
             "type": "function",
             "function": {
                 "name": name,
                 "description": get_tool(name).description,
-                "parameters": tool_parameters_schema(name),
+                "parameters": _parameters_schema(name),
             },
         }
-        for name in dict.fromkeys(names)
-    ]
+        for name in names
+    ])
 
 
 def check_read_tools_gate(allow_list: Iterable[str], read_tools_enabled: bool) -> None:

@@ -3,6 +3,9 @@ markers (PACK-2) and CJK-aware keywords (§7 lore)."""
 
 from __future__ import annotations
 
+import sys
+import unicodedata
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,6 +28,30 @@ def test_effective_characters_counts_letters_and_digits_only() -> None:
     assert effective_characters("   \n\t…—!?") == 0
     assert effective_characters("🙂🚀 ok") == 2  # emoji do not count
     assert effective_characters("Ⅻ ½ ٣") == 3  # Nl, No, Nd are numbers
+
+
+def _letters_and_digits(text: str) -> int:
+    """The definition (SPEC §16 Length), one code point at a time."""
+    return sum(1 for ch in text if unicodedata.category(ch)[0] in "LN")
+
+
+def test_effective_characters_is_the_category_definition_for_every_code_point() -> None:
+    """SPEC §16 Length, PERF-2: the fast count agrees with general category L*/N* on each code point
+    (surrogates included), alone and inside ASCII text."""
+    wrong = [hex(cp) for cp in range(sys.maxunicode + 1)
+             if effective_characters(chr(cp)) != _letters_and_digits(chr(cp))]
+    assert wrong == []
+    ascii_text = "".join(map(chr, range(128)))
+    assert effective_characters(ascii_text) == _letters_and_digits(ascii_text) == 62
+
+
+@PURE
+@given(st.text())
+def test_effective_characters_matches_the_definition_on_any_text(text: str) -> None:
+    """SPEC §16 Length: the fast path (ASCII) and the general one equal the definition."""
+    assert effective_characters(text) == _letters_and_digits(text)
+    assert effective_characters(text.encode("ascii", "ignore").decode()) == _letters_and_digits(
+        text.encode("ascii", "ignore").decode())
 
 
 def test_estimate_tokens_cjk_one_each_other_quarter_rounded_up() -> None:

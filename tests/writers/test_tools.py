@@ -28,6 +28,7 @@ from novelbus.writers.tools import (
     openai_tool_definitions,
     parse_tool_arguments,
     registry_listing,
+    tool_parameters_schema,
     validate_tool_args,
 )
 from tests.writers.conftest import make_commit, snapshot_of
@@ -63,6 +64,22 @@ def test_tool_registry_is_the_single_source_of_tool_definitions() -> None:
     for spec in READ_TOOLS.values():
         assert spec.tables_read and spec.impl is not None
     assert [row["name"] for row in registry_listing()] == list(TOOL_REGISTRY)
+
+
+def test_tool_definitions_are_a_fresh_copy_of_the_registry_schemas_each_call() -> None:
+    """TOOL-1, PERF-2: built once per list of names, yet each call gets its own copy, equal to
+    the registry's schemas; changing one copy changes neither the next nor the registry."""
+    first = openai_tool_definitions([*W2_ALLOW_LIST, COMMIT_TOOL])  # a repeated name is offered once
+    assert [d["function"] for d in first] == [
+        {"name": n, "description": TOOL_REGISTRY[n].description, "parameters": tool_parameters_schema(n)}
+        for n in W2_ALLOW_LIST]
+    first[-1]["function"]["parameters"]["properties"].clear()
+    first[-1]["function"]["name"] = "changed"
+    second = openai_tool_definitions(W2_ALLOW_LIST)
+    assert second[-1]["function"]["name"] == COMMIT_TOOL
+    assert second[-1]["function"]["parameters"] == tool_parameters_schema(COMMIT_TOOL)
+    assert second[-1]["function"]["parameters"]["properties"]
+    assert second[-1] is not openai_tool_definitions(W2_ALLOW_LIST)[-1]
 
 
 def test_tool_definitions_never_offer_claim_planning_or_completion_tools() -> None:
