@@ -55,7 +55,7 @@ def decode(data: bytes, kind: type[T] | Any, headers: dict[str, str] | None = No
         schema = headers.get(SCHEMA_HEADER)
         if schema is not None and schema != str(SCHEMA_VERSION):
             raise MessageError(UNKNOWN_TYPE, f"schema version {schema!r} is not supported (expected {SCHEMA_VERSION})")
-    if _NUL_ESCAPE.search(data):
+    if b"\\u0000" in data and _NUL_ESCAPE.search(data):  # the literal first: a scan in C (PERF-2)
         raise MessageError(BAD_MESSAGE, "invalid message: text must not contain NUL characters (\\u0000)")
     try:
         return _decoder(kind).decode(data)  # type: ignore[no-any-return]

@@ -77,6 +77,8 @@ def cjk_count(text: str) -> int:
     Additive over concatenation, so an estimate can be summed from parts:
     ``estimate_tokens(a + b) == tokens_of(cjk_count(a) + cjk_count(b), len(a) + len(b))``.
     """
+    if text.isascii():  # O(1) in CPython: most prompts and English prose skip the scan (PERF-2)
+        return 0
     return len(_NON_CJK_RUN_RE.sub("", text))
 
 

@@ -55,3 +55,16 @@ def test_bus4_arbitrary_bytes_never_escape_as_anything_but_a_message_error(raw: 
         decode(raw, ClaimsRequest)
     except MessageError as e:
         assert e.code in ("bad-message", "unknown-type", "too-large")
+
+
+@given(st.text(alphabet=st.sampled_from(["a", "\\", "u", "0", "\x00", "\"", " "]), max_size=40))
+def test_bus4_a_message_is_refused_exactly_when_its_text_holds_a_nul(text: str) -> None:
+    """BUS-4 (NUL refused at the edge; PERF-2 checks the literal before the regex): an escaped
+    NUL anywhere is `bad-message`; the same characters after an escaped backslash are text."""
+    data, headers = encode(WorkNotice(novel_id=text, notice_id="x"))
+    if "\x00" in text:
+        with pytest.raises(MessageError) as info:
+            decode(data, WorkNotice, headers)
+        assert info.value.code == "bad-message" and "NUL" in str(info.value)
+    else:
+        assert decode(data, WorkNotice, headers).novel_id == text

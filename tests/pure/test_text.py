@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from novelbus.novel.text import (
     ELLIPSIS,
     effective_characters,
+    cjk_count,
     estimate_tokens,
     is_cjk,
     keywords,
@@ -52,6 +53,15 @@ def test_effective_characters_matches_the_definition_on_any_text(text: str) -> N
     assert effective_characters(text) == _letters_and_digits(text)
     assert effective_characters(text.encode("ascii", "ignore").decode()) == _letters_and_digits(
         text.encode("ascii", "ignore").decode())
+
+
+@PURE
+@given(st.text(alphabet=st.sampled_from("ab 1,.…灯塔ひカ한，。🙂")) | st.text())
+def test_cjk_count_is_the_per_code_point_count_on_any_text(text: str) -> None:
+    """PACK-5, PERF-2: the count (and its ASCII shortcut) is the number of CJK code points."""
+    assert cjk_count(text) == sum(1 for ch in text if is_cjk(ch))
+    ascii_only = text.encode("ascii", "ignore").decode()
+    assert cjk_count(ascii_only) == 0 == sum(1 for ch in ascii_only if is_cjk(ch))
 
 
 def test_estimate_tokens_cjk_one_each_other_quarter_rounded_up() -> None:
