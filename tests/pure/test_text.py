@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from novelbus.novel.text import (
     ELLIPSIS,
-    effective_characters,
     cjk_count,
+    effective_characters,
     estimate_tokens,
     is_cjk,
     keywords,
