@@ -7,6 +7,8 @@ import asyncio
 
 import asyncpg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from novelbus import store
 
@@ -177,3 +179,43 @@ async def test_writes_for_an_unknown_novel_raise_novel_not_found(pool: asyncpg.P
     for call in calls:
         with pytest.raises(store.NovelNotFound):
             await call
+
+
+def _reference_forbidden_key(value: object, path: str) -> str | None:
+    """The guard as first written (path spelled at every step), kept as the definition."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}"
+            if str(key).lower() in store.events.FORBIDDEN_PAYLOAD_KEYS:
+                return where
+            found = _reference_forbidden_key(item, where)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = _reference_forbidden_key(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+_payloads = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["a", "b", "Text", "token", "x", "paragraphs", "PROMPT"]), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["a", "b", "text", "k"]), _payloads, max_size=3))
+def test_bus6_payload_guard_names_the_same_first_reserved_key_as_its_definition(payload: dict[str, object]) -> None:
+    """BUS-6: the guard (PERF-2: paths spelled only on a hit) refuses exactly what its definition
+    refuses, naming the same path."""
+    expected = _reference_forbidden_key(payload, "payload")
+    if expected is None:
+        store.events.check_event("t", payload)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(store.UnsafePayload) as err:
+            store.events.check_event("t", payload)  # type: ignore[arg-type]
+        assert f": {expected} is a reserved key" in str(err.value)
