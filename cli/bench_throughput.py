@@ -60,7 +60,7 @@ from rich.console import Console
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
-from novelbus.actors.runtime import connected, running
+from novelbus.actors.runtime import connected, freeze_heap, running
 from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
 from novelbus.bus.events import EventFollower
@@ -303,6 +303,7 @@ async def deployment(processes: bool, nats_url: str, database_url: str, subjects
     """All six actors here (yield their context), or each in its own supervised process."""
     if not processes:
         async with running(nats_url, database_url, subjects=subjects, settings=Settings(model="offline")) as rt:
+            freeze_heap()  # as `novelbus up` does
             yield rt.ctx
         return
     from novelbus.cli.supervise import Supervisor

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from novelbus import store
 from novelbus.actors.context import Settings
-from novelbus.actors.runtime import ACTOR_NAMES, connected, running
+from novelbus.actors.runtime import ACTOR_NAMES, connected, freeze_heap, running
 from novelbus.app import actions
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
@@ -206,6 +206,7 @@ def up(
         async with servers(home, nats_url, database_url) as ep:
             async with running(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
                                settings=_settings(model)) as rt, maybe_panel(rt.ctx, panel_options):
+                freeze_heap()
                 console.print(f"novelbus up: all actors running (NATS {redact_url(ep.nats_url)}); Ctrl-C to stop")
                 await asyncio.Event().wait()
 
@@ -244,6 +245,7 @@ def actor(
         async with servers(home, nats_url, database_url, start_embedded=False) as ep:
             async with running(ep.nats_url, ep.database_url, names=(name,), subjects=Subjects(namespace),
                                settings=settings, actor_kwargs=kwargs):
+                freeze_heap()
                 print(f"actor {name} ready", flush=True)
                 await asyncio.Event().wait()
 
