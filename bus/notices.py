@@ -34,6 +34,7 @@ async def publish_notice(target: NoticeTarget, novel_id: str, *, reason: str, de
     await outbox.settle()  # the flow's events are stored before the notice that follows them
     tally.count("publishes")
     tally.count("publish_waits")
+    tally.count("ack_blocked")  # a notice's publish always waits for its ack
     with tally.span("notice publish"):
         await target.js.publish(target.subjects.work(novel_id), data, headers=headers)
     return notice_id

@@ -183,6 +183,7 @@ async def settle() -> None:
     with tally.span("event acks"):
         unacked = [e.ack for e in events if not e.ack.done()]
         if unacked:
+            tally.count("ack_blocked")
             await asyncio.wait(unacked)
         retries = [e.retry for e in events if e.retry is not None and not e.retry.done()]
         if retries:

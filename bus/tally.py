@@ -13,7 +13,9 @@ import contextvars
 import time
 from collections import Counter
 
-KINDS = ("request_reply", "transactions", "db_round_trips", "publishes", "publish_waits")
+KINDS = ("request_reply", "transactions", "db_round_trips", "publishes", "publish_waits", "ack_blocked")
+# publish_waits: settles that had events of theirs to confirm (and every work-notice publish);
+# ack_blocked: those of them that found an ack still in flight and so really waited (issue 14).
 
 actor: contextvars.ContextVar[str] = contextvars.ContextVar("novelbus_actor", default="other")
 

@@ -514,7 +514,7 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
                       f"({counts.stream_messages_per_unit:.1f} stored in the streams)")
         actors = sorted({a for row in measured.values() for a in row if a != "total"})
         console.print(f"{'per unit, by actor':18}" + "".join(f"{a:>10}" for a in actors))
-        for key in ("request_reply", "transactions", "db_round_trips", "publishes", "publish_waits"):
+        for key in ("request_reply", "transactions", "db_round_trips", "publishes", "publish_waits", "ack_blocked"):
             console.print(f"{key:18}" + "".join(f"{measured[key].get(a, 0.0):>10.1f}" for a in actors))
     else:
         console.print(f"stored stream messages per unit: {counts.stream_messages_per_unit:.1f} (the actors count "

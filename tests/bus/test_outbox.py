@@ -15,7 +15,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from novelbus.bus import outbox
+from novelbus.bus import outbox, tally
 from novelbus.bus.client import connect
 from novelbus.bus.streams import ensure_streams
 from novelbus.messages.subjects import Subjects
@@ -113,3 +113,21 @@ async def test_rel6_an_ack_that_says_no_is_retried_then_left_to_the_ledger(
     with pytest.raises(outbox.AckFailed):
         event.ack.result()
     assert any("lost-1 kept in the ledger only" in r.getMessage() for r in caplog.records)
+
+
+async def test_perf1_a_settle_counts_as_blocked_only_when_an_ack_is_still_in_flight(
+        bus: tuple[NATS, JetStreamContext, Subjects]) -> None:
+    """`publish_waits` counts settles with events to confirm; `ack_blocked` those that really waited
+    (issue 14: how many serial ack waits a unit has, beside how many settles)."""
+    nc, js, s = bus
+
+    def counted(kind: str) -> int:
+        return sum(n for (k, _), n in tally.snapshot().items() if k == kind)
+
+    waits, blocked = counted("publish_waits"), counted("ack_blocked")
+    await _publish(nc, js, s, "blk", ["blk-1"])
+    await outbox.settle()  # nothing suspended since the publish: it is not even sent, its ack cannot be in
+    await _publish(nc, js, s, "blk", ["blk-2"])
+    await asyncio.sleep(0.5)  # the ack comes meanwhile
+    await outbox.settle()
+    assert (counted("publish_waits") - waits, counted("ack_blocked") - blocked) == (2, 1)
