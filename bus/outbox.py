@@ -44,11 +44,11 @@ class AckFailed(Exception):
 class _Event:
     """One published event until its ack: what to re-publish if the ack fails or is late."""
 
-    __slots__ = ("subject", "data", "headers", "what", "ack", "timer", "retry")
+    __slots__ = ("js", "subject", "data", "headers", "what", "ack", "timer", "retry")
 
-    def __init__(self, subject: str, data: bytes, headers: dict[str, str], what: str,
+    def __init__(self, js: JetStreamContext, subject: str, data: bytes, headers: dict[str, str], what: str,
                  ack: asyncio.Future[None]) -> None:
-        self.subject, self.data, self.headers, self.what = subject, data, headers, what
+        self.js, self.subject, self.data, self.headers, self.what = js, subject, data, headers, what
         self.ack = ack
         self.timer: asyncio.TimerHandle | None = None
         self.retry: asyncio.Task[None] | None = None
@@ -126,7 +126,7 @@ async def publish(nc: NATS, js: JetStreamContext, subject: str, data: bytes, hea
     acks = _acks.get(nc)
     if acks is None:
         acks = _acks[nc] = _Acks(nc)
-    event = _Event(subject, data, headers, what, loop.create_future())
+    event = _Event(js, subject, data, headers, what, loop.create_future())
     try:
         await acks.ready()
         reply, ack = acks.expect()
@@ -185,6 +185,9 @@ async def settle() -> None:
         if unacked:
             tally.count("ack_blocked")
             await asyncio.wait(unacked)
+        for e in events:  # failed, and its done callback has not run yet: start the re-publish here
+            if e.retry is None and (e.ack.cancelled() or e.ack.exception() is not None):
+                _republish_later(e.js, e)
         retries = [e.retry for e in events if e.retry is not None and not e.retry.done()]
         if retries:
             await asyncio.gather(*retries, return_exceptions=True)

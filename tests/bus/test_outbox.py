@@ -131,3 +131,16 @@ async def test_perf1_a_settle_counts_as_blocked_only_when_an_ack_is_still_in_fli
     await asyncio.sleep(0.5)  # the ack comes meanwhile
     await outbox.settle()
     assert (counted("publish_waits") - waits, counted("ack_blocked") - blocked) == (2, 1)
+
+
+async def test_rel6_settle_waits_for_the_republish_of_an_ack_that_failed_just_before_it(
+        bus: tuple[NATS, JetStreamContext, Subjects]) -> None:
+    """An ack that fails in the same loop iteration as `settle` starts (its done callback not yet
+    run) is re-published before `settle` returns — not after the step that follows it."""
+    nc, js, s = bus
+    await _publish(nc, js, s, "n-race", ["n-race-0"])
+    event = outbox._pending[asyncio.current_task()][-1]  # type: ignore[index]
+    event.ack.set_exception(outbox.AckFailed("test: said no"))  # callbacks scheduled, not yet run
+    await outbox.settle()
+    assert event.retry is not None and event.retry.done() and event.retry.exception() is None
+    assert await _stored(js, s, "n-race") == ["n-race-0"]  # published and re-published: stored once
