@@ -307,7 +307,7 @@ async def run_inline_unit(
     tools = openai_tool_definitions(allowed)
     window = window if window is not None else context_window(provider)
     threshold = gate_tokens(window, compact_tokens, usage_threshold_ratio)
-    tool_tokens = await run_tool_tokens(provider, tools)
+    tool_tokens = await run_tool_tokens(provider, tools, allowed)
     target_max = unit_target_max(pack_text)
     preamble = session_preamble(pack_text)
     messages: list[ChatMessage] = [dict(m) for m in history]

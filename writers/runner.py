@@ -11,6 +11,7 @@ four-way split — pack, new tool results, re-sent history, prose echo — which
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable
@@ -275,11 +276,21 @@ def tool_definition_tokens(tools: list[dict[str, Any]] | None) -> int:
     return estimate_tokens(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
 
 
-async def run_tool_tokens(provider: ModelProvider, tools: list[dict[str, Any]] | None) -> int:
+@functools.lru_cache(maxsize=64)
+def _registry_tool_tokens(names: tuple[str, ...]) -> int:
+    return tool_definition_tokens(openai_tool_definitions(names))
+
+
+async def run_tool_tokens(provider: ModelProvider, tools: list[dict[str, Any]] | None,
+                          names: tuple[str, ...] | None = None) -> int:
     """What the tool definitions cost every call of a run, resolved once per run: what the server
-    puts in the prompt where the provider measures it (MODEL-5), else the estimate (MODEL-6)."""
+    puts in the prompt where the provider measures it (MODEL-5), else the estimate (MODEL-6).
+    `names`: `tools` is exactly `openai_tool_definitions(names)`, whose estimate is computed once
+    per list of names (PERF-2)."""
     measured = await measured_tool_tokens(provider, tools)
-    return tool_definition_tokens(tools) if measured is None else measured
+    if measured is not None:
+        return measured
+    return _registry_tool_tokens(names) if names is not None else tool_definition_tokens(tools)
 
 
 def _input_text(messages: list[ChatMessage]) -> str:
@@ -608,7 +619,7 @@ async def _w2_loop(
         )
 
     window = window if window is not None else context_window(provider)
-    tool_tokens = await run_tool_tokens(provider, tools)
+    tool_tokens = await run_tool_tokens(provider, tools, allowed)
     research = research_target(pack_blocks(pack_text), allowed) if pack_text is not None else None
     state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=False,
                      answered_in_text=False, auto_declined=auto_declined)

@@ -366,3 +366,17 @@ def test_model5_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -
     assert error is not None and "first W1 request" in error and "tool definitions" not in error
     error = fit_error(nf, inline.tokens - 1, "inline")
     assert error is not None and "first inline request" in error and "of tool definitions" in error
+
+
+async def test_model6_a_runs_tool_estimate_from_names_equals_the_estimate_of_its_definitions() -> None:
+    """MODEL-6, PERF-2: the estimate kept per list of names is the estimate of the definitions
+    those names give, for every allow-list shape; a provider that measures still wins."""
+    from novelbus.writers.offline import OfflineProvider
+    from novelbus.writers.runner import run_tool_tokens, tool_definition_tokens
+
+    provider = OfflineProvider()
+    for names in (tuple(W2_ALLOW_LIST), (COMMIT_TOOL,), tuple(reversed(W2_ALLOW_LIST)), tuple(W2_ALLOW_LIST)[1:3]):
+        tools = openai_tool_definitions(names)
+        expected = tool_definition_tokens(tools)
+        assert await run_tool_tokens(provider, tools, names) == expected == await run_tool_tokens(provider, tools)
+        assert expected > 0
