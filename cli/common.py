@@ -53,13 +53,39 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         task = asyncio.current_task()
         assert task is not None
         install_signal_handlers(asyncio.get_running_loop(), task)
-        return await coro
+        try:
+            return await coro
+        finally:
+            await _stop_leftover_tasks()
 
     try:
         return asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         err_console.print("[yellow]interrupted; servers stopped[/]" if _started_here else "[yellow]interrupted[/]")
         raise typer.Exit(130) from None
+
+
+async def _stop_leftover_tasks() -> None:
+    """Cancel what the command left running, again if a cancel got lost (bus.tasks), so the
+    process always exits: `asyncio.run` cancels leftovers once and then waits for them forever.
+    A task still running after EXIT_GRACE_S is reported and the process exits without it (the
+    servers this command started are already stopped by then; the backstop runs anyway)."""
+    from novelbus.bus.tasks import cancel_and_wait
+    from novelbus.infra._process import stop_all_sync
+
+    me = asyncio.current_task()
+    stuck = await cancel_and_wait([t for t in asyncio.all_tasks() if t is not me], grace_s=EXIT_GRACE_S,
+                                  recancel_s=0.5)
+    if stuck:
+        err_console.print(f"[yellow]{len(stuck)} background task(s) did not stop within {EXIT_GRACE_S:.0f} s "
+                          f"({', '.join(sorted(t.get_name() for t in stuck))}); exiting without them[/]")
+        stop_all_sync()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+EXIT_GRACE_S = 10.0
 
 
 def started_servers() -> bool:
