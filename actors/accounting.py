@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from novelbus import store
-from novelbus.actors.context import ActorContext, once_key
+from novelbus.actors.context import ActorContext, once_key, once_key_of_commit
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.tasks import cancel_and_wait
 from novelbus.messages import events as ev
@@ -143,6 +143,7 @@ class Accounting:
                                                        unit_id=c.unit_id, holder=self.instance)
             if first:
                 log.info("turn of %s/%s (committed, its flow gone) accounted", c.novel_id, c.unit_id)
+                await self.ctx.republish_once(once_key_of_commit(c.novel_id, c.unit_id), ev.UnitCommitted)
                 report.turns.append((c.novel_id, c.unit_id))
                 if await self.mark_missing(c.novel_id, c.unit_id, c.claim_id, counters.turns, "turn-reconciled"):
                     report.usage_missing += 1

@@ -34,10 +34,15 @@ log = logging.getLogger(__name__)
 REPUBLISH_WITHIN_S = DUPLICATE_WINDOW_S / 2
 
 
+def once_key_of_commit(novel_id: str, unit_id: str) -> str:
+    """The once-key of a unit's `unit.committed` (REL-7)."""
+    return f"unit.committed:{novel_id}:{unit_id}"
+
+
 def once_key(event: Event) -> str | None:
     """The key of an event that must exist exactly once per novel (REL-7, REL-8), else None."""
     if isinstance(event, UnitCommitted):
-        return f"unit.committed:{event.novel_id}:{event.unit_id}"
+        return once_key_of_commit(event.novel_id, event.unit_id)
     if isinstance(event, ChapterCompleted):
         return f"chapter.completed:{event.novel_id}:{event.chapter_id}"
     if isinstance(event, NovelFinished):
@@ -169,6 +174,17 @@ class ActorContext:
             if not first and age_s > REPUBLISH_WITHIN_S:
                 return
         await self.publish_recorded(event, seq)
+
+    async def republish_once(self, key: str, kind: type[Event]) -> bool:
+        """Emit again, from its ledger row, a once-only event whose emitter may have died between
+        writing the row and publishing it (an interrupted flow, REL-7): `emit` re-publishes the
+        first row under its message id while the stream's de-duplication window covers it, so the
+        stream holds it once either way. False if no row exists yet (reconciliation writes it)."""
+        row = await store.event_by_once_key(self.pool, key)
+        if row is None:
+            return False
+        await self.emit(msgspec.convert(row.payload, kind))
+        return True
 
     @staticmethod
     def ledger_entry(event: Event) -> tuple[str, dict[str, Any]]:

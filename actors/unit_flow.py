@@ -15,7 +15,7 @@ import asyncpg  # type: ignore[import-untyped]
 import nats.errors
 
 from novelbus import store
-from novelbus.actors.context import ActorContext
+from novelbus.actors.context import ActorContext, once_key_of_commit
 from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.bus.routes import claims_instance_subject
 from novelbus.messages import claims as cm
@@ -73,6 +73,9 @@ class UnitFlow:
         """An interrupted flow: committed under this claim → a success to account (the store is the
         truth, VER-1); otherwise the claim goes back to prepared (STORE-4) and None is returned."""
         if await self.committed_under(novel_id, unit_id, claim):
+            # The commit went through but its reply did not come: the claim manager may have died
+            # before its unit.committed left the process.
+            await self.ctx.republish_once(once_key_of_commit(novel_id, unit_id), ev.UnitCommitted)
             return UnitOutcome(True, "committed", 0)
         if await store.release_claim(self.ctx.pool, novel_id, unit_id, reason=reason, claim_id=claim.claim_id):
             await self.ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))

@@ -102,6 +102,14 @@ async def append_event_once(
     return int(row["seq"]), False, float(row["age"])
 
 
+async def event_by_once_key(pool: Db, once_key: str) -> EventRow | None:
+    """The ledger row of the event with this once-key, if it was recorded (REL-7)."""
+    async with statement(pool) as conn:
+        row = await conn.fetchrow(
+            "SELECT seq, novel_id, type, payload, created_at FROM events WHERE once_key = $1", once_key)
+    return None if row is None else EventRow(**dict(row))
+
+
 async def has_event(pool: Db, once_key: str) -> bool:
     """Whether an event with this once-key was recorded (REL-7)."""
     async with statement(pool) as conn:
