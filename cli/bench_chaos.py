@@ -67,7 +67,6 @@ RECOVERY_REASONS = ("driver-restart", "lease-expired", "claim-lost", "flow-inter
 
 ACTOR_KINDS = ("claims", "packer", "writer", "verifier", "usage", "driver")
 KILL_SPAN = 0.6  # kills land while the first 60 % of the units are written
-BEHIND_GAP_S = 0.02  # the pause before a kill that is behind its schedule
 KILLS_PER_KIND = 2  # every actor kind is killed at least this often
 SETTLE_S = 90.0  # reconciliation's longest wait (the usage grace) plus room
 
@@ -224,9 +223,7 @@ async def run_chaos(
                         await asyncio.sleep(0.02)
                         continue
                     behind = commits >= (sup.kills + 1) * KILL_SPAN * units / max(kills, 1)
-                    if behind:  # catch up at once: units are ~10 ms apart, a gap would let the novel finish
-                        await asyncio.sleep(rng.uniform(0, BEHIND_GAP_S))
-                    elif rng.random() < 0.5:
+                    if rng.random() < 0.5 and not behind:  # (behind schedule: no waiting for a claim)
                         claimed.clear()
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(claimed.wait(), 5)
@@ -236,7 +233,7 @@ async def run_chaos(
                     # The next planned kind that is up (a kind still restarting waits for a later turn).
                     up = {c.name for c in sup.children.values() if c.ready}
                     j = next((j for j in range(sup.kills, kills) if plan[j] in up), None)
-                    if j is None or done.done() or commits >= units:  # every unit written: no "mid-run" kill left
+                    if j is None or done.done():
                         continue
                     plan[sup.kills], plan[j] = plan[j], plan[sup.kills]
                     kind = plan[sup.kills]
