@@ -71,7 +71,7 @@ async def _stop_leftover_tasks() -> None:
     A task still running after EXIT_GRACE_S is reported and the process exits without it (the
     servers this command started are already stopped by then; the backstop runs anyway)."""
     from novelbus.bus.tasks import cancel_and_wait
-    from novelbus.infra._process import stop_all_sync
+    from novelbus.infra import stop_all_sync
 
     me = asyncio.current_task()
     stuck = await cancel_and_wait([t for t in asyncio.all_tasks() if t is not me], grace_s=EXIT_GRACE_S,
