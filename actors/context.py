@@ -147,6 +147,9 @@ class ActorContext:
     subjects: Subjects
     settings: Settings = field(default_factory=Settings)
     ledger: LedgerBatch | None = field(default=None, repr=False)
+    # Read-only connections (INFRA-4, `store.connect_read_only`): the read tools' snapshot in one
+    # statement (PERF-2). None: those reads open a read-only transaction on `pool` instead.
+    read_pool: asyncpg.Pool | None = field(default=None, repr=False)
 
     async def emit(self, event: Event) -> None:
         """Append to the event ledger, then publish on `novel.events.<novel>.<type>` (BUS-3, BUS-6).

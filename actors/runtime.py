@@ -80,16 +80,26 @@ async def connected(nats_url: str, database_url: str, *, subjects: Subjects, set
     """Connections + migrations + streams: what every actor process and CLI command needs."""
     pool = await store.connect(database_url, max_size=pool_size)
     nc: NATS | None = None
+    read_pool = None
     try:
         await store.migrate(pool)
+        # INFRA-4: read-only connections for the read tools' snapshot; none opened until used
+        read_pool = await store.connect_read_only(database_url, max_size=max(2, pool_size // 2))
         nc = await connect(nats_url, name=name)
         js = nc.jetstream()
         await ensure_streams(js, subjects)
-        yield ActorContext(nc=nc, js=js, pool=pool, subjects=subjects, settings=settings or Settings())
+        yield ActorContext(nc=nc, js=js, pool=pool, subjects=subjects, settings=settings or Settings(),
+                           read_pool=read_pool)
     finally:
         if nc is not None:
             with contextlib.suppress(Exception):
                 await nc.drain()
+        if read_pool is not None:
+            try:
+                await asyncio.wait_for(read_pool.close(), CLOSE_GRACE_S)
+            except TimeoutError:
+                log.warning("read-only database pool: connections still in use after %.0f s; terminated",
+                            CLOSE_GRACE_S)
         try:  # close waits for every connection to come back; a task stuck holding one must not hang exit
             await asyncio.wait_for(pool.close(), CLOSE_GRACE_S)
         except TimeoutError:  # asyncpg terminates the pool when close is interrupted

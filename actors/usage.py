@@ -95,6 +95,7 @@ class UsageSampler(ServiceActor):
     def __init__(self, ctx: ActorContext) -> None:
         self.ctx = ctx
         self.state = UsageSamplerState()
+        self.known = store.KnownTotals()  # the totals this sampler recorded last (PERF-2: no read first)
         self.services = [CommandService(ctx.nc, ctx.subjects.usage, {m.RecordTurn: self.on_turn}, queue="usage")]
 
     async def on_turn(self, req: m.RecordTurn) -> m.TurnRecorded:
@@ -111,9 +112,11 @@ class UsageSampler(ServiceActor):
         # record (unknown novel, database away) leaves no mark behind, so nothing is written
         # (REL-3) and a retry is not mistaken for a duplicate.
         # REL-7: one sample or `usage.missing` marker per accounted turn (keyed by its claim).
-        seq = await store.record_turn_usage_with_event(self.ctx.pool, req.novel_id, req.mode, sample,
-                                                       self.ctx.ledger_entry(sampled),
-                                                       turn_key=req.claim_id or None, message_key=key)
+        # PERF-2: one round trip when this sampler recorded the novel's last sample (the write
+        # checks the totals it adds to are still the stored ones, else reads them and retries).
+        seq = await store.record_turn_usage_known(self.ctx.pool, req.novel_id, req.mode, sample,
+                                                  self.ctx.ledger_entry(sampled), self.known,
+                                                  turn_key=req.claim_id or None, message_key=key)
         if seq is None:
             self.state.duplicates += 1
             return m.TurnRecorded(novel_id=req.novel_id, turn=req.turn, input_chars=input_chars, duplicate=True)

@@ -150,7 +150,10 @@ class WriterRunner(ServiceActor):
             nonlocal snapshot
             async with lock:
                 if snapshot is None:  # one read-only snapshot per run, of the delegated novel only
-                    snapshot = await store.load_snapshot(self.ctx.pool, req.novel_id)
+                    if self.ctx.read_pool is not None:  # one statement on a read-only connection (PERF-2)
+                        snapshot = await store.load_snapshot_read_only(self.ctx.read_pool, req.novel_id)
+                    else:  # BEGIN REPEATABLE READ READ ONLY, the read, COMMIT
+                        snapshot = await store.load_snapshot(self.ctx.pool, req.novel_id)
             return call_read_tool(snapshot, name, args)
 
         async def commit(args: dict[str, Any]) -> dict[str, Any]:

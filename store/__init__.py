@@ -23,6 +23,7 @@ from novelbus.store.errors import (
     NovelNotActive,
     NovelNotFound,
     OutlineMissing,
+    ReadOnlyRequired,
     RequirementsOpen,
     RevisionConflict,
     RevisionRefused,
@@ -80,7 +81,7 @@ from novelbus.store.novels import (
     revise_outline,
     set_writer_mode,
 )
-from novelbus.store.pool import connect, migrate
+from novelbus.store.pool import connect, connect_read_only, migrate
 from novelbus.store.reconcile import (
     AbandonedRun,
     CommitEventMissing,
@@ -115,7 +116,7 @@ from novelbus.store.runs import (
     start_writer_run,
     start_writer_run_with_event,
 )
-from novelbus.store.snapshots import load_snapshot, load_snapshot_and_novel
+from novelbus.store.snapshots import load_snapshot, load_snapshot_and_novel, load_snapshot_read_only
 from novelbus.store.units import (
     Claim,
     UnitRow,
@@ -130,8 +131,10 @@ from novelbus.store.units import (
 )
 from novelbus.store.usage import (
     RING_SIZE,
+    KnownTotals,
     recent_usage,
     record_turn_usage,
+    record_turn_usage_known,
     record_turn_usage_with_event,
     record_usage,
     usage_totals,
@@ -166,6 +169,7 @@ __all__ = [
     "Receipt",
     "RevisionConflict",
     "RevisionRefused",
+    "ReadOnlyRequired",
     "RunNotFound",
     "SceneNotFound",
     "SessionRow",
@@ -190,6 +194,7 @@ __all__ = [
     "commit_body",
     "commit_paragraph_counts",
     "connect",
+    "connect_read_only",
     "count_commits_per_unit",
     "create_novel",
     "finish_novel",
@@ -212,6 +217,7 @@ __all__ = [
     "load_session",
     "load_snapshot",
     "load_snapshot_and_novel",
+    "load_snapshot_read_only",
     "mark_processed",
     "novel_exists",
     "migrate",
@@ -220,6 +226,8 @@ __all__ = [
     "record_intent",
     "record_intent_and_lease",
     "record_turn_usage",
+    "KnownTotals",
+    "record_turn_usage_known",
     "record_turn_usage_with_event",
     "record_usage",
     "recent_usage",

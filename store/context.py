@@ -170,13 +170,14 @@ async def read_context_sources(
             as_of_seq=request.as_of,
         )
         pointers = resolve_pointers(plan, index)
+        # No pointer (e.g. the book's first unit): nothing to read, no round trip (PERF-2).
         bodies = await conn.fetch(
             "SELECT commit_id, body -> 'paragraphs' AS paragraphs FROM commits"
             " WHERE novel_id = $1 AND commit_id = ANY($2::text[]) AND seq <= $3",
             novel_id,
             pointers,
             request.as_of,
-        )
+        ) if pointers else []
     sources = ContextSources(
         plan=plan,
         index=index,

@@ -110,3 +110,9 @@ class UnsafePayload(StoreError):
     """An event payload carried a key reserved for prose, prompts or tokens (BUS-6)."""
 
     code = "unsafe-payload"
+
+
+class ReadOnlyRequired(StoreError):
+    """A read that must run read-only (TOOL-5, INFRA-4) was given a connection that is not."""
+
+    code = "read-only-required"

@@ -250,6 +250,24 @@ _OUTLINES: dict[tuple[str, str], Outline] = {}
 _OUTLINES_MAX = 256
 
 
+def cached_outline_revisions(novel_id: str) -> list[str]:
+    """The revisions of this novel whose outline this process holds parsed."""
+    return [rev for (nid, rev) in _OUTLINES if nid == novel_id]
+
+
+def cached_outline(novel_id: str, revision: str) -> Outline | None:
+    return _OUTLINES.get((novel_id, revision))
+
+
+def remember_outline(novel_id: str, revision: str, raw: Any) -> Outline:
+    """Parse a revision's stored outline and keep it (revisions are immutable)."""
+    outline = Outline.model_validate(raw)
+    if len(_OUTLINES) >= _OUTLINES_MAX:
+        _OUTLINES.pop(next(iter(_OUTLINES)))
+    _OUTLINES[(novel_id, revision)] = outline
+    return outline
+
+
 async def fetch_outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
     if revision is None:
         return None
@@ -263,11 +281,7 @@ async def fetch_outline(conn: Conn, novel_id: str, revision: str | None) -> Outl
     )
     if raw is None:
         return None
-    outline = Outline.model_validate(raw)
-    if len(_OUTLINES) >= _OUTLINES_MAX:
-        _OUTLINES.pop(next(iter(_OUTLINES)))
-    _OUTLINES[(novel_id, revision)] = outline
-    return outline
+    return remember_outline(novel_id, revision, raw)
 
 
 async def get_outline(pool: Db, novel_id: str) -> Outline | None:

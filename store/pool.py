@@ -74,6 +74,24 @@ async def connect(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg
     return pool
 
 
+# INFRA-4 / TOOL-5: the session defaults of a read-only connection. Every transaction on it is
+# REPEATABLE READ READ ONLY, a lone statement's implicit one included.
+READ_ONLY_SETTINGS = {"default_transaction_read_only": "on", "default_transaction_isolation": "repeatable read"}
+
+
+async def connect_read_only(dsn: str, *, max_size: int = 4) -> asyncpg.Pool:
+    """A pool of read-only connections (INFRA-4): the server runs every transaction on them
+    REPEATABLE READ READ ONLY, so a one-statement read needs no BEGIN and COMMIT (PERF-2: the read
+    tools' snapshot in one round trip) and a write is refused by the server. It opens no
+    connection until one is used."""
+    pool = await asyncpg.create_pool(
+        dsn, min_size=0, max_size=max_size, init=_init_connection, reset=_keep_session,
+        connection_class=CountingConnection, server_settings=READ_ONLY_SETTINGS,
+    )
+    assert pool is not None
+    return pool
+
+
 def migration_files() -> list[tuple[str, str]]:
     """(name, sql) of every packaged migration, sorted by name."""
     root = importlib.resources.files("novelbus.store") / "migrations"

@@ -5,13 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from novelbus.novel.body import CanonChange, SceneCompletion
+from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Db, statement, transaction
-from novelbus.store.errors import NovelNotFound
-from novelbus.store.novels import NovelRow, fetch_outline, novel_row, parse_config
+from novelbus.store.errors import NovelNotFound, ReadOnlyRequired
+from novelbus.store.novels import (
+    NovelRow,
+    cached_outline,
+    cached_outline_revisions,
+    fetch_outline,
+    novel_row,
+    parse_config,
+    remember_outline,
+)
 
 
 def _snapshot_sql(body: str) -> str:
@@ -40,6 +50,17 @@ def _snapshot_sql(body: str) -> str:
 
 
 _SNAPSHOT_PROSE = _snapshot_sql("c.body")
+# The read tools' snapshot on a read-only connection (PERF-2): the same read plus what the server
+# says of the statement's own transaction, and the outline revision unless this process has it
+# parsed already ($3: the revisions it holds for the novel) — everything in ONE statement.
+_SNAPSHOT_READ_ONLY = _SNAPSHOT_PROSE.replace(
+    "SELECT n.*,",
+    "SELECT n.*, current_setting('transaction_read_only') AS snap_read_only,"
+    " current_setting('transaction_isolation') AS snap_isolation,"
+    " CASE WHEN n.outline_revision = ANY($3::text[]) THEN NULL ELSE (SELECT o.outline FROM outline_revisions o"
+    "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
+    1,
+)
 _SNAPSHOT_STRUCTURE = _snapshot_sql(
     "jsonb_build_object('sceneCompletion', c.body -> 'sceneCompletion', 'paragraphs', '[]'::jsonb)"
 )
@@ -79,6 +100,35 @@ async def load_snapshot_and_novel(pool: Db, novel_id: str) -> tuple[NovelSnapsho
     return snapshot, novel_row(row)
 
 
+async def load_snapshot_read_only(read_pool: asyncpg.Pool, novel_id: str) -> NovelSnapshot:
+    """The read tools' snapshot (TOOL-5, INFRA-4) in ONE round trip: one statement on a read-only
+    connection (`store.connect_read_only`), which the server runs as a REPEATABLE READ READ ONLY
+    transaction of its own — no BEGIN, no COMMIT (PERF-2). The same snapshot as
+    `load_snapshot(pool, novel_id)`: the delegated novel only, prose included, latest commit.
+
+    The statement reads back its own transaction's access mode and isolation from the server; a
+    connection that is not read-only repeatable read fails closed (ReadOnlyRequired) before
+    anything it read is used. The outline comes in the same statement unless this process has
+    that revision parsed already (outline revisions are never changed)."""
+    async with statement(read_pool) as conn:
+        novel = await conn.fetchrow(_SNAPSHOT_READ_ONLY, novel_id, (1 << 31) - 1, cached_outline_revisions(novel_id))
+        if novel is None:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        if (novel["snap_read_only"], novel["snap_isolation"]) != ("on", "repeatable read"):
+            raise ReadOnlyRequired(
+                f"the read tools' snapshot needs a read-only repeatable read connection, got"
+                f" read_only={novel['snap_read_only']}, isolation={novel['snap_isolation']}")
+        revision = novel["outline_revision"]
+        outline: Outline | None = None
+        if novel["snap_outline"] is not None:
+            outline = remember_outline(novel_id, revision, novel["snap_outline"])
+        elif revision is not None:
+            outline = cached_outline(novel_id, revision)
+            if outline is None:  # dropped from the cache meanwhile: read by its immutable key
+                outline = await fetch_outline(conn, novel_id, revision)
+    return _assemble(novel_id, novel, outline, None)
+
+
 async def _load(
     pool: Db, novel_id: str, *, as_of_seq: int | None, prose: bool
 ) -> tuple[NovelSnapshot, Any]:
@@ -103,6 +153,11 @@ async def _load(
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
+    return _assemble(novel_id, novel, outline, as_of_seq), novel
+
+
+def _assemble(novel_id: str, novel: Any, outline: Outline | None, as_of_seq: int | None) -> NovelSnapshot:
+    """The snapshot from the one statement's row (pure)."""
     units, commits = novel["snap_units"], novel["snap_commits"]
     facts, notes = novel["snap_facts"], novel["snap_notes"]
 
@@ -126,7 +181,7 @@ async def _load(
                 body_hash=c["body_hash"],
             )
         )
-    snapshot = NovelSnapshot(
+    return NovelSnapshot(
         novel_id=novel_id,
         title=novel["title"],
         status=novel["status"],
@@ -142,4 +197,3 @@ async def _load(
         requirements_blocked=novel["requirements_blocked"],
         requirement_watermark=novel["requirement_watermark"],
     )
-    return snapshot, novel

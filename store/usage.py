@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,20 +69,66 @@ async def record_turn_usage_with_event(
     return None if seq is False else int(seq)
 
 
+class KnownTotals:
+    """The totals a process last saw per (novel, mode): (samples, totals), newest kept (PERF-2).
+
+    Only a guess that saves the read before a write: `nb_record_turn_usage` writes only when the
+    stored sample count equals the one the new totals were computed from, so a stale entry (another
+    process recorded meanwhile, the novel was recreated) costs a re-read, never a wrong total."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._seen: OrderedDict[tuple[str, str], tuple[int | None, dict[str, Any]]] = OrderedDict()
+
+    def get(self, novel_id: str, mode: str) -> tuple[int | None, dict[str, Any]] | None:
+        return self._seen.get((novel_id, mode))
+
+    def put(self, novel_id: str, mode: str, samples: int | None, totals: dict[str, Any]) -> None:
+        key = (novel_id, mode)
+        old = self._seen.get(key)
+        if old is not None and old[0] is not None and samples is not None and old[0] > samples:
+            return  # a later write of a concurrent task already recorded what comes after
+        self._seen[key] = (samples, totals)
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+
+    def forget(self, novel_id: str, mode: str) -> None:
+        self._seen.pop((novel_id, mode), None)
+
+
+async def record_turn_usage_known(
+    pool: Db, novel_id: str, mode: str, sample: dict[str, Any], event: tuple[str, dict[str, Any]],
+    known: KnownTotals, *, turn_key: str | None = None, message_key: str | None = None,
+) -> int | None:
+    """`record_turn_usage_with_event` in ONE round trip when `known` holds the novel's current
+    totals for `mode` (PERF-2: the totals this process recorded last), else with the read first,
+    as before. Same outcomes: the event's seq, None for a duplicate (nothing written)."""
+    check_event(*event)
+    seq = await _record(pool, novel_id, mode, sample, turn_key, message_key, event, known)
+    return None if seq is False else int(seq)
+
+
 async def _record(
     pool: Db, novel_id: str, mode: str, sample: dict[str, Any], turn_key: str | None,
-    message_key: str | None, event: tuple[str, dict[str, Any]] | None,
+    message_key: str | None, event: tuple[str, dict[str, Any]] | None, known: KnownTotals | None = None,
 ) -> int | bool:
     """The sample recorded (True, or the event's seq), or False for a duplicate."""
     async with novel_must_exist(novel_id):
+        guess = None if known is None else known.get(novel_id, mode)
         while True:
-            async with statement(pool) as conn:
-                current = await conn.fetchrow(
-                    "SELECT samples, totals FROM usage_totals WHERE novel_id = $1 AND mode = $2",
-                    novel_id,
-                    mode,
-                )
-            totals = add_totals({} if current is None else current["totals"], sample)
+            if guess is not None:  # the totals this process saw last: no read (checked by the write)
+                samples, before = guess
+                guess = None
+            else:
+                async with statement(pool) as conn:
+                    current = await conn.fetchrow(
+                        "SELECT samples, totals FROM usage_totals WHERE novel_id = $1 AND mode = $2",
+                        novel_id,
+                        mode,
+                    )
+                samples, before = (None, {}) if current is None else (current["samples"], current["totals"])
+            totals = add_totals(before, sample)
             async with statement(pool) as conn:
                 row = await conn.fetchrow(
                     "WITH r AS (SELECT nb_record_turn_usage($1, $2, $3, $4, $5, $6, $7, $8) AS outcome),"
@@ -95,15 +142,21 @@ async def _record(
                     mode,
                     sample,
                     RING_SIZE,
-                    None if current is None else current["samples"],
+                    samples,
                     totals,
                     None if event is None else event[0],
                     None if event is None else event[1],
                 )
             if row["outcome"] == "recorded":
+                if known is not None:
+                    known.put(novel_id, mode, (samples or 0) + 1, totals)
                 return True if event is None else int(row["seq"])
             if row["outcome"] != "changed":
+                if known is not None:  # a duplicate: the totals it was checked against are current
+                    known.put(novel_id, mode, samples, before)
                 return False
+            if known is not None:
+                known.forget(novel_id, mode)
 
 
 async def recent_usage(pool: Db, novel_id: str) -> list[dict[str, Any]]:
