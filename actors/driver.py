@@ -329,21 +329,32 @@ class Driver:
                          novel: store.NovelRow) -> None:
         ctx, pool, novel_id = self.ctx, self.ctx.pool, snapshot.novel_id
         unit_id = decision.unit_id
-        if unit_id is None:
-            unit_id = await store.prepare_unit(pool, novel_id, decision.chapter_id, decision.scene_id,
-                                               fragment=decision.fragment,
-                                               continuation_anchor=decision.continuation_anchor)
-            await ctx.emit(ev.UnitPrepared(novel_id=novel_id, unit_id=unit_id, chapter_id=decision.chapter_id,
-                                           scene_id=decision.scene_id, fragment=decision.fragment))
-            tally.mark("prepared")
         # DRV-3: read at claim time; the claim keeps it to the end (the store admits only these two)
         mode: cm.WriterMode = "inline" if novel.writer_mode == "inline" else "subagent"
         intent_id = f"intent-{secrets.token_hex(8)}"
         # DRV-1: the intent is recorded, and (REL-1) the unit leased before it is claimed (the claim
         # carries this intent), so a claim always has somebody responsible for it, even if this
         # process dies right after the claim — one statement (PERF-2).
-        if not await store.record_intent_and_lease(pool, novel_id, intent_id, unit_id, notice.notice_id,
-                                                   self.instance, self.lease_s):
+        if unit_id is None:
+            # PERF-2 (issue 14): a new unit is prepared, its unit.prepared ledger row written, the
+            # intent recorded and the unit leased in ONE statement; then the row is published.
+            chapter_id, scene_id, fragment = decision.chapter_id, decision.scene_id, decision.fragment
+            prepared = await store.prepare_and_lease_unit(
+                pool, novel_id, chapter_id, scene_id, fragment=fragment,
+                continuation_anchor=decision.continuation_anchor, intent_id=intent_id,
+                notice_id=notice.notice_id, holder=self.instance, seconds=self.lease_s,
+                event=lambda candidate: ctx.ledger_entry(ev.UnitPrepared(
+                    novel_id=novel_id, unit_id=candidate, chapter_id=chapter_id, scene_id=scene_id,
+                    fragment=fragment)))
+            unit_id = prepared.unit_id
+            assert prepared.event_seq is not None
+            await ctx.publish_recorded(ev.UnitPrepared(novel_id=novel_id, unit_id=unit_id, chapter_id=chapter_id,
+                                                       scene_id=scene_id, fragment=fragment), prepared.event_seq)
+            tally.mark("prepared")
+            if not prepared.leased:
+                return  # the unit moved on (claimed by another flow, committed); the state decides
+        elif not await store.record_intent_and_lease(pool, novel_id, intent_id, unit_id, notice.notice_id,
+                                                     self.instance, self.lease_s):
             return  # the unit moved on (claimed by another flow, committed); the state decides
         try:
             # SPEC §16 Claim: the claim carries the outline revision and requirement watermark this
@@ -447,10 +458,15 @@ class Driver:
             novel = await store.get_novel(pool, novel_id)
         kind = turn_kind(outcome.ok, outcome.reason)
         signature = failure_signature(unit_id, outcome.reason)
-        counters, first = await store.account_turn(
-            pool, novel_id, claim.claim_id, outcome=kind,
-            writer_output_chars=outcome.output_chars if outcome.ok else 0,
-            failure_signature=signature if kind == "failed" else None, unit_id=unit_id, holder=self.instance)
+        after: NovelSnapshot | None = None
+        if outcome.ok:  # PERF-2 (issue 14): the next decision's input read in the same statement
+            counters, first, after = await store.account_turn_and_snapshot(
+                pool, novel_id, claim.claim_id, outcome=kind, writer_output_chars=outcome.output_chars,
+                unit_id=unit_id, holder=self.instance)
+        else:
+            counters, first = await store.account_turn(
+                pool, novel_id, claim.claim_id, outcome=kind, writer_output_chars=0,
+                failure_signature=signature if kind == "failed" else None, unit_id=unit_id, holder=self.instance)
         if first and outcome.runs:  # USE-1: every call of every dispatch of this turn, in the claimed mode
             # USE-2: usage is observation — sent from a task the driver owns, never awaited by the
             # flow, so a sampler that is away delays no unit; recorded exactly once (the turn's key).
@@ -459,10 +475,9 @@ class Driver:
         elif first:  # REL-7: one sample or marker per turn; this one made no model call to sample
             await self.accounting.mark_missing(novel_id, unit_id, claim.claim_id, counters.turns, "no-writer-run")
         known: tuple[NovelSnapshot, store.NovelRow] | None = None
-        if outcome.ok and first:
+        if outcome.ok and first and after is not None:
             self.state.units_done += 1
-            known = await store.load_snapshot_and_novel(pool, novel_id)  # the next decision's input too
-            after = known[0]
+            known = (after, counters)  # the next decision's input too
             for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
                 await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
         if not outcome.ok:

@@ -96,11 +96,13 @@ from novelbus.store.reconcile import (
     unaccounted_commits,
 )
 from novelbus.store.recovery import (
+    PreparedLease,
     TurnOutcome,
     account_turn,
     external_failures,
     hold_lease,
     last_event_payload,
+    prepare_and_lease_unit,
     record_intent_and_lease,
     release_held_claims,
     release_lapsed_claims,
@@ -116,7 +118,12 @@ from novelbus.store.runs import (
     start_writer_run,
     start_writer_run_with_event,
 )
-from novelbus.store.snapshots import load_snapshot, load_snapshot_and_novel, load_snapshot_read_only
+from novelbus.store.snapshots import (
+    account_turn_and_snapshot,
+    load_snapshot,
+    load_snapshot_and_novel,
+    load_snapshot_read_only,
+)
 from novelbus.store.units import (
     Claim,
     UnitRow,
@@ -185,6 +192,7 @@ __all__ = [
     "UnsafePayload",
     "WriterRunRow",
     "account_turn",
+    "account_turn_and_snapshot",
     "add_note",
     "append_event",
     "append_events",
@@ -223,6 +231,8 @@ __all__ = [
     "migrate",
     "pause_novel",
     "prepare_unit",
+    "prepare_and_lease_unit",
+    "PreparedLease",
     "record_intent",
     "record_intent_and_lease",
     "record_turn_usage",

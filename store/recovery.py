@@ -12,14 +12,23 @@ REL-2: `account_turn` counts a turn once per claim, however often the accounting
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from novelbus.messages.base import tag_of
 from novelbus.messages.events import UnitSuperseded
 from novelbus.store._db import Db, lock_novel, novel_must_exist, statement, transaction
-from novelbus.store.errors import NovelNotFound
+from novelbus.store.errors import NovelNotFound, SceneNotFound
+from novelbus.store.events import check_event
 from novelbus.store.novels import SUPERSEDED_SCENE_REMOVED, NovelRow, fetch_outline, novel_row
-from novelbus.store.units import RELEASE_CLAIM_SQL
+from novelbus.store.units import (
+    PREPARE_CANDIDATES,
+    RELEASE_CLAIM_SQL,
+    prepared_unit_id,
+    unit_id_candidates,
+)
 
 TurnOutcome = Literal["committed", "failed", "external"]
 
@@ -88,6 +97,66 @@ async def record_intent_and_lease(
             notice_id,
         )
     return held is not None
+
+
+@dataclass(frozen=True)
+class PreparedLease:
+    """What `prepare_and_lease_unit` did: the unit, the seq of its `unit.prepared` ledger row
+    (None when no event was given) and whether the lease was taken."""
+
+    unit_id: str
+    event_seq: int | None
+    leased: bool
+
+
+async def prepare_and_lease_unit(
+    pool: Db,
+    novel_id: str,
+    chapter_id: str,
+    scene_id: str,
+    *,
+    fragment: int,
+    continuation_anchor: str | None,
+    intent_id: str,
+    notice_id: str | None,
+    holder: str,
+    seconds: float,
+    event: Callable[[str], tuple[str, dict[str, Any]]] | None = None,
+) -> PreparedLease:
+    """`prepare_unit`, the ledger row of `event(unit_id)` and `record_intent_and_lease`, in ONE
+    statement and one transaction (`nb_prepare_lease_unit`, migration 008; PERF-2, issue 14).
+
+    Same outcomes as the three in a row: the unit is created or found (the typed errors of
+    `prepare_unit`, nothing written), the event row is appended (the caller publishes it under
+    its seq: the ledger is the outbox), the intent recorded (a repeat records nothing) and the
+    unit leased under it (`leased` False: the unit moved on, see `hold_lease`). The event's
+    payload gets the prepared unit's id in SQL (`unit_id`)."""
+    if fragment < 1:
+        raise ValueError(f"fragment must be >= 1, got {fragment}")
+    if seconds <= 0:
+        raise ValueError(f"lease seconds must be > 0, got {seconds}")
+    if not intent_id or not holder:
+        raise ValueError("intent_id and holder must not be empty")
+    candidates = unit_id_candidates(chapter_id, scene_id, fragment)
+    while True:
+        batch = list(itertools.islice(candidates, PREPARE_CANDIDATES))
+        if not batch:  # pragma: no cover - a thousand taken ids for one scene
+            raise SceneNotFound(f"novel {novel_id!r}: no free unit id for scene {scene_id!r}")
+        entry = None if event is None else event(batch[0])
+        if entry is not None:
+            check_event(*entry)  # bad input fails here, before anything is written
+        async with statement(pool) as conn:
+            row = await conn.fetchrow(
+                "SELECT o_outcome, o_unit, o_event_seq, o_leased"
+                " FROM nb_prepare_lease_unit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                novel_id, chapter_id, scene_id, fragment, continuation_anchor, batch,
+                intent_id, notice_id, holder, float(seconds),
+                None if entry is None else entry[0], None if entry is None else entry[1],
+            )
+        unit_id = prepared_unit_id(row["o_outcome"], row["o_unit"], novel_id, chapter_id, scene_id)
+        if unit_id is not None:
+            seq = row["o_event_seq"]
+            return PreparedLease(unit_id, None if seq is None else int(seq), bool(row["o_leased"]))
 
 
 async def release_lapsed_claims(

@@ -197,3 +197,48 @@ def _assemble(novel_id: str, novel: Any, outline: Outline | None, as_of_seq: int
         requirements_blocked=novel["requirements_blocked"],
         requirement_watermark=novel["requirement_watermark"],
     )
+
+
+# PERF-2 (issue 14): the driver's accounting and its next decision's input in one statement. The
+# snapshot part is `_SNAPSHOT_STRUCTURE` unchanged, as one JSON object.
+_ACCOUNT_AND_SNAPSHOT = (
+    "WITH t AS MATERIALIZED (SELECT o_first, o_novel FROM nb_account_turn($1, $3, $4, $5, $6, $7, $8))"
+    " SELECT (t.o_novel).*, t.o_first,"
+    f" (SELECT to_jsonb(q) FROM ({_SNAPSHOT_STRUCTURE}) q) AS snap"
+    " FROM t"
+)
+
+
+async def account_turn_and_snapshot(
+    pool: Db,
+    novel_id: str,
+    turn_key: str,
+    *,
+    outcome: str,
+    writer_output_chars: int = 0,
+    failure_signature: str | None = None,
+    unit_id: str | None = None,
+    holder: str | None = None,
+) -> tuple[NovelRow, bool, NovelSnapshot]:
+    """`store.account_turn` (same arguments, checks and effects: `nb_account_turn`) and the
+    structural snapshot (`load_snapshot(prose=False)`) in ONE statement (PERF-2, issue 14):
+    (counters after the turn, first, snapshot).
+
+    The snapshot is one consistent read as of the statement's start: the accounting writes only
+    the novel's counters and its turn ledger, which the snapshot does not carry, so it is the
+    book as the turn left it. The counters (turns, failures: the next budget check's input) are
+    those the accounting wrote."""
+    if outcome not in ("committed", "failed", "external"):
+        raise ValueError(f"outcome must be committed, failed or external, got {outcome!r}")
+    if writer_output_chars < 0:
+        raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
+    if not turn_key:
+        raise ValueError("turn_key must not be empty")
+    async with statement(pool) as conn:
+        r = await conn.fetchrow(_ACCOUNT_AND_SNAPSHOT, novel_id, (1 << 31) - 1, turn_key, outcome,
+                                writer_output_chars, failure_signature, unit_id, holder)
+        if r is None or r["snap"] is None:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        snap = r["snap"]
+        outline = await fetch_outline(conn, novel_id, snap["outline_revision"])
+    return novel_row(r), bool(r["o_first"]), _assemble(novel_id, snap, outline, None)

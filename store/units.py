@@ -137,23 +137,33 @@ async def prepare_unit(
                 "SELECT o_outcome, o_unit FROM nb_prepare_unit($1, $2, $3, $4, $5, $6)",
                 novel_id, chapter_id, scene_id, fragment, continuation_anchor, batch,
             )
-        outcome = row["o_outcome"]
-        if outcome in ("existing", "prepared"):
-            unit_id = str(row["o_unit"])
-            assert is_valid_id(unit_id), unit_id
+        unit_id = prepared_unit_id(row["o_outcome"], row["o_unit"], novel_id, chapter_id, scene_id)
+        if unit_id is not None:
             return unit_id
-        if outcome == "novel-not-found":
-            raise NovelNotFound(f"novel {novel_id!r} not found")
-        if outcome == "finished":
-            raise NovelNotActive(f"novel {novel_id!r} is finished; no new units")
-        if outcome == "outline-missing":
-            raise OutlineMissing(f"novel {novel_id!r} has no outline")
-        if outcome == "scene-not-found":
-            raise SceneNotFound(
-                f"novel {novel_id!r}: the outline has no scene {scene_id!r}"
-                f" in chapter {chapter_id!r}"
-            )
-        assert outcome == "exhausted", outcome
+
+
+def prepared_unit_id(
+    outcome: str, unit: object, novel_id: str, chapter_id: str, scene_id: str
+) -> str | None:
+    """The unit id of an `nb_prepare_unit` outcome, None for `exhausted` (try the next
+    candidates); the typed error of a refusal."""
+    if outcome in ("existing", "prepared"):
+        unit_id = str(unit)
+        assert is_valid_id(unit_id), unit_id
+        return unit_id
+    if outcome == "novel-not-found":
+        raise NovelNotFound(f"novel {novel_id!r} not found")
+    if outcome == "finished":
+        raise NovelNotActive(f"novel {novel_id!r} is finished; no new units")
+    if outcome == "outline-missing":
+        raise OutlineMissing(f"novel {novel_id!r} has no outline")
+    if outcome == "scene-not-found":
+        raise SceneNotFound(
+            f"novel {novel_id!r}: the outline has no scene {scene_id!r}"
+            f" in chapter {chapter_id!r}"
+        )
+    assert outcome == "exhausted", outcome
+    return None
 
 
 async def claim_unit(
