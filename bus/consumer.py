@@ -11,20 +11,30 @@ The transport loop every durable worker needs, kept apart from what it does with
 
 Handlers run concurrently, at most `max_parallel` at a time, each owned by the consumer and
 cancelled by `stop()`.
+
+Pulling (issue 14, PERF-2): one long-lived pull request for up to `batch` messages (expiring
+after `pull_expires_s`, with server idle heartbeats every `pull_heartbeat_s`) stays open on the
+server, topped up with another one when fewer than half of it is left — so a delivery costs the
+message and its ack, not also a pull request and a status reply as a `fetch` per message did.
+A request that ends (408 expired, 409 conflict/leader change) gives back what it still had
+pending (`Nats-Pending-Messages`); no message nor heartbeat for two heartbeat intervals means
+the requests were lost (a reconnect, a restarted server): ask again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
-from nats.js.errors import NotFoundError
 
 from novelbus.bus import tally
 from novelbus.bus.codec import MessageError, decode
@@ -35,6 +45,8 @@ log = logging.getLogger(__name__)
 M = TypeVar("M")
 
 DLQ_DETAIL_CHARS = 300
+PULL_EXPIRES_S = 30.0  # a pull request's life on the server; then it is renewed (408 → ask again)
+PULL_HEARTBEAT_S = 5.0  # the server's idle heartbeat on an open pull request
 
 
 def error_code(e: BaseException) -> str:
@@ -50,7 +62,8 @@ class DurablePullConsumer(Generic[M]):
                  handle: Callable[[M], Awaitable[None]], dead_letter_subject: str, max_deliver: int,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0, heartbeat_s: float = 5.0,
                  max_parallel: int = 64, batch: int = 32, fetch_timeout_s: float = 1.0,
-                 before_ack: Callable[[], Awaitable[None]] | None = None) -> None:
+                 before_ack: Callable[[], Awaitable[None]] | None = None,
+                 pull_expires_s: float = PULL_EXPIRES_S, pull_heartbeat_s: float = PULL_HEARTBEAT_S) -> None:
         assert config.durable_name and config.filter_subject, "a durable consumer needs a name and a subject"
         self.js = js
         self.stream = stream
@@ -63,7 +76,12 @@ class DurablePullConsumer(Generic[M]):
         self.max_backoff_s = max_backoff_s
         self.heartbeat_s = heartbeat_s
         self.batch = batch
-        self.fetch_timeout_s = fetch_timeout_s
+        self.fetch_timeout_s = fetch_timeout_s  # the longest one wait for a message lasts (stop checks)
+        assert 0 < 2 * pull_heartbeat_s < pull_expires_s, "heartbeats must come well inside a request's life"
+        self.pull_expires_s = pull_expires_s
+        self.pull_heartbeat_s = pull_heartbeat_s
+        self.waiting = 0  # messages asked for by pull requests still open on the server
+        self.pull_requests = 0
         self.before_ack = before_ack  # e.g. flush what the handler left to write (runs in its context)
         self.received = 0
         self._slots = asyncio.Semaphore(max_parallel)
@@ -82,34 +100,75 @@ class DurablePullConsumer(Generic[M]):
         self._stopping = True  # the loop ends even if a cancel gets lost in a fetch (bus.tasks)
         if self._loop_task is not None:
             await cancel_and_wait([self._loop_task], recancel_s=0.5)  # nothing to clean up
-        await cancel_and_wait(list(self._tasks))
         if self._psub is not None:
+            # The pull request stays open on the server until the inbox goes: what it already
+            # delivered and nobody took is given back at once (not after the ack wait).
             with contextlib.suppress(Exception):
                 await self._psub.unsubscribe()
+            queue = self._psub._sub._pending_queue
+            while not queue.empty():
+                msg = queue.get_nowait()
+                if not (msg.headers and msg.headers.get("Status")):
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+        await cancel_and_wait(list(self._tasks))
+
+    async def _ask(self) -> None:
+        """Top up the open pull requests to `batch` messages (one request, no reply expected)."""
+        assert self._psub is not None
+        ask = self.batch - self.waiting
+        request = {"batch": ask, "expires": int(self.pull_expires_s * 1e9),
+                   "idle_heartbeat": int(self.pull_heartbeat_s * 1e9)}
+        # nats-py 2.16 has no continuous pull; its PullSubscription keeps the request subject and
+        # deliver inbox that its own `fetch` publishes to and reads from.
+        await self.js._nc.publish(self._psub._nms, json.dumps(request).encode(), self._psub._deliver)
+        self.waiting += ask
+        self.pull_requests += 1
+
+    async def _next_message(self) -> Msg | None:
+        """The next delivery, idle heartbeat or status on the deliver inbox; None after
+        `fetch_timeout_s` without any."""
+        assert self._psub is not None
+        try:
+            return await self._psub._sub.next_msg(timeout=self.fetch_timeout_s)
+        except nats.errors.TimeoutError:
+            return None
 
     async def _pull_loop(self) -> None:
         assert self._psub is not None
+        heard = time.monotonic()  # the last message, heartbeat or status from the server
         while not self._stopping:
             try:
-                msgs = await self._psub.fetch(batch=self.batch, timeout=self.fetch_timeout_s)
-            except (TimeoutError, NotFoundError):
-                continue
+                if self.waiting <= self.batch // 2:
+                    await self._ask()
+                msg = await self._next_message()
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - NATS away: wait and retry (REL-6)
-                log.warning("fetch on %s failed (%s); retrying", self.config.durable_name, type(e).__name__)
+            except Exception as e:  # noqa: BLE001 - NATS away: wait and ask again (REL-6)
+                log.warning("pull on %s failed (%s); retrying", self.config.durable_name, type(e).__name__)
+                self.waiting = 0
                 await asyncio.sleep(0.5)
                 continue
-            if self._stopping:  # fetched as the stop began: no handler; redelivered at once
-                for msg in msgs:
-                    with contextlib.suppress(Exception):
-                        await msg.nak()
+            if msg is None:
+                if time.monotonic() - heard > 2 * self.pull_heartbeat_s + self.fetch_timeout_s:
+                    self.waiting, heard = 0, time.monotonic()  # the requests are gone: ask again
+                continue
+            heard = time.monotonic()
+            status = msg.headers.get("Status") if msg.headers else None
+            if status:
+                if status != "100":  # not an idle heartbeat: a request ended (408, 409, ...)
+                    pending = (msg.headers or {}).get("Nats-Pending-Messages", "")
+                    self.waiting = max(0, self.waiting - int(pending)) if pending.isdigit() else 0
+                continue
+            self.waiting = max(0, self.waiting - 1)
+            if self._stopping:  # delivered as the stop began: no handler; redelivered at once
+                with contextlib.suppress(Exception):
+                    await msg.nak()
                 return
-            for msg in msgs:
-                await self._slots.acquire()
-                task = asyncio.create_task(self._run(msg))
-                self._tasks.add(task)
-                task.add_done_callback(self._done)
+            await self._slots.acquire()
+            task = asyncio.create_task(self._run(msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

@@ -70,20 +70,20 @@ async def test_rel6_a_consumer_stops_although_its_fetch_swallowed_the_cancel(nat
             handle=handle, dead_letter_subject=s.dead_letter("work"), max_deliver=3, fetch_timeout_s=0.2)
         await consumer.start()
         assert consumer._psub is not None
-        real_fetch = consumer._psub.fetch
+        real_next = consumer._next_message
         swallowed: list[int] = []
 
-        async def fetch(*args: Any, **kwargs: Any) -> Any:
+        async def next_message(*args: Any, **kwargs: Any) -> Any:
             try:
-                return await real_fetch(*args, **kwargs)
+                return await real_next(*args, **kwargs)
             except asyncio.CancelledError:
                 if swallowed:
                     raise
                 swallowed.append(1)
-                return []  # what wait_for returns when the inner step finished with the cancel
+                return None  # what wait_for returns when the inner step finished with the cancel
 
-        consumer._psub.fetch = fetch  # type: ignore[method-assign]
-        await asyncio.sleep(0.3)  # the loop is in a fetch
+        consumer._next_message = next_message  # type: ignore[method-assign]
+        await asyncio.sleep(0.3)  # the loop waits for a message on its open pull request
         stopping = asyncio.create_task(consumer.stop())
         done, _ = await asyncio.wait([stopping], timeout=10)  # not wait_for: its cancel would help the stop
         if not done:
