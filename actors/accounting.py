@@ -9,7 +9,11 @@ once-only keys as the normal path, so running both changes nothing twice:
 - a turn whose usage sample never came gets one `usage.missing` marker;
 - a writer run left `running` after its claim ended is closed `abandoned` (`writer.abandoned`);
 - a commit without `unit.committed`, a completed chapter without `chapter.completed`, a finished
-  novel without `novel.finished` get their event (each exists exactly once: `ActorContext.emit`).
+  novel without `novel.finished` get their event (each exists exactly once: `ActorContext.emit`);
+- such an event already in the ledger whose emitter may have died before publishing it is
+  published again from its row under its message id (stored once: the stream de-duplicates):
+  `unit.committed` of a commit whose flow is gone, `chapter.completed` / `novel.finished` of the
+  novels a restarted driver (or a sweep that found a dead flow's commit) looks at.
 
 Usage samples go to the sampler from a task the driver owns, never awaited by the flow: a
 sampler that is away delays nothing; the sample is retried for `usage_retry_s`, then the turn is
@@ -114,19 +118,30 @@ class Accounting:
         return True
 
     # --- once-only events -------------------------------------------------------------------
-    async def _emit_once(self, event: ev.Event, report: ReconcileReport | None = None) -> None:
+    async def _emit_once(self, event: ev.Event, report: ReconcileReport | None = None, *,
+                         republish: bool = False) -> None:
+        """Write and publish a once-only event the ledger lacks. `republish`: its emitter may have
+        died between the ledger row and the publish, so a row already there is published again
+        under its message id (`republish_once`: the stream stores it once either way)."""
         key = once_key(event)
-        if key is not None and await store.has_event(self.ctx.pool, key):
-            return
+        if key is not None:
+            if republish:
+                if await self.ctx.republish_once(key, type(event)):
+                    return
+            elif await store.has_event(self.ctx.pool, key):
+                return
         await self.ctx.emit(event)
         if report is not None and key is not None:
             report.events.append(key)
 
-    async def announce_chapters(self, novel_id: str, report: ReconcileReport | None = None) -> None:
-        """Every completed chapter has its `chapter.completed` (DRV-5), recomputed from the store."""
+    async def announce_chapters(self, novel_id: str, report: ReconcileReport | None = None, *,
+                                republish: bool = False) -> None:
+        """Every completed chapter has its `chapter.completed` (DRV-5), recomputed from the store, in
+        chapter order; with `republish`, rows already in the ledger are published again (REL-7)."""
         snapshot = await store.load_snapshot(self.ctx.pool, novel_id, prose=False)
         for chapter_id in completed_chapters(snapshot):
-            await self._emit_once(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id), report)
+            await self._emit_once(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id), report,
+                                  republish=republish)
 
     # --- reconciliation ---------------------------------------------------------------------
     async def reconcile(self, *, restarted: bool = False, exclude_novel_ids: list[str] | None = None
@@ -162,10 +177,19 @@ class Accounting:
                 novel_id=m.novel_id, unit_id=m.unit_id, commit_id=m.commit_id,
                 effective_characters=m.effective_characters, total_characters=m.total_characters,
                 body_sha256=m.body_sha256, context_sha256=m.context_sha256), report)
+        # `chapter.completed` and `novel.finished` come from the driver: one that died between the
+        # ledger row and the publish left them in the table only. Its restart (and a sweep that
+        # found a dead flow's commit) publishes them again from their rows, chapters first, then
+        # the finish: per-novel order (REL-7).
+        finished: set[str] = set()
         if restarted:
-            touched.update(n.novel_id for n in await store.list_novels(pool) if n.status in ("active", "finished"))
+            novels = [n for n in await store.list_novels(pool) if n.status in ("active", "finished")]
+            touched.update(n.novel_id for n in novels)
+            finished = {n.novel_id for n in novels if n.status == "finished"}
         for novel_id in sorted(touched):
-            await self.announce_chapters(novel_id, report)
+            await self.announce_chapters(novel_id, report, republish=True)
+            if novel_id in finished:
+                await self.ctx.republish_once(f"novel.finished:{novel_id}", ev.NovelFinished)
         for novel_id in await store.finished_without_event(pool):
             snapshot = await store.load_snapshot(pool, novel_id, prose=False)
             await self._emit_once(ev.NovelFinished(novel_id=novel_id, units=len(snapshot.units),

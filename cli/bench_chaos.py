@@ -2,10 +2,18 @@
 
 A novel of `--units` scenes is written by the six actors, each in its own OS process (two
 claim-manager instances, CLM-5), supervised and restarted by `cli.supervise.Supervisor`, while
-the benchmark SIGKILLs actors at random moments — at least `--kills` times, spread over the first
-60 % of the run, every actor kind at least twice (then random kinds), half of them just after a
-unit was claimed, so they land inside its flow — and publishes an extra work notice after every
-kill. Then it checks, from PostgreSQL and JetStream (REL-1, REL-7, REL-8):
+the benchmark SIGKILLs actors at random moments — `--kills` times, every actor kind at least twice
+(then random kinds), half of them just after a unit was claimed, so they land inside its flow —
+and publishes an extra work notice after every kill.
+
+Pacing: kill i is due once the novel has `kill_schedule(units, kills)[i]` commits — spread evenly
+over the first 60 % of the units, one per unit at most (a request for more is refused before
+anything starts). A due kill waits a random moment; once the novel reaches the next kill's count it
+is late and lands at once, on the next planned kind that is up (a killed process is not up until
+its restart says ready). If no planned kind is up then, the driver is held back (SIGSTOP) until
+one is and the kill has landed (SIGCONT), so the novel cannot finish before its kills. After the
+novel, every victim must be up again before anything is checked. Then it checks, from PostgreSQL
+and JetStream (REL-1, REL-7, REL-8):
 
 - the novel finished;
 - every live unit has exactly one commit, and no scene has two completed commits (two units of
@@ -20,6 +28,7 @@ kill. Then it checks, from PostgreSQL and JetStream (REL-1, REL-7, REL-8):
 - the prose order (commit order) follows the outline (chapter order, scene order, fragment);
 - no work notice was lost: the driver's consumer has nothing pending or unacknowledged, no
   notice reached the dead-letter stream, none ran out of deliveries;
+- every kill landed, each on a live process, and every victim is up again;
 - how many claims were recovered (claim-manager restarts, driver restarts, lapsed leases, lost
   delegations).
 
@@ -67,6 +76,8 @@ RECOVERY_REASONS = ("driver-restart", "lease-expired", "claim-lost", "flow-inter
 
 ACTOR_KINDS = ("claims", "packer", "writer", "verifier", "usage", "driver")
 KILL_SPAN = 0.6  # kills land while the first 60 % of the units are written
+HOLD_MAX_S = 20.0  # the driver is never held back longer than this (a victim's restart takes ~1-3 s)
+RESTART_WAIT_S = 60.0  # after the novel, how long every victim gets to be up again
 KILLS_PER_KIND = 2  # every actor kind is killed at least this often
 SETTLE_S = 90.0  # reconciliation's longest wait (the usage grace) plus room
 
@@ -90,6 +101,10 @@ class ChaosResult:
     seconds: float = 0.0
     restarts: int = 0
     kills_by_actor: dict[str, int] = field(default_factory=dict)
+    killed_pids: list[int] = field(default_factory=list)
+    unrestarted: list[str] = field(default_factory=list)  # actor processes not up again at the end
+    holds: int = 0  # times the driver was held back (SIGSTOP) until a kill's victim was up again
+    held_s: float = 0.0  # how long in all
     recoveries_by_reason: dict[str, int] = field(default_factory=dict)
     units_without_one_commit: list[str] = field(default_factory=list)
     scenes_completed_twice: int = 0
@@ -113,8 +128,11 @@ class ChaosResult:
         """Every check that does not hold, named (empty: PASS)."""
         checks = {
             "novel not finished": self.finished,
-            f"{self.kills} kills < {self.kills_target} (the novel was written before the rest could land: "
-            "more --units or fewer --kills)": self.kills >= self.kills_target,
+            f"{self.kills} kills < {self.kills_target} (the novel finished before the rest could land)":
+                self.kills >= self.kills_target,
+            f"victims not restarted: {', '.join(self.unrestarted)}": not self.unrestarted,
+            f"{len(self.killed_pids) - len(set(self.killed_pids))} kills hit a process already killed":
+                len(set(self.killed_pids)) == len(self.killed_pids),
             "a kind killed fewer than twice": self.kills_target < KILLS_PER_KIND * len(ACTOR_KINDS) or all(
                 self.kills_by_actor.get(k, 0) >= KILLS_PER_KIND for k in ACTOR_KINDS),
             "units without exactly one commit": not self.units_without_one_commit,
@@ -142,10 +160,48 @@ class ChaosResult:
 def kill_plan(kills: int, rng: random.Random) -> list[str]:
     """The actor kind of each kill: every kind `KILLS_PER_KIND` times (as far as `kills` allows),
     the rest random, in random order."""
-    plan = [k for k in ACTOR_KINDS for _ in range(KILLS_PER_KIND)][:kills]
+    kinds = list(ACTOR_KINDS)
+    rng.shuffle(kinds)  # fewer kills than rounds: every kind once before any twice, which ones by chance
+    plan = [k for _ in range(KILLS_PER_KIND) for k in kinds][:kills]
     plan += [rng.choice(ACTOR_KINDS) for _ in range(kills - len(plan))]
     rng.shuffle(plan)
     return plan
+
+
+def kill_window(units: int) -> int:
+    """How many units the kills are spread over: the first `KILL_SPAN` of the novel."""
+    return int(KILL_SPAN * units)
+
+
+def check_kills(units: int, kills: int) -> None:
+    """At most one kill per unit of the kill window: more cannot be paced against the novel's
+    progress, so the request is refused up front (ValueError naming the limit)."""
+    if kills > kill_window(units):
+        need = next(u for u in range(units, 100 * kills + 2) if kill_window(u) >= kills)
+        raise ValueError(f"--kills {kills} is more than --units {units} allows: kills land one per unit at most "
+                         f"over the first {KILL_SPAN:.0%} of the units, so {units} units take at most "
+                         f"{kill_window(units)} kills ({kills} kills need --units {need} or more)")
+
+
+def kill_schedule(units: int, kills: int) -> list[int]:
+    """The commit count at which each kill is due: spread evenly over the kill window, never two
+    at one count. Kill i is late once the novel reached kill i+1's count (the last: the window's end)."""
+    check_kills(units, kills)
+    window = kill_window(units)
+    return [i * window // kills for i in range(kills)]
+
+
+async def _wait_until(condition: Any, seconds: float) -> None:
+    """Sleep up to `seconds`, less once `condition()` holds."""
+    until = time.monotonic() + seconds
+    while not condition() and time.monotonic() < until:
+        await asyncio.sleep(0.01)
+
+
+def _release(sup: Supervisor, pid: int, since: float, result: ChaosResult) -> None:
+    """Continue the held-back driver; account how long it was held."""
+    sup.release(pid)
+    result.held_s = round(result.held_s + time.monotonic() - since, 2)
 
 
 def chaos_novel(units: int, seed: int) -> NovelFile:
@@ -168,6 +224,7 @@ async def run_chaos(
     """Run one chaos experiment and return its figures (see the module docstring). `progress` gets
     log lines; `on_commit(n)` the count of commits (for a live bar)."""
     say = progress or (lambda line: None)
+    check_kills(units, kills)  # an impossible request is refused before anything starts
     rng = random.Random(seed)
     subjects = Subjects(namespace or f"chaos{secrets.token_hex(4)}.")
     nf = chaos_novel(units, seed)
@@ -216,41 +273,74 @@ async def run_chaos(
                 deadline = time.monotonic() + timeout
                 by_actor: Counter[str] = Counter()
                 plan = kill_plan(kills, rng)
-                while not done.done() and time.monotonic() < deadline:
-                    # Spread the kills over the first 60 % of the units: kill i once i/kills of that
-                    # share is written (a kill that waits for a restarting victim catches up).
-                    if sup.kills >= kills or commits < sup.kills * KILL_SPAN * units / max(kills, 1):
-                        await asyncio.sleep(0.02)
-                        continue
-                    behind = commits >= (sup.kills + 1) * KILL_SPAN * units / max(kills, 1)
-                    if rng.random() < 0.5 and not behind:  # (behind schedule: no waiting for a claim)
-                        claimed.clear()
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(claimed.wait(), 5)
-                        await asyncio.sleep(rng.uniform(0, 0.15))
-                    else:
-                        await asyncio.sleep(rng.uniform(min_gap_s, max_gap_s))
-                    # The next planned kind that is up (a kind still restarting waits for a later turn).
-                    up = {c.name for c in sup.children.values() if c.ready}
-                    j = next((j for j in range(sup.kills, kills) if plan[j] in up), None)
-                    if j is None or done.done():
-                        continue
-                    plan[sup.kills], plan[j] = plan[j], plan[sup.kills]
-                    kind = plan[sup.kills]
-                    ready = sorted(k for k, c in sup.children.items() if c.ready and c.name == kind)
-                    victim = rng.choice(ready)
-                    pid = sup.kill(victim)
-                    if pid is None:
-                        continue
-                    by_actor[kind] += 1
-                    result.kill_progress.append(round(commits / units, 3))
-                    say(f"  kill {sup.kills}/{kills}: SIGKILL {victim} (pid {pid}) at {commits}/{units} units")
-                    # a notice published while an actor is down must not be lost either
-                    await publish_notice(ctx, novel_id, reason="chaos-probe")
-                    result.probe_notices += 1
+                schedule = kill_schedule(units, kills)
+                held: int | None = None  # the driver's pid while it is held back (SIGSTOP)
+                held_since = 0.0
+                try:
+                    while not done.done() and time.monotonic() < deadline:
+                        i = len(result.kill_progress)  # kills placed so far
+                        if i >= kills or commits >= units or commits < schedule[i]:
+                            await asyncio.sleep(0.02)  # (every unit written: no "mid-run" kill left)
+                            continue
+                        # Late: the novel already reached the next kill's point. Then no waiting: the
+                        # kill lands at once, and while its victim kind is still restarting the
+                        # driver is held back (SIGSTOP) so the novel cannot finish first.
+                        late_at = schedule[i + 1] if i + 1 < kills else kill_window(units)
+                        late = commits >= late_at
+                        if not late and held is None:
+                            # A random moment: just after a unit was claimed (inside its flow) or after
+                            # a gap; cut short once the kill turns late (units are ~30 ms apart).
+                            if rng.random() < 0.5:
+                                claimed.clear()
+                                await _wait_until(lambda at=late_at: claimed.is_set() or commits >= at, 5)
+                                await _wait_until(lambda at=late_at: commits >= at, rng.uniform(0, 0.15))
+                            else:
+                                await _wait_until(lambda at=late_at: commits >= at, rng.uniform(min_gap_s, max_gap_s))
+                            if done.done() or commits >= units:
+                                continue
+                            late = commits >= late_at
+                        # The next planned kind that is up (a kind still restarting waits its turn).
+                        up = {c.name for c in sup.children.values() if c.ready}
+                        j = next((j for j in range(i, kills) if plan[j] in up), None)
+                        if j is None:
+                            if late and held is None and "driver" in sup.children:
+                                held = sup.hold("driver")
+                                if held is not None:
+                                    held_since = time.monotonic()
+                                    result.holds += 1
+                            elif held is not None and time.monotonic() - held_since > HOLD_MAX_S:
+                                _release(sup, held, held_since, result)  # (a restart takes ~1-3 s)
+                                held = None
+                            await asyncio.sleep(0.02)
+                            continue
+                        plan[i], plan[j] = plan[j], plan[i]
+                        kind = plan[i]
+                        ready = sorted(k for k, c in sup.children.items() if c.ready and c.name == kind)
+                        victim = rng.choice(ready)
+                        pid = sup.kill(victim)
+                        if pid is None:
+                            continue
+                        by_actor[kind] += 1
+                        result.killed_pids.append(pid)
+                        result.kill_progress.append(round(commits / units, 3))
+                        say(f"  kill {i + 1}/{kills}: SIGKILL {victim} (pid {pid}) at {commits}/{units} units"
+                            + (" (driver held back)" if held is not None else ""))
+                        if held is not None:
+                            _release(sup, held, held_since, result)
+                            held = None
+                        # a notice published while an actor is down must not be lost either
+                        await publish_notice(ctx, novel_id, reason="chaos-probe")
+                        result.probe_notices += 1
+                finally:
+                    if held is not None:
+                        _release(sup, held, held_since, result)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(done), max(0.0, deadline - time.monotonic()))
-                result.kills = sup.kills
+                # Every victim restarted and up again before anything is checked.
+                with contextlib.suppress(TimeoutError):
+                    await sup.wait_ready(timeout=RESTART_WAIT_S)
+                result.unrestarted = sorted(k for k, c in sup.children.items() if not c.ready)
+                result.kills = len(result.kill_progress)
                 result.kills_by_actor = dict(by_actor)
                 # Settle: every notice delivered and acknowledged (a dead driver's is redelivered).
                 result.pending_notices = await settle_work_consumer(ctx, subjects, 45)
@@ -416,6 +506,11 @@ def chaos(
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout")] = False,
 ) -> None:
     """Kill random actor processes during a novel; check it finishes with one commit per unit (REL-1)."""
+    try:
+        check_kills(units, kills)
+    except ValueError as e:
+        fail(str(e), code=2)
+
     def progress(line: str) -> None:
         err_console.print(f"[dim]{line}[/]")
 
@@ -446,7 +541,8 @@ def print_result(r: ChaosResult) -> None:
     out(f"  finished:           {r.finished} ({r.final_status})")
     out(f"  units:              {r.units}")
     out(f"  kills:              {r.kills} of {r.kills_target}  " + ", ".join(f"{k} {n}" for k, n in sorted(r.kills_by_actor.items())))
-    out(f"  restarts:           {r.restarts}")
+    out(f"  restarts:           {r.restarts}" + (f"; not up again: {', '.join(r.unrestarted)}" if r.unrestarted else ""))
+    out(f"  driver held back:   {r.holds} times, {r.held_s:.1f} s (while a kill waited for its victim kind)")
     out(f"  recoveries:         {r.recoveries}  "
         + ", ".join(f"{k} {n}" for k, n in sorted(r.recoveries_by_reason.items())))
     out(f"  kills at (share of units written): {min(r.kill_progress, default=0):.0%}"

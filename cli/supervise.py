@@ -41,6 +41,7 @@ class ActorProcess:
     starts: int = 0
     restarts: int = 0
     ready_at: float | None = None  # monotonic time the current incarnation said it was ready
+    killed: bool = False  # SIGKILLed and not yet respawned (its exit may not be reaped yet)
     pids: list[int] = field(default_factory=list)
     _reader: asyncio.Task[None] | None = None
     _log: IO[bytes] | None = None
@@ -51,13 +52,16 @@ class ActorProcess:
 
     @property
     def ready(self) -> bool:
-        return self.alive and self.ready_at is not None
+        # A child SIGKILLed a moment ago still looks alive until its exit is reaped: it is not
+        # ready (so it is never killed twice, nor counted as up, before its restart).
+        return self.alive and self.ready_at is not None and not self.killed
 
     async def spawn(self) -> None:
         if self._log is None and self.log_path is not None:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open across restarts
         err: IO[bytes] | int = self._log if self._log is not None else asyncio.subprocess.DEVNULL
         self.ready_at = None
+        self.killed = False
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=err, start_new_session=True,  # own session: a Ctrl-C at the terminal reaches only us
@@ -162,13 +166,32 @@ class Supervisor:
         child = self.children[key]
         if retire:
             self.retired.add(key)
-        if not child.alive:
+        if not child.alive or child.killed:
             return None
         assert child.proc is not None
         with contextlib.suppress(ProcessLookupError):
             child.proc.send_signal(signal.SIGKILL)
+        child.killed = True
         self.kills += 1
         return child.proc.pid
+
+    def hold(self, key: str) -> int | None:
+        """SIGSTOP a ready child (the chaos bench holds the driver back while a kill waits for its
+        victim to be up again); `release` continues it. Returns the pid held, or None."""
+        child = self.children[key]
+        if not child.ready:
+            return None
+        assert child.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            child.proc.send_signal(signal.SIGSTOP)
+        return child.proc.pid
+
+    def release(self, pid: int) -> None:
+        """SIGCONT a process `hold` stopped (nothing if it died meanwhile)."""
+        for child in self.children.values():
+            if child.proc is not None and child.proc.pid == pid and child.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGCONT)
 
     @property
     def restarts(self) -> int:
@@ -180,6 +203,7 @@ class Supervisor:
             if child.alive:
                 assert child.proc is not None
                 with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGCONT)  # one still held would not see SIGTERM
                     child.proc.send_signal(signal.SIGTERM)
         for child in self.children.values():
             if child.proc is None:

@@ -19,6 +19,7 @@ async def test_rel1_rel8_chaos_40_units_14_sigkills_every_actor_kind(nats_url: s
     detail = f"{r.as_json()}\n" + "\n".join(lines[-30:])
     assert r.finished, detail
     assert r.kills >= 14 and r.restarts >= r.kills, detail  # each victim was restarted
+    assert r.unrestarted == [] and len(set(r.killed_pids)) == r.kills, detail  # up again; none killed twice
     assert sorted(r.kills_by_actor) == sorted(ACTOR_KINDS), detail
     assert all(n >= 2 for n in r.kills_by_actor.values()), detail  # every actor kind, twice at least
     # Scheduled over the first 60 % of the units, but a kill waits for its kind to be up again and
