@@ -157,13 +157,13 @@ class ChaosResult:
         return {**self.__dict__, "ok": self.ok, "failures": self.failures()}
 
 
-def kill_plan(kills: int, rng: random.Random) -> list[str]:
+def kill_plan(kills: int, rng: random.Random, kinds_killed: tuple[str, ...] = ACTOR_KINDS) -> list[str]:
     """The actor kind of each kill: every kind `KILLS_PER_KIND` times (as far as `kills` allows),
     the rest random, in random order."""
-    kinds = list(ACTOR_KINDS)
+    kinds = list(kinds_killed)
     rng.shuffle(kinds)  # fewer kills than rounds: every kind once before any twice, which ones by chance
     plan = [k for _ in range(KILLS_PER_KIND) for k in kinds][:kills]
-    plan += [rng.choice(ACTOR_KINDS) for _ in range(kills - len(plan))]
+    plan += [rng.choice(kinds) for _ in range(kills - len(plan))]
     rng.shuffle(plan)
     return plan
 
@@ -219,10 +219,12 @@ async def run_chaos(
     nats_url: str, database_url: str, *, units: int = 100, kills: int = 24, seed: int = 1,
     claims_instances: int = 2, timeout: float = 300.0, namespace: str | None = None,
     min_gap_s: float = 0.1, max_gap_s: float = 0.6, request_timeout_s: float = 5.0, writer_timeout_s: float = 10.0,
-    keep_logs: bool = False, progress: Any = None, on_commit: Any = None,
+    keep_logs: bool = False, progress: Any = None, on_commit: Any = None, kinds: tuple[str, ...] = ACTOR_KINDS,
 ) -> ChaosResult:
     """Run one chaos experiment and return its figures (see the module docstring). `progress` gets
-    log lines; `on_commit(n)` the count of commits (for a live bar)."""
+    log lines; `on_commit(n)` the count of commits (for a live bar); `kinds` the actor kinds to kill
+    (a test kills only the usage sampler, whose absence delays nothing, to make the driver's hold
+    necessary)."""
     say = progress or (lambda line: None)
     check_kills(units, kills)  # an impossible request is refused before anything starts
     rng = random.Random(seed)
@@ -272,7 +274,7 @@ async def run_chaos(
                 await publish_notice(ctx, novel_id, reason="chaos-start")
                 deadline = time.monotonic() + timeout
                 by_actor: Counter[str] = Counter()
-                plan = kill_plan(kills, rng)
+                plan = kill_plan(kills, rng, kinds)
                 schedule = kill_schedule(units, kills)
                 held: int | None = None  # the driver's pid while it is held back (SIGSTOP)
                 held_since = 0.0

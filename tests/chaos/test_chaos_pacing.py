@@ -96,3 +96,21 @@ def test_rel8_fewer_kills_than_two_rounds_still_kill_every_kind(kills: int, seed
     from novelbus.cli.bench_chaos import ACTOR_KINDS, kill_plan
     plan = kill_plan(kills, random.Random(seed))
     assert len(plan) == kills and set(plan) == set(ACTOR_KINDS)  # the driver too, not cut off by order
+
+
+async def test_rel1_rel8_the_driver_is_held_back_so_every_kill_lands_before_the_novel_finishes(
+        nats_url: str, new_database: object) -> None:
+    """REL-1, REL-8: only the usage sampler is killed — its absence delays no unit, so the novel
+    outruns its restarts and each late kill must hold the driver back (SIGSTOP) until the sampler
+    is up again. All six kills land before the novel finishes, every victim is up again, and every
+    guarantee holds."""
+    from novelbus.cli.bench_chaos import run_chaos
+    dsn = await new_database()  # type: ignore[operator]
+    lines: list[str] = []
+    r = await run_chaos(nats_url, dsn, units=10, kills=6, seed=4, timeout=150, kinds=("usage",),
+                        progress=lines.append)
+    detail = f"{r.as_json()}\n" + "\n".join(lines[-20:])
+    assert r.kills == 6 and r.kills_by_actor == {"usage": 6}, detail
+    assert r.holds >= 1 and r.held_s > 0, detail
+    assert r.unrestarted == [] and r.restarts >= 6 and max(r.kill_progress) < 1.0, detail
+    assert r.ok and r.failures() == [], detail
