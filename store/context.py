@@ -1,10 +1,11 @@
 """Trusted context read-back (CTX-2, CTX-4): every source by pointer, in ONE transaction.
 
 ``read_context_sources`` opens one ``REPEATABLE READ READ ONLY`` transaction and, inside it:
-reads the novel, its outline revision and units; resolves ``asOf``; fixes the retrieval plan
-from the outline (pure ``novel.context.plan_retrieval``) before any source is read; reads the
-commit index and canon facts at or before ``asOf``; reads prose only for the commits the plan
-points at (``novel.context.resolve_pointers``); and proves every source is at or before
+reads the novel, its outline revision and units, resolves ``asOf`` and reads the commit index
+and canon facts at or before it (one statement, PERF-2); fixes the retrieval plan from the
+outline (pure ``novel.context.plan_retrieval``: outline, units and ``asOf`` only) before any
+prose is read; reads prose only for the commits the plan points at
+(``novel.context.resolve_pointers``); and proves every source is at or before
 ``asOf`` — fail closed (``ContextLeakError``). The isolation level and read-only flag are read
 back from the server and recorded, so the proof does not rest on trust in the driver code.
 
@@ -20,6 +21,7 @@ import msgspec
 
 from novelbus.novel.body import SceneCompletion
 from novelbus.novel.context import (
+    ContextLeakError,
     ContextSources,
     FrozenContext,
     ProfileBudget,
@@ -44,8 +46,8 @@ async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline |
     return await fetch_outline(conn, novel_id, revision)  # parsed once per revision and process
 
 
-# A test seam: awaited inside the transaction after the plan is fixed and before the sources
-# are read, so a test can change the database concurrently and show the read does not see it.
+# A test seam: awaited inside the transaction after the plan is fixed and before the prose is
+# read, so a test can change the database concurrently and show the read does not see it.
 Hook = Callable[[], Awaitable[None]]
 
 
@@ -78,22 +80,38 @@ async def read_context_sources(
         profile=profile,
     )
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
-        # One round trip: the isolation actually in force, the novel, the latest commit, the
-        # unit's own commit (if any) and the units.
+        # One round trip (PERF-2): the isolation actually in force, the novel, the latest commit,
+        # the unit's own commit (if any), the units, and the commit index and canon facts at or
+        # before asOf (the caller's, else the one just before the unit's own commit, else the
+        # latest) — the same asOf `request` resolves below and `check_as_of` proves.
         novel = await conn.fetchrow(
-            "SELECT current_setting('transaction_isolation') AS isolation,"
+            "WITH k AS (SELECT (SELECT COALESCE(MAX(seq), 0) FROM commits WHERE novel_id = $1) AS latest,"
+            "  (SELECT seq FROM commits WHERE novel_id = $1 AND unit_id = $2) AS own),"
+            " a AS (SELECT COALESCE($3::bigint, k.own - 1, k.latest) AS as_of FROM k)"
+            " SELECT current_setting('transaction_isolation') AS isolation,"
             " current_setting('transaction_read_only') AS read_only,"
-            " title, status, pause_reason, config, outline_revision,"
-            " (SELECT COALESCE(MAX(seq), 0) FROM commits WHERE novel_id = $1) AS latest,"
-            " (SELECT seq FROM commits WHERE novel_id = $1 AND unit_id = $2) AS own,"
+            " n.title, n.status, n.pause_reason, n.config, n.outline_revision, k.latest, k.own, a.as_of,"
             " (SELECT COALESCE(jsonb_agg(jsonb_build_object('unit_id', u.unit_id,"
             "   'chapter_id', u.chapter_id, 'scene_id', u.scene_id, 'fragment', u.fragment,"
             "   'state', u.state, 'attempt', u.attempt, 'continuation_anchor', u.continuation_anchor,"
             "   'last_error', u.last_error) ORDER BY u.created_seq), '[]'::jsonb)"
-            "  FROM units u WHERE u.novel_id = $1) AS units"
-            " FROM novels WHERE novel_id = $1",
+            "  FROM units u WHERE u.novel_id = $1) AS units,"
+            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('seq', seq, 'commit_id', commit_id,"
+            "   'unit_id', unit_id, 'chapter_id', chapter_id, 'scene_id', scene_id,"
+            "   'scene_completion', body -> 'sceneCompletion',"
+            "   'paragraphs', jsonb_array_length(body -> 'paragraphs'),"
+            "   'effective_chars', effective_chars, 'body_hash', body_hash) ORDER BY seq), '[]'::jsonb)"
+            "  FROM commits WHERE novel_id = $1 AND seq <= a.as_of) AS commits,"
+            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('commit_id', f.commit_id, 'kind', f.kind,"
+            "   'summary', f.summary, 'detail', f.detail, 'sources', f.sources,"
+            "   'character_ids', f.character_ids, 'foreshadowing_id', f.foreshadowing_id,"
+            "   'foreshadowing_status', f.foreshadowing_status) ORDER BY c.seq, f.idx), '[]'::jsonb)"
+            "  FROM canon_facts f JOIN commits c ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
+            "  WHERE f.novel_id = $1 AND c.seq <= a.as_of) AS facts"
+            " FROM novels n, k, a WHERE n.novel_id = $1",
             novel_id,
             unit_id,
+            as_of,
         )
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
@@ -112,7 +130,11 @@ async def read_context_sources(
             profile=profile,
         )
         check_as_of(request, latest, own)
-        # CTX-2: the plan is fixed from the outline before any source is read.
+        if int(novel["as_of"]) != request.as_of:  # the index was read at another asOf: fail closed
+            raise ContextLeakError(novel_id, unit_id, ["context"],
+                                   f"index read at asOf {novel['as_of']}, the request's is {request.as_of}")
+        # CTX-2: the plan is fixed from the outline (with the units and asOf) before any prose is
+        # read and before any model call.
         plan = plan_retrieval(
             request,
             outline,
@@ -123,23 +145,7 @@ async def read_context_sources(
         if _before_sources is not None:
             await _before_sources()
 
-        # One round trip (PERF-2): the commits up to as_of and their canon facts, in order.
-        index_row = await conn.fetchrow(
-            "SELECT (SELECT COALESCE(jsonb_agg(jsonb_build_object('seq', seq, 'commit_id', commit_id,"
-            "   'unit_id', unit_id, 'chapter_id', chapter_id, 'scene_id', scene_id,"
-            "   'scene_completion', body -> 'sceneCompletion',"
-            "   'paragraphs', jsonb_array_length(body -> 'paragraphs'),"
-            "   'effective_chars', effective_chars, 'body_hash', body_hash) ORDER BY seq), '[]'::jsonb)"
-            "  FROM commits WHERE novel_id = $1 AND seq <= $2) AS commits,"
-            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('commit_id', f.commit_id, 'kind', f.kind,"
-            "   'summary', f.summary, 'detail', f.detail, 'sources', f.sources,"
-            "   'character_ids', f.character_ids, 'foreshadowing_id', f.foreshadowing_id,"
-            "   'foreshadowing_status', f.foreshadowing_status) ORDER BY c.seq, f.idx), '[]'::jsonb)"
-            "  FROM canon_facts f JOIN commits c ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
-            "  WHERE f.novel_id = $1 AND c.seq <= $2) AS facts",
-            novel_id,
-            request.as_of,
-        )
+        index_row = novel
         rows, facts = index_row["commits"], index_row["facts"]
         canon = canon_by_commit(facts)
         commits = [

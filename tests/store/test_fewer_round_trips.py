@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import pytest
 
 from novelbus import store
 from novelbus.bus import tally
+from novelbus.novel.context import ContextInputError
 from novelbus.store import novels as store_novels
 from tests.store.helpers import make_body, novel_file, table_counts
 
@@ -172,13 +174,14 @@ async def test_perf2_infra4_read_only_connections_refuse_writes_and_others_fail_
 
 
 async def test_perf2_ctx2_context_without_pointers_reads_no_prose(pool: asyncpg.Pool, novel_id: str) -> None:
-    """CTX-2: prose is read by pointer only; with no pointer (the book's first unit) the read
-    sends no prose query at all — BEGIN, the novel, the index, COMMIT; with one it reads it."""
+    """CTX-2/CTX-4: the novel, its units and the commit index at asOf are one statement; prose is
+    read by pointer only, and with no pointer (the book's first unit) no prose query is sent at
+    all — BEGIN, the novel with its index, COMMIT; with a pointer, its prose in between."""
     first = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
     before = _round_trips()
     sources = await store.read_context_sources(pool, novel_id=novel_id, unit_id=first, scenario="generation",
                                                purpose="production", profile="bounded")
-    assert _round_trips() - before == 4
+    assert _round_trips() - before == 3
     assert sources.prose == {} and sources.readback.isolation == "repeatable read"
     claim = await store.claim_unit(pool, novel_id, first, "i", mode="subagent")
     await store.commit_body(pool, novel_id, first, claim.token, make_body("Mira arrived."), run_id="r",
@@ -187,5 +190,25 @@ async def test_perf2_ctx2_context_without_pointers_reads_no_prose(pool: asyncpg.
     before = _round_trips()
     sources = await store.read_context_sources(pool, novel_id=novel_id, unit_id=second, scenario="generation",
                                                purpose="production", profile="bounded")
-    assert _round_trips() - before == 5
+    assert _round_trips() - before == 4
     assert list(sources.prose.values()) == [["Mira arrived."]]
+
+
+async def test_perf2_ctx4_as_of_resolved_in_the_one_statement(pool: asyncpg.Pool, novel_id: str) -> None:
+    """The asOf the index is read at is the one the request resolves: the unit's own commit
+    bounds it (default just before it, an explicit one at or after it refused), the latest commit
+    bounds an explicit one (however large)."""
+    first = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
+    claim = await store.claim_unit(pool, novel_id, first, "i", mode="subagent")
+    await store.commit_body(pool, novel_id, first, claim.token, make_body("Mira arrived."), run_id="r",
+                            context_hash=None)
+
+    async def read(as_of: int | None) -> Any:
+        return await store.read_context_sources(pool, novel_id=novel_id, unit_id=first, scenario="generation",
+                                                purpose="production", profile="bounded", as_of=as_of)
+
+    own = await read(None)  # the context its writer saw: nothing committed before it
+    assert own.plan.request.as_of == 0 and own.index.commits == [] and own.prose == {}
+    for bad, why in ((1, "must be before unit"), (1 << 40, "after the novel's latest commit")):
+        with pytest.raises(ContextInputError, match=why):
+            await read(bad)
