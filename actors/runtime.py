@@ -84,7 +84,7 @@ async def connected(nats_url: str, database_url: str, *, subjects: Subjects, set
     try:
         await store.migrate(pool)
         # INFRA-4: read-only connections for the read tools' snapshot; none opened until used
-        read_pool = await store.connect_read_only(database_url, max_size=max(2, pool_size // 2))
+        read_pool = await store.connect_read_only(database_url)
         nc = await connect(nats_url, name=name)
         js = nc.jetstream()
         await ensure_streams(js, subjects)

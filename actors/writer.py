@@ -84,6 +84,12 @@ class WriterRunner(ServiceActor):
         self.services = [CommandService(ctx.nc, ctx.subjects.runs, {m.RunWriter: self.on_run}, queue="runs",
                                         max_concurrency=32)]
 
+    async def start(self) -> None:
+        if self.ctx.read_pool is not None:  # open a read-only connection now, not in a unit's path
+            async with self.ctx.read_pool.acquire():
+                pass
+        await super().start()
+
     async def stop(self) -> None:
         await super().stop()
         close = getattr(self.state.provider, "aclose", None)
