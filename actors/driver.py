@@ -143,7 +143,7 @@ class Driver:
         self.flow = UnitFlow(ctx, writer_timeout_s=writer_timeout_s or ctx.settings.writer_timeout_s)
         s = ctx.subjects
         self.consumer = DurablePullConsumer(
-            ctx.js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
+            ctx.nc, ctx.js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
             handle=self.on_notice, dead_letter_subject=s.dead_letter("work"), max_deliver=WORK_MAX_DELIVER,
             backoff_s=redelivery_backoff_s, heartbeat_s=HEARTBEAT_S, max_parallel=max_parallel_novels,
             before_ack=outbox.settle)  # a flow's last events are stored before its notice is done

@@ -19,20 +19,29 @@ message and its ack, not also a pull request and a status reply as a `fetch` per
 A request that ends (408 expired, 409 conflict/leader change) gives back what it still had
 pending (`Nats-Pending-Messages`); no message nor heartbeat for two heartbeat intervals means
 the requests were lost (a reconnect, a restarted server): ask again.
+
+Only nats-py's public API is used for this: the consumer is looked up or created through the
+JetStream manager, the deliveries arrive on a core subscription of a fresh inbox of the
+connection (`nc.new_inbox()`, so a per-user inbox prefix holds, CLM-5), and the pull request is a
+core publish to the JetStream API subject `<api prefix>.CONSUMER.MSG.NEXT.<stream>.<consumer>`
+(the server's protocol) with that inbox as its reply subject.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
-import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
@@ -47,6 +56,7 @@ M = TypeVar("M")
 DLQ_DETAIL_CHARS = 300
 PULL_EXPIRES_S = 30.0  # a pull request's life on the server; then it is renewed (408 → ask again)
 PULL_HEARTBEAT_S = 5.0  # the server's idle heartbeat on an open pull request
+JS_API_PREFIX = "$JS.API"  # the JetStream API's subjects (no domain), as `nc.jetstream()` uses
 
 
 def error_code(e: BaseException) -> str:
@@ -58,13 +68,15 @@ def error_code(e: BaseException) -> str:
 class DurablePullConsumer(Generic[M]):
     """Pull `message_type` messages from a durable consumer and run `handle` on each."""
 
-    def __init__(self, js: JetStreamContext, *, stream: str, config: ConsumerConfig, message_type: type[M],
+    def __init__(self, nc: NATS, js: JetStreamContext, *, stream: str, config: ConsumerConfig, message_type: type[M],
                  handle: Callable[[M], Awaitable[None]], dead_letter_subject: str, max_deliver: int,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0, heartbeat_s: float = 5.0,
                  max_parallel: int = 64, batch: int = 32, fetch_timeout_s: float = 1.0,
                  before_ack: Callable[[], Awaitable[None]] | None = None,
-                 pull_expires_s: float = PULL_EXPIRES_S, pull_heartbeat_s: float = PULL_HEARTBEAT_S) -> None:
+                 pull_expires_s: float = PULL_EXPIRES_S, pull_heartbeat_s: float = PULL_HEARTBEAT_S,
+                 api_prefix: str = JS_API_PREFIX) -> None:
         assert config.durable_name and config.filter_subject, "a durable consumer needs a name and a subject"
+        self.nc = nc
         self.js = js
         self.stream = stream
         self.config = config
@@ -88,11 +100,20 @@ class DurablePullConsumer(Generic[M]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._psub: JetStreamContext.PullSubscription | None = None
+        durable = config.durable_name
+        self.next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"  # where pull requests go
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._queue: asyncio.Queue[Msg] = asyncio.Queue()  # deliveries, heartbeats and statuses
 
     async def start(self) -> None:
-        self._psub = await self.js.pull_subscribe(self.config.filter_subject or "", durable=self.config.durable_name,
-                                                  stream=self.stream, config=self.config)
+        durable = self.config.durable_name or ""
+        try:
+            await self.js.consumer_info(self.stream, durable)
+        except nats.js.errors.NotFoundError:  # first start: create it (as nats-py's pull_subscribe)
+            await self.js.add_consumer(self.stream, config=dataclasses.replace(self.config, name=durable))
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._inbox, cb=self._received)
         self._loop_task = asyncio.create_task(self._pull_loop(), name=f"pull-{self.config.durable_name}")
 
     async def stop(self) -> None:
@@ -100,42 +121,42 @@ class DurablePullConsumer(Generic[M]):
         self._stopping = True  # the loop ends even if a cancel gets lost in a fetch (bus.tasks)
         if self._loop_task is not None:
             await cancel_and_wait([self._loop_task], recancel_s=0.5)  # nothing to clean up
-        if self._psub is not None:
+        if self._sub is not None:
             # The pull request stays open on the server until the inbox goes: what it already
             # delivered and nobody took is given back at once (not after the ack wait).
             with contextlib.suppress(Exception):
-                await self._psub.unsubscribe()
-            queue = self._psub._sub._pending_queue
-            while not queue.empty():
-                msg = queue.get_nowait()
+                await self._sub.unsubscribe()
+            self._sub = None
+            while not self._queue.empty():
+                msg = self._queue.get_nowait()
                 if not (msg.headers and msg.headers.get("Status")):
                     with contextlib.suppress(Exception):
                         await msg.nak()
         await cancel_and_wait(list(self._tasks))
 
+    async def _received(self, msg: Msg) -> None:
+        self._queue.put_nowait(msg)
+
     async def _ask(self) -> None:
         """Top up the open pull requests to `batch` messages (one request, no reply expected)."""
-        assert self._psub is not None
+        assert self._sub is not None
         ask = self.batch - self.waiting
         request = {"batch": ask, "expires": int(self.pull_expires_s * 1e9),
                    "idle_heartbeat": int(self.pull_heartbeat_s * 1e9)}
-        # nats-py 2.16 has no continuous pull; its PullSubscription keeps the request subject and
-        # deliver inbox that its own `fetch` publishes to and reads from.
-        await self.js._nc.publish(self._psub._nms, json.dumps(request).encode(), self._psub._deliver)
+        await self.nc.publish(self.next_subject, json.dumps(request).encode(), reply=self._inbox)
         self.waiting += ask
         self.pull_requests += 1
 
     async def _next_message(self) -> Msg | None:
         """The next delivery, idle heartbeat or status on the deliver inbox; None after
         `fetch_timeout_s` without any."""
-        assert self._psub is not None
         try:
-            return await self._psub._sub.next_msg(timeout=self.fetch_timeout_s)
-        except nats.errors.TimeoutError:
+            async with asyncio.timeout(self.fetch_timeout_s):
+                return await self._queue.get()
+        except TimeoutError:
             return None
 
     async def _pull_loop(self) -> None:
-        assert self._psub is not None
         heard = time.monotonic()  # the last message, heartbeat or status from the server
         while not self._stopping:
             try:

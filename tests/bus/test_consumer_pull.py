@@ -42,7 +42,7 @@ async def test_bus2_perf2_one_pull_request_serves_many_deliveries(nats_url: str,
             done.set()
 
         consumer: DurablePullConsumer[WorkNotice] = DurablePullConsumer(
-            js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
+            nc, js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
             handle=handle, dead_letter_subject=s.dead_letter("work"), max_deliver=3, fetch_timeout_s=0.2)
         await consumer.start()
         try:
@@ -80,7 +80,7 @@ async def test_rel6_perf2_an_expired_pull_request_is_renewed(nats_url: str, name
             done.set()
 
         consumer: DurablePullConsumer[WorkNotice] = DurablePullConsumer(
-            js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
+            nc, js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
             handle=handle, dead_letter_subject=s.dead_letter("work"), max_deliver=3, fetch_timeout_s=0.2,
             pull_expires_s=0.8, pull_heartbeat_s=0.2)
         await consumer.start()

@@ -66,10 +66,10 @@ async def test_rel6_a_consumer_stops_although_its_fetch_swallowed_the_cancel(nat
             return None
 
         consumer: DurablePullConsumer[WorkNotice] = DurablePullConsumer(
-            js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
+            nc, js, stream=s.work_stream, config=driver_consumer_config(s), message_type=WorkNotice,
             handle=handle, dead_letter_subject=s.dead_letter("work"), max_deliver=3, fetch_timeout_s=0.2)
         await consumer.start()
-        assert consumer._psub is not None
+        assert consumer._sub is not None
         real_next = consumer._next_message
         swallowed: list[int] = []
 
