@@ -78,6 +78,7 @@ TARGET_UNITS_PER_S = {"one-process": 150.0, "processes": 100.0}
 # What one unit needs at least (see the module docstring for why).
 FLOOR_COUNTS = {"request_reply": 6, "transactions": 4, "publish_waits": 2}
 FLOOR_SAMPLES = 200
+WARMUP_UNITS = 5  # a first novel that is not measured: the process's first units pay one-off costs
 MAX_UNITS_PER_NOVEL = 50  # the usage ring (which carries each turn's model time) keeps 50 per novel
 
 console = Console(highlight=False, soft_wrap=True)
@@ -467,7 +468,15 @@ def _mark(ok: bool) -> str:
     return "[green]✔[/]" if ok else "[red]✘[/]"
 
 
-def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Floor, counts: Counts) -> None:
+def cold_max_ms(warmup: PhaseResult | None) -> float | None:
+    """The slowest unit of the warm-up novel (overhead, ms): what a process's first units cost."""
+    if warmup is None or not warmup.timings:
+        return None
+    return max(t.overhead_ms for t in warmup.timings)
+
+
+def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Floor, counts: Counts,
+                 warmup: PhaseResult | None = None) -> None:
     console.print(f"[bold]novelbus bench throughput[/] — writer: offline (no language model), deployment: "
                   f"[cyan]{deploy}[/]")
     target_ups = TARGET_UNITS_PER_S[deploy]
@@ -487,6 +496,12 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
                   f"{load.overhead(99):.1f}   (includes queueing behind {load.novels} novels)")
     console.print(f"units: {load.units} in {load.seconds:.1f} s under load; latency phase {latency.units} units "
                   f"({len(latency.timings)} measured cycles)")
+    cold = cold_max_ms(warmup)
+    if warmup is not None:
+        console.print(f"warm-up before the measured phases: {warmup.units} units, not measured"
+                      + ("" if cold is None else f"; its slowest (cold) unit {cold:.1f} ms"))
+    else:
+        console.print("no warm-up (--warmup-units 0): the latency phase includes the process's first units")
     console.print()
     fp = floor.p50()
     console.print(f"[bold]floor[/] (raw nats-py / asyncpg on the same servers, {len(floor.request_reply)} samples each)")
@@ -544,13 +559,18 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
 
 async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, latency_units: int,
                 processes: bool, seed: int, timeout: float, home: Path | None, nats_url: str | None,
-                database_url: str | None, live: bool = False) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts]:
+                database_url: str | None, live: bool = False, warmup_units: int = WARMUP_UNITS,
+                ) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts, PhaseResult | None]:
     deploy = "processes" if processes else "one-process"
     async with servers(home, nats_url, database_url) as ep:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
         log_dir = home_dir(home) / "logs" / f"bench-{subjects.namespace.rstrip('.')}"
         async with deployment(processes, ep.nats_url, ep.database_url, subjects, log_dir) as ctx:
             try:
+                warmup = None
+                if warmup_units:  # the process's first units (connections, caches, first calls) apart
+                    warmup = await phase(ctx, "warm-up", 1, max(1, math.ceil(warmup_units / scenes)), scenes,
+                                         unit_chars, seed + 2000, timeout, live)
                 floor = Floor()
                 await measure_floor(ctx, floor)  # PERF-1: before and after the latency phase
                 lat_chapters = max(1, math.ceil(latency_units / scenes))
@@ -584,7 +604,7 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                         "load": {k: round((nats3[k] - nats2[k]) / load.units, 2) for k in nats0}}
             finally:
                 await drop_namespace_streams(ctx)
-    return deploy, latency, load, floor, counts
+    return deploy, latency, load, floor, counts, warmup
 
 
 def bench_throughput(
@@ -593,6 +613,9 @@ def bench_throughput(
     scenes: Annotated[int, typer.Option(help="Scenes per chapter")] = 5,
     unit_chars: Annotated[int, typer.Option("--unit-chars", help="Target characters per unit")] = 600,
     latency_units: Annotated[int, typer.Option("--latency-units", help="Units of the latency-phase novel")] = 40,
+    warmup_units: Annotated[int, typer.Option(
+        "--warmup-units", help="Units of a first novel that is not measured (0: none; rounded up to whole chapters)")]
+    = WARMUP_UNITS,
     processes: Annotated[bool, typer.Option("--processes", help="Each actor in its own OS process")] = False,
     seed: Annotated[int, typer.Option(help="Seed of the generated novels")] = 3,
     timeout: Annotated[float, typer.Option(help="Give up on a phase after this many seconds")] = 900.0,
@@ -611,15 +634,18 @@ def bench_throughput(
              "ring that carries each unit's model time keeps the last 50 samples", code=2)
     if timeout <= 0:
         fail(f"--timeout must be positive, got {timeout}", code=2)
+    if not 0 <= warmup_units <= MAX_UNITS_PER_NOVEL:
+        fail(f"--warmup-units must be between 0 and {MAX_UNITS_PER_NOVEL}, got {warmup_units}", code=2)
     try:
-        deploy, latency, load, floor, counts = run(bench(novels=novels, chapters=chapters, scenes=scenes, unit_chars=unit_chars,
+        deploy, latency, load, floor, counts, warmup = run(bench(novels=novels, chapters=chapters, scenes=scenes, unit_chars=unit_chars,
                                           latency_units=latency_units, processes=processes, seed=seed,
                                           timeout=timeout, home=home, nats_url=nats_url,
-                                          database_url=database_url, live=not as_json))
+                                          database_url=database_url, live=not as_json,
+                                          warmup_units=warmup_units))
     except (RuntimeError, ValueError, TimeoutError) as e:
         fail(str(e))
     if not as_json:
-        print_report(deploy, latency, load, floor, counts)
+        print_report(deploy, latency, load, floor, counts, warmup)
         return
     floor_ms = floor.unit_ms
     fp = floor.p50()
@@ -648,6 +674,8 @@ def bench_throughput(
         "load_hops": load.hop_p50(),
         "load_seconds": round(load.seconds, 3),
         "latency_units_measured": len(latency.timings),
+        "warmup_units": warmup.units if warmup is not None else 0,
+        "warmup_overhead_max_ms": None if (cold := cold_max_ms(warmup)) is None else round(cold, 3),
         "latency_breakdown": latency.breakdown,
         "model_ms_p50": round(statistics.median([t.model_ms for t in latency.timings]), 3)
         if latency.timings else None,
