@@ -14,14 +14,22 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from novelbus import store
-from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.actors.context import (
+    REPUBLISH_WITHIN_S,
+    ActorContext,
+    ServiceActor,
+    once_key_of_commit,
+)
 from novelbus.bus.client import BusUnavailable, request
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.routes import check_instance, claims_instance_subject, delegation_instance
 from novelbus.bus.service import CommandService
 from novelbus.messages import claims as m
 from novelbus.messages import events as ev
+from novelbus.messages.base import tag_of
 from novelbus.messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
 from novelbus.novel.outline import ID_PATTERN
 
@@ -103,7 +111,15 @@ class ClaimManager(ServiceActor):
         await super().start()
 
     async def recover(self) -> None:
-        """CLM-4: after a restart our delegations are gone, so our claimed units go back to prepared."""
+        """CLM-4: after a restart our delegations are gone, so our claimed units go back to prepared.
+
+        REL-7: a previous life killed between a commit's statement (which writes the unit.committed
+        row, PERF-2) and its publish left the row ledger-only; whatever the flow did since (its
+        writer may even have read the commit back and verified it), the recent rows are published
+        again under their message ids, in ledger order, before this instance serves anything: the
+        stream's de-duplication keeps each once."""
+        for row in await store.recent_once_events(self.ctx.pool, tag_of(ev.UnitCommitted), REPUBLISH_WITHIN_S):
+            await self.ctx.publish_recorded(msgspec.convert(row.payload, ev.UnitCommitted), row.seq)
         recovered = await store.recover_claims(self.ctx.pool, claimed_by=self.state.instance)
         by_novel: dict[str, list[str]] = {}
         for novel_id, unit_id in recovered:
@@ -177,9 +193,15 @@ class ClaimManager(ServiceActor):
             await self.ctx.emit(ev.ScopeViolation(novel_id=d.novel_id, requested_unit_id=recorded_id(req.unit_id),
                                                   delegated_unit_id=d.unit_id))
             raise ClaimRefused(SCOPE_VIOLATION, f"delegation covers unit {d.unit_id}, not {req.unit_id}")
+        # PERF-2: the commit and its unit.committed ledger row in one statement (REL-7 once-key);
+        # commit_id, the character counts and body_sha256 are filled in by the store.
+        entry = ActorContext.ledger_entry(ev.UnitCommitted(
+            novel_id=d.novel_id, unit_id=d.unit_id, commit_id="", effective_characters=0, total_characters=0,
+            body_sha256="", context_sha256=req.context_sha256))
         try:
-            receipt = await store.commit_body(self.ctx.pool, d.novel_id, d.unit_id, d.execution_token, req.body,
-                                              run_id=req.run_id, context_hash=req.context_sha256)
+            receipt, event_seq = await store.commit_body_with_event(
+                self.ctx.pool, d.novel_id, d.unit_id, d.execution_token, req.body, run_id=req.run_id,
+                context_hash=req.context_sha256, event=entry, once_key=once_key_of_commit(d.novel_id, d.unit_id))
         except (store.UnitNotClaimed, store.TokenMismatch) as e:
             # The claim ended without this delegation (released by its driver, a lapsed lease, a
             # stop): the store refuses, the delegation goes, and the refusal is recorded.
@@ -193,10 +215,17 @@ class ClaimManager(ServiceActor):
             while len(self.state.committed) > COMMITTED_KEPT:
                 self.state.committed.popitem(last=False)
         if not receipt.duplicate and not replay:
-            await self.ctx.emit(ev.UnitCommitted(
+            committed = ev.UnitCommitted(
                 novel_id=d.novel_id, unit_id=d.unit_id, commit_id=receipt.commit_id,
                 effective_characters=receipt.effective_characters, total_characters=receipt.total_characters,
-                body_sha256=receipt.body_hash, context_sha256=receipt.context_hash))
+                body_sha256=receipt.body_hash, context_sha256=receipt.context_hash)
+            if event_seq is None:  # the two-statement way: the row is written here (once-key)
+                await self.ctx.emit(committed)
+            else:
+                # A kill between the statement and this publish leaves the row ledger-only: the
+                # flow (UnitFlow.settle / committed_under), the sweep and this manager's restart
+                # (`recover`) publish it again from the row (REL-7).
+                await self.ctx.publish_recorded(committed, event_seq)
         return m.CommitReceipt(
             commit_id=receipt.commit_id, unit_id=receipt.unit_id, claim_id=receipt.claim_id,
             body_sha256=receipt.body_hash, effective_characters=receipt.effective_characters,

@@ -69,6 +69,16 @@ class UnitFlow:
         commit = await store.get_commit_for_unit(self.ctx.pool, novel_id, unit_id)
         return commit is not None and commit.claim_id == claim.claim_id
 
+    async def landed(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted) -> bool:
+        """`committed_under` for a flow whose writer or commit reply failed although the commit
+        landed: the claim manager may have died between the commit's statement (which writes the
+        unit.committed row, PERF-2) and its publish, so the row is published again from the ledger
+        (REL-7; the stream stores it once) before the unit counts as a success — per-novel order."""
+        if not await self.committed_under(novel_id, unit_id, claim):
+            return False
+        await self.ctx.republish_once(once_key_of_commit(novel_id, unit_id), ev.UnitCommitted)
+        return True
+
     async def settle(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, reason: str) -> UnitOutcome | None:
         """An interrupted flow: committed under this claim → a success to account (the store is the
         truth, VER-1); otherwise the claim goes back to prepared (STORE-4) and None is returned."""
@@ -131,7 +141,7 @@ class UnitFlow:
             last_output = result.output_chars
             if not result.ok:
                 reasons.append(result.reason)
-                if await self.committed_under(novel_id, unit_id, claim):  # the commit's reply was lost
+                if await self.landed(novel_id, unit_id, claim):  # the commit's reply was lost
                     return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
                 if result.reason == WINDOW_EXCEEDED:  # MODEL-5: deterministic; no re-dispatch
                     break
@@ -140,7 +150,7 @@ class UnitFlow:
                 failure = await self._commit_draft(novel_id, unit_id, claim, run_id, result, pack.context_sha256)
                 if failure:
                     reasons.append(failure)
-                    if await self.committed_under(novel_id, unit_id, claim):
+                    if await self.landed(novel_id, unit_id, claim):
                         return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
                     continue
             verified = await request(ctx.nc, ctx.subjects.verify,

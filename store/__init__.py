@@ -9,6 +9,7 @@ from novelbus.store.commits import (
     CommitRow,
     Receipt,
     commit_body,
+    commit_body_with_event,
     commit_paragraph_counts,
     count_commits_per_unit,
     get_commit_for_unit,
@@ -49,6 +50,7 @@ from novelbus.store.events import (
     has_event,
     list_events,
     mark_processed,
+    recent_once_events,
     record_intent,
 )
 from novelbus.store.memory import (
@@ -162,6 +164,7 @@ __all__ = [
     "unaccounted_commits",
     "append_event_once",
     "event_by_once_key",
+    "recent_once_events",
     "has_event",
     "RING_SIZE",
     "Claim",
@@ -200,6 +203,7 @@ __all__ = [
     "claim_unit",
     "claimed_units",
     "commit_body",
+    "commit_body_with_event",
     "commit_paragraph_counts",
     "connect",
     "connect_read_only",

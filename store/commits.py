@@ -30,6 +30,7 @@ from novelbus.store.errors import (
     UnitNotClaimed,
     UnitNotFound,
 )
+from novelbus.store.events import check_event
 from novelbus.store.units import hash_token
 
 
@@ -209,22 +210,70 @@ async def commit_body(
     that fails one of the database-free checks goes the two-statement way (`_commit_checked`), so
     a refusal for a reason that comes first in the order above is still the one raised.
     """
+    receipt, _ = await _commit_body(pool, novel_id, unit_id, token, body, run_id=run_id,
+                                    context_hash=context_hash, event=None)
+    return receipt
+
+
+async def commit_body_with_event(
+    pool: Db,
+    novel_id: str,
+    unit_id: str,
+    token: str,
+    body: CommitBody,
+    *,
+    run_id: str,
+    context_hash: str | None,
+    event: tuple[str, dict[str, Any]],
+    once_key: str,
+) -> tuple[Receipt, int | None]:
+    """`commit_body`, and when it writes the commit, its announcing event's ledger row in the
+    same statement and transaction (PERF-2; migration 009): (receipt, the row's seq).
+
+    `event` is the (type, payload) of the event; its `commitId`, `effectiveCharacters`,
+    `totalCharacters` and `bodySha256` are set to the commit's. The row carries `once_key` (REL-7): a replay (`duplicate=True`) writes no row
+    and returns None, and so does the rare two-statement way (`commit_body`'s docstring) — the
+    caller then writes the row itself. Both or neither: a kill after the statement leaves the
+    commit with its row, which the caller then publishes under the seq."""
+    check_event(*event)
+    if not once_key:
+        raise ValueError("once_key must not be empty")
+    return await _commit_body(pool, novel_id, unit_id, token, body, run_id=run_id,
+                              context_hash=context_hash, event=(event[0], event[1], once_key))
+
+
+async def _commit_body(
+    pool: Db,
+    novel_id: str,
+    unit_id: str,
+    token: str,
+    body: CommitBody,
+    *,
+    run_id: str,
+    context_hash: str | None,
+    event: tuple[str, dict[str, Any], str] | None,
+) -> tuple[Receipt, int | None]:
     try:
         check_body(body, known_commits=_EVERY_COMMIT, hard_max_remaining=None)
     except (BodyError, ProseGuardError):
         return await _commit_checked(pool, novel_id, unit_id, token, body, run_id=run_id,
-                                     context_hash=context_hash)
+                                     context_hash=context_hash), None
     body_hash = business_hash(body)
     token_hash = hash_token(token)
     chars = sum(effective_characters(p) for p in body.paragraphs)
+    args = (novel_id, unit_id, token_hash, msgspec.to_builtins(body), body_hash, chars, context_hash,
+            run_id, _canon_rows(body, "@"), [[c, i] for c, i in commit_references(body).items()])
     async with statement(pool) as conn:
-        r = await conn.fetchrow(
-            "SELECT * FROM nb_commit_body($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-            novel_id, unit_id, token_hash, msgspec.to_builtins(body), body_hash, chars, context_hash,
-            run_id, _canon_rows(body, "@"), [[c, i] for c, i in commit_references(body).items()],
-        )
+        if event is None:
+            r = await conn.fetchrow("SELECT * FROM nb_commit_body($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                                    *args)
+        else:
+            r = await conn.fetchrow(
+                "SELECT * FROM nb_commit_body_event($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                *args, *event)
     outcome = r["o_outcome"]
     if outcome == "committed":
+        seq = r["o_event_seq"] if event is not None else None
         return Receipt(
             commit_id=f"commit-{r['o_seq']}",
             unit_id=unit_id,
@@ -236,11 +285,11 @@ async def commit_body(
             duplicate=False,
             context_hash=context_hash,
             scene_completed=body.scene_completion.completed,
-        )
+        ), (None if seq is None else int(seq))
     if outcome == "novel-not-found":
         raise NovelNotFound(f"novel {novel_id!r} not found")
     if outcome == "existing":
-        return _existing_receipt(novel_id, unit_id, body_hash, token_hash, r, r["o_claim_id"])
+        return _existing_receipt(novel_id, unit_id, body_hash, token_hash, r, r["o_claim_id"]), None
     if outcome == "unit-not-found":
         raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
     if outcome == "not-claimed":
@@ -252,7 +301,8 @@ async def commit_body(
     check_body(body, known_commits={str(k): int(v) for k, v in r["o_known"].items()},
                hard_max_remaining=_hard_max_remaining(length, int(r["o_committed"])))
     # pragma: no cover - the database and check_body disagree: the two-statement way decides
-    return await _commit_checked(pool, novel_id, unit_id, token, body, run_id=run_id, context_hash=context_hash)
+    return await _commit_checked(pool, novel_id, unit_id, token, body, run_id=run_id,
+                                 context_hash=context_hash), None
 
 
 async def _commit_checked(

@@ -110,6 +110,17 @@ async def event_by_once_key(pool: Db, once_key: str) -> EventRow | None:
     return None if row is None else EventRow(**dict(row))
 
 
+async def recent_once_events(pool: Db, type: str, within_s: float) -> list[EventRow]:
+    """Once-only rows of this type written in the last `within_s` seconds, in ledger order: what
+    a restarted emitter may have left unpublished (REL-7)."""
+    async with statement(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT seq, novel_id, type, payload, created_at FROM events"
+            " WHERE type = $1 AND once_key IS NOT NULL AND created_at > now() - make_interval(secs => $2)"
+            " ORDER BY seq", type, float(within_s))
+    return [EventRow(**dict(r)) for r in rows]
+
+
 async def has_event(pool: Db, once_key: str) -> bool:
     """Whether an event with this once-key was recorded (REL-7)."""
     async with statement(pool) as conn:
