@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import asyncpg
+
 from novelbus import store
 from novelbus.store.pool import migration_files
 
@@ -44,3 +46,16 @@ async def test_infra3_migrate_accepts_a_connection(
         assert await store.migrate(pool) == []
     finally:
         await pool.close()
+
+
+async def test_rel7_the_restart_read_of_recent_once_events_has_an_index(pool: asyncpg.Pool) -> None:
+    """REL-7 / issue 14: `store.recent_once_events` (a restarted claim manager's first read) can be
+    served by migration 010's partial index — its predicate matches the query's, so a large ledger
+    is not scanned whole at every start (planner told to avoid a sequential scan if it can)."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        plan = await conn.fetchval(
+            "EXPLAIN (FORMAT JSON) SELECT seq, novel_id, type, payload, created_at FROM events"
+            " WHERE type = $1 AND once_key IS NOT NULL AND created_at > now() - make_interval(secs => $2)"
+            " ORDER BY seq", "unit.committed", 60.0)
+    assert "events_once_recent" in str(plan), plan
