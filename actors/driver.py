@@ -400,9 +400,12 @@ class Driver:
             # Settling waits for the infrastructure: a retried notice would see the unit committed
             # and move on, and this unit's turn would never be accounted.
             settled = None
-            with contextlib.suppress(Exception):
+            try:
                 settled = await self._until_available(
                     lambda: self.flow.settle(novel_id, unit_id, claim, "flow-interrupted"))
+            except Exception as settle_error:  # noqa: BLE001 - the notice retries; the REL-7 sweep settles it
+                log.warning("flow of %s/%s interrupted (%s) and not settled (%s): left to the notice's retry"
+                            " and the REL-7 sweep", novel_id, unit_id, error_code(e), error_code(settle_error))
             if settled is None:
                 raise e
             outcome = settled
