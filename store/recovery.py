@@ -12,7 +12,6 @@ REL-2: `account_turn` counts a turn once per claim, however often the accounting
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,14 +19,14 @@ from typing import Any, Literal
 from novelbus.messages.base import tag_of
 from novelbus.messages.events import UnitSuperseded
 from novelbus.store._db import Db, lock_novel, novel_must_exist, statement, transaction
-from novelbus.store.errors import NovelNotFound, SceneNotFound
+from novelbus.store.errors import NovelNotFound
 from novelbus.store.events import check_event
 from novelbus.store.novels import SUPERSEDED_SCENE_REMOVED, NovelRow, fetch_outline, novel_row
 from novelbus.store.units import (
-    PREPARE_CANDIDATES,
     RELEASE_CLAIM_SQL,
+    candidate_batches,
+    no_free_unit_id,
     prepared_unit_id,
-    unit_id_candidates,
 )
 
 TurnOutcome = Literal["committed", "failed", "external"]
@@ -131,17 +130,11 @@ async def prepare_and_lease_unit(
     its seq: the ledger is the outbox), the intent recorded (a repeat records nothing) and the
     unit leased under it (`leased` False: the unit moved on, see `hold_lease`). The event's
     payload gets the prepared unit's id in SQL (`unit_id`)."""
-    if fragment < 1:
-        raise ValueError(f"fragment must be >= 1, got {fragment}")
     if seconds <= 0:
         raise ValueError(f"lease seconds must be > 0, got {seconds}")
     if not intent_id or not holder:
         raise ValueError("intent_id and holder must not be empty")
-    candidates = unit_id_candidates(chapter_id, scene_id, fragment)
-    while True:
-        batch = list(itertools.islice(candidates, PREPARE_CANDIDATES))
-        if not batch:  # pragma: no cover - a thousand taken ids for one scene
-            raise SceneNotFound(f"novel {novel_id!r}: no free unit id for scene {scene_id!r}")
+    for batch in candidate_batches(novel_id, chapter_id, scene_id, fragment):
         entry = None if event is None else event(batch[0])
         if entry is not None:
             check_event(*entry)  # bad input fails here, before anything is written
@@ -157,6 +150,7 @@ async def prepare_and_lease_unit(
         if unit_id is not None:
             seq = row["o_event_seq"]
             return PreparedLease(unit_id, None if seq is None else int(seq), bool(row["o_leased"]))
+    raise no_free_unit_id(novel_id, scene_id)  # pragma: no cover - a thousand taken ids for one scene
 
 
 async def release_lapsed_claims(
@@ -226,12 +220,7 @@ async def account_turn(
     `unit_id` and `holder` (the accounting driver instance) let reconciliation settle the
     turn's usage sample later (REL-7).
     """
-    if outcome not in ("committed", "failed", "external"):
-        raise ValueError(f"outcome must be committed, failed or external, got {outcome!r}")
-    if writer_output_chars < 0:
-        raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
-    if not turn_key:
-        raise ValueError("turn_key must not be empty")
+    check_turn(turn_key, outcome, writer_output_chars)
     # PERF-2: one statement (`nb_account_turn`, migration 006): novel lock, turn ledger, counters.
     async with statement(pool) as conn:
         r = await conn.fetchrow(
@@ -241,6 +230,16 @@ async def account_turn(
     if r is None:
         raise NovelNotFound(f"novel {novel_id!r} not found")
     return novel_row(r), bool(r["o_first"])
+
+
+def check_turn(turn_key: str, outcome: str, writer_output_chars: int) -> None:
+    """The arguments of an accounted turn, refused before anything is written."""
+    if outcome not in ("committed", "failed", "external"):
+        raise ValueError(f"outcome must be committed, failed or external, got {outcome!r}")
+    if writer_output_chars < 0:
+        raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
+    if not turn_key:
+        raise ValueError("turn_key must not be empty")
 
 
 async def external_failures(pool: Db, novel_id: str) -> int:

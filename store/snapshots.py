@@ -22,6 +22,7 @@ from novelbus.store.novels import (
     parse_config,
     remember_outline,
 )
+from novelbus.store.recovery import check_turn
 
 
 def _snapshot_sql(body: str) -> str:
@@ -228,12 +229,7 @@ async def account_turn_and_snapshot(
     the novel's counters and its turn ledger, which the snapshot does not carry, so it is the
     book as the turn left it. The counters (turns, failures: the next budget check's input) are
     those the accounting wrote."""
-    if outcome not in ("committed", "failed", "external"):
-        raise ValueError(f"outcome must be committed, failed or external, got {outcome!r}")
-    if writer_output_chars < 0:
-        raise ValueError(f"writer_output_chars must be >= 0, got {writer_output_chars}")
-    if not turn_key:
-        raise ValueError("turn_key must not be empty")
+    check_turn(turn_key, outcome, writer_output_chars)
     async with statement(pool) as conn:
         r = await conn.fetchrow(_ACCOUNT_AND_SNAPSHOT, novel_id, (1 << 31) - 1, turn_key, outcome,
                                 writer_output_chars, failure_signature, unit_id, holder)

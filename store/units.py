@@ -112,6 +112,20 @@ def unit_id_candidates(chapter_id: str, scene_id: str, fragment: int) -> Iterato
 PREPARE_CANDIDATES = 8  # unit ids offered to one prepare call; the next ones only if all are taken
 
 
+def candidate_batches(novel_id: str, chapter_id: str, scene_id: str, fragment: int) -> Iterator[list[str]]:
+    """The candidate unit ids in batches of PREPARE_CANDIDATES, for one prepare call each (the
+    caller raises `no_free_unit_id` when all are taken)."""
+    if fragment < 1:
+        raise ValueError(f"fragment must be >= 1, got {fragment}")
+    candidates = unit_id_candidates(chapter_id, scene_id, fragment)
+    while batch := list(itertools.islice(candidates, PREPARE_CANDIDATES)):
+        yield batch
+
+
+def no_free_unit_id(novel_id: str, scene_id: str) -> SceneNotFound:
+    return SceneNotFound(f"novel {novel_id!r}: no free unit id for scene {scene_id!r}")
+
+
 async def prepare_unit(
     pool: Db,
     novel_id: str,
@@ -125,13 +139,7 @@ async def prepare_unit(
 
     PERF-2: one statement (`nb_prepare_unit`, migration 006) locks the novel, looks for the unit,
     checks the novel and the outline's scene and inserts under the first free candidate id."""
-    if fragment < 1:
-        raise ValueError(f"fragment must be >= 1, got {fragment}")
-    candidates = unit_id_candidates(chapter_id, scene_id, fragment)
-    while True:
-        batch = list(itertools.islice(candidates, PREPARE_CANDIDATES))
-        if not batch:  # pragma: no cover - a thousand taken ids for one scene
-            raise SceneNotFound(f"novel {novel_id!r}: no free unit id for scene {scene_id!r}")
+    for batch in candidate_batches(novel_id, chapter_id, scene_id, fragment):
         async with statement(pool) as conn:
             row = await conn.fetchrow(
                 "SELECT o_outcome, o_unit FROM nb_prepare_unit($1, $2, $3, $4, $5, $6)",
@@ -140,6 +148,7 @@ async def prepare_unit(
         unit_id = prepared_unit_id(row["o_outcome"], row["o_unit"], novel_id, chapter_id, scene_id)
         if unit_id is not None:
             return unit_id
+    raise no_free_unit_id(novel_id, scene_id)  # pragma: no cover - a thousand taken ids for one scene
 
 
 def prepared_unit_id(
