@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from novelbus import store
-from novelbus.actors.context import ActorContext, once_key, once_key_of_commit
+from novelbus.actors.context import ActorContext, once_key, once_key_of_commit, once_key_of_finish
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.tasks import cancel_and_wait
 from novelbus.messages import events as ev
@@ -189,7 +189,7 @@ class Accounting:
         for novel_id in sorted(touched):
             await self.announce_chapters(novel_id, report, republish=True)
             if novel_id in finished:
-                await self.ctx.republish_once(f"novel.finished:{novel_id}", ev.NovelFinished)
+                await self.ctx.republish_once(once_key_of_finish(novel_id), ev.NovelFinished)
         for novel_id in await store.finished_without_event(pool):
             snapshot = await store.load_snapshot(pool, novel_id, prose=False)
             await self._emit_once(ev.NovelFinished(novel_id=novel_id, units=len(snapshot.units),

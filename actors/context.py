@@ -39,6 +39,11 @@ def once_key_of_commit(novel_id: str, unit_id: str) -> str:
     return f"unit.committed:{novel_id}:{unit_id}"
 
 
+def once_key_of_finish(novel_id: str) -> str:
+    """The once-key of a novel's `novel.finished` (REL-7)."""
+    return f"novel.finished:{novel_id}"
+
+
 def once_key(event: Event) -> str | None:
     """The key of an event that must exist exactly once per novel (REL-7, REL-8), else None."""
     if isinstance(event, UnitCommitted):
@@ -46,7 +51,7 @@ def once_key(event: Event) -> str | None:
     if isinstance(event, ChapterCompleted):
         return f"chapter.completed:{event.novel_id}:{event.chapter_id}"
     if isinstance(event, NovelFinished):
-        return f"novel.finished:{event.novel_id}"
+        return once_key_of_finish(event.novel_id)
     if isinstance(event, UsageMissing):
         return f"usage.missing:{event.novel_id}:{event.claim_id}"
     if isinstance(event, WriterAbandoned):

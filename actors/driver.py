@@ -339,17 +339,19 @@ class Driver:
             # PERF-2 (issue 14): a new unit is prepared, its unit.prepared ledger row written, the
             # intent recorded and the unit leased in ONE statement; then the row is published.
             chapter_id, scene_id, fragment = decision.chapter_id, decision.scene_id, decision.fragment
+
+            def prepared_event(unit: str) -> ev.UnitPrepared:
+                return ev.UnitPrepared(novel_id=novel_id, unit_id=unit, chapter_id=chapter_id, scene_id=scene_id,
+                                       fragment=fragment)
+
             prepared = await store.prepare_and_lease_unit(
                 pool, novel_id, chapter_id, scene_id, fragment=fragment,
                 continuation_anchor=decision.continuation_anchor, intent_id=intent_id,
                 notice_id=notice.notice_id, holder=self.instance, seconds=self.lease_s,
-                event=lambda candidate: ctx.ledger_entry(ev.UnitPrepared(
-                    novel_id=novel_id, unit_id=candidate, chapter_id=chapter_id, scene_id=scene_id,
-                    fragment=fragment)))
+                event=lambda candidate: ctx.ledger_entry(prepared_event(candidate)))
             unit_id = prepared.unit_id
             assert prepared.event_seq is not None
-            await ctx.publish_recorded(ev.UnitPrepared(novel_id=novel_id, unit_id=unit_id, chapter_id=chapter_id,
-                                                       scene_id=scene_id, fragment=fragment), prepared.event_seq)
+            await ctx.publish_recorded(prepared_event(unit_id), prepared.event_seq)
             tally.mark("prepared")
             if not prepared.leased:
                 return  # the unit moved on (claimed by another flow, committed); the state decides

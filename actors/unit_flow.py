@@ -82,10 +82,7 @@ class UnitFlow:
     async def settle(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, reason: str) -> UnitOutcome | None:
         """An interrupted flow: committed under this claim → a success to account (the store is the
         truth, VER-1); otherwise the claim goes back to prepared (STORE-4) and None is returned."""
-        if await self.committed_under(novel_id, unit_id, claim):
-            # The commit went through but its reply did not come: the claim manager may have died
-            # before its unit.committed left the process.
-            await self.ctx.republish_once(once_key_of_commit(novel_id, unit_id), ev.UnitCommitted)
+        if await self.landed(novel_id, unit_id, claim):  # the commit went through, its reply did not come
             return UnitOutcome(True, "committed", 0)
         if await store.release_claim(self.ctx.pool, novel_id, unit_id, reason=reason, claim_id=claim.claim_id):
             await self.ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))
