@@ -145,8 +145,7 @@ async def read_context_sources(
         if _before_sources is not None:
             await _before_sources()
 
-        index_row = novel
-        rows, facts = index_row["commits"], index_row["facts"]
+        rows, facts = novel["commits"], novel["facts"]
         canon = canon_by_commit(facts)
         commits = [
             CommitView(
