@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 
@@ -22,6 +23,8 @@ WORK_MAX_DELIVER = 5  # bounded redelivery; then the notice goes to the dead-let
 WORK_ACK_WAIT_S = 20.0  # the driver sends in-progress acks (every 5 s) while a unit runs; a dead
 # driver's notice is redelivered after this
 DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id de-duplication window
+NO_PEERS_FOR_PLACEMENT = 10005  # JetStream: a replica's peer is not (yet) online
+PLACEMENT_WAIT_S = 15.0  # a cluster still forming gets this long to bring its peers online
 DAY = 86_400.0
 
 
@@ -49,12 +52,26 @@ async def ensure_streams(js: JetStreamContext, s: Subjects, *, replicas: int | N
     stream keeps its replica count (a process started without the setting never shrinks it)."""
     for cfg in _stream_configs(s):
         cfg.num_replicas = replicas or stream_replicas()
+        await _add_or_update(js, cfg)
+
+
+async def _add_or_update(js: JetStreamContext, cfg: StreamConfig) -> None:
+    """Add the stream, else update it; a cluster whose peers are not all online yet (a node just
+    started, REL-10) is waited for up to PLACEMENT_WAIT_S instead of failing the start."""
+    waited = 0.0
+    while True:
         try:
             await js.add_stream(cfg)
-        except BadRequestError:
+            return
+        except BadRequestError as e:
+            if e.err_code == NO_PEERS_FOR_PLACEMENT and waited < PLACEMENT_WAIT_S:
+                await asyncio.sleep(0.5)
+                waited += 0.5
+                continue
             with contextlib.suppress(Exception):
                 cfg.num_replicas = (await js.stream_info(cfg.name or "")).config.num_replicas
             await js.update_stream(cfg)
+            return
 
 
 def driver_consumer_config(s: Subjects) -> ConsumerConfig:
