@@ -29,7 +29,7 @@ from novelbus.actors.context import ActorContext
 from novelbus.bus.service import CommandService
 from novelbus.messages import events as ev
 from novelbus.messages import steer as m
-from novelbus.novel.next_work import AwaitOutline, next_work, scene_finished
+from novelbus.novel.next_work import AwaitOutline, finished_scenes, next_work
 from novelbus.novel.planning import budget_exceeded, outline_request, pause_resolved, preflight
 from novelbus.novel.snapshot import NovelSnapshot
 
@@ -241,6 +241,7 @@ def _preflight(snapshot: NovelSnapshot, turns: int) -> list[str]:
     outline = snapshot.outline
     done = 0
     if outline is not None:
-        done = sum(1 for s in outline.scenes if scene_finished(snapshot, s.chapterId, s.sceneId))
+        finished = finished_scenes(snapshot)
+        done = sum(1 for s in outline.scenes if (s.chapterId, s.sceneId) in finished)
     return preflight(snapshot.config, outline, turns_used=turns,
                      committed_characters=sum(c.effective_characters for c in snapshot.commits), scenes_done=done)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from novelbus.novel.next_work import scene_commits
+from novelbus.novel.next_work import commits_by_scene, scenes_by_chapter
 from novelbus.novel.snapshot import NovelSnapshot
 from novelbus.novel.text import one_line
 
@@ -18,11 +18,13 @@ def export_markdown(snapshot: NovelSnapshot) -> str:
     parts = [f"# {one_line(snapshot.title)}"]
     outline = snapshot.outline
     if outline is not None:
+        commits = commits_by_scene(snapshot)
+        scenes = scenes_by_chapter(outline)
         for chapter in outline.ordered_chapters():
             paragraphs = [
                 paragraph
-                for scene in outline.scenes_of(chapter.chapterId)
-                for commit in scene_commits(snapshot, chapter.chapterId, scene.sceneId)
+                for scene in scenes.get(chapter.chapterId, [])
+                for commit in commits.get((chapter.chapterId, scene.sceneId), [])
                 for paragraph in commit.paragraphs
             ]
             if not paragraphs:

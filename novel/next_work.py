@@ -12,6 +12,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from novelbus.novel.length import book_band
+from novelbus.novel.outline import Outline, Scene
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 
 
@@ -79,6 +80,9 @@ WorkDecision: TypeAlias = (
 )
 
 
+SceneKey: TypeAlias = tuple[str, str]  # (chapterId, sceneId)
+
+
 def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
     """Units that are not superseded, in creation order."""
     return [u for u in snapshot.units if u.state != "superseded"]
@@ -90,8 +94,27 @@ def live_commits(snapshot: NovelSnapshot) -> list[CommitView]:
     return sorted((c for c in snapshot.commits if c.unit_id not in superseded), key=lambda c: c.seq)
 
 
+def commits_by_scene(snapshot: NovelSnapshot) -> dict[SceneKey, list[CommitView]]:
+    """Live commits grouped by (chapterId, sceneId), each group in seq order.
+
+    One pass over the commits: the functions below that look at every scene use this instead of
+    asking per scene, so a decision costs O(units + commits + scenes) however long the book grows
+    (asking `scene_commits` per scene made it quadratic in the book's length).
+    """
+    grouped: dict[SceneKey, list[CommitView]] = {}
+    for c in live_commits(snapshot):
+        grouped.setdefault((c.chapter_id, c.scene_id), []).append(c)
+    return grouped
+
+
+def finished_scenes(snapshot: NovelSnapshot) -> set[SceneKey]:
+    """Every (chapterId, sceneId) whose latest live commit claims completion."""
+    return {key for key, commits in commits_by_scene(snapshot).items()
+            if commits[-1].scene_completion.completed}
+
+
 def scene_commits(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> list[CommitView]:
-    """Live commits of one scene, in seq order."""
+    """Live commits of one scene, in seq order (one scene; for all scenes: `commits_by_scene`)."""
     return [
         c for c in live_commits(snapshot) if c.chapter_id == chapter_id and c.scene_id == scene_id
     ]
@@ -105,9 +128,18 @@ def latest_scene_commit(
 
 
 def scene_finished(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> bool:
-    """A scene is finished when its latest commit (by seq) claims completion."""
+    """A scene is finished when its latest commit (by seq) claims completion (one scene; for all
+    scenes: `finished_scenes`)."""
     latest = latest_scene_commit(snapshot, chapter_id, scene_id)
     return latest is not None and latest.scene_completion.completed
+
+
+def scenes_by_chapter(outline: Outline) -> dict[str, list[Scene]]:
+    """Each chapter's scenes in scene order, as `Outline.scenes_of` gives them, in one pass."""
+    grouped: dict[str, list[Scene]] = {}
+    for scene in outline.scenes:
+        grouped.setdefault(scene.chapterId, []).append(scene)
+    return {chapter_id: sorted(scenes, key=lambda s: s.order) for chapter_id, scenes in grouped.items()}
 
 
 def completed_chapters(snapshot: NovelSnapshot) -> list[str]:
@@ -118,12 +150,14 @@ def completed_chapters(snapshot: NovelSnapshot) -> list[str]:
     outline = snapshot.outline
     if outline is None:
         return []
-    done: list[str] = []
-    for chapter in outline.ordered_chapters():
-        scenes = outline.scenes_of(chapter.chapterId)
-        if scenes and all(scene_finished(snapshot, chapter.chapterId, s.sceneId) for s in scenes):
-            done.append(chapter.chapterId)
-    return done
+    finished = finished_scenes(snapshot)
+    scenes = scenes_by_chapter(outline)
+    return [
+        chapter.chapterId
+        for chapter in outline.ordered_chapters()
+        if (own := scenes.get(chapter.chapterId))
+        and all((chapter.chapterId, s.sceneId) in finished for s in own)
+    ]
 
 
 def remaining_scenes(snapshot: NovelSnapshot) -> int:
@@ -132,10 +166,11 @@ def remaining_scenes(snapshot: NovelSnapshot) -> int:
     if outline is None:
         return 0
     chapter_ids = {c.chapterId for c in outline.chapters}
+    finished = finished_scenes(snapshot)
     return sum(
         1
         for s in outline.scenes
-        if s.chapterId in chapter_ids and not scene_finished(snapshot, s.chapterId, s.sceneId)
+        if s.chapterId in chapter_ids and (s.chapterId, s.sceneId) not in finished
     )
 
 
@@ -222,22 +257,22 @@ def next_work(snapshot: NovelSnapshot) -> WorkDecision:
         return AwaitOutline(reason="no outline", why="no-outline")
     if not outline.chapters:
         return AwaitOutline(reason="outline has no chapters", why="no-chapters")
+    by_scene = commits_by_scene(snapshot)
+    scenes_of = scenes_by_chapter(outline)
+    prepared_by_scene: dict[SceneKey, list[UnitView]] = {}
+    for u in units:
+        if u.state == "prepared":
+            prepared_by_scene.setdefault((u.chapter_id, u.scene_id), []).append(u)
     for chapter in outline.ordered_chapters():
-        scenes = outline.scenes_of(chapter.chapterId)
+        scenes = scenes_of.get(chapter.chapterId, [])
         if not scenes:
             return AwaitOutline(reason=f"chapter {chapter.chapterId} has no scenes",
                                 why="chapter-without-scenes", chapter_id=chapter.chapterId)
         for scene in scenes:
-            commits = scene_commits(snapshot, chapter.chapterId, scene.sceneId)
+            commits = by_scene.get((chapter.chapterId, scene.sceneId), [])
             if commits and commits[-1].scene_completion.completed:
                 continue
-            prepared = [
-                u
-                for u in units
-                if u.state == "prepared"
-                and u.chapter_id == chapter.chapterId
-                and u.scene_id == scene.sceneId
-            ]
+            prepared = prepared_by_scene.get((chapter.chapterId, scene.sceneId))
             if prepared:
                 unit = prepared[-1]
                 return WriteUnit(
