@@ -26,9 +26,15 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from novelbus.novel.body import CommitArgs, CommitBody
-from novelbus.novel.next_work import completed_chapters, live_commits, live_units, scene_finished
+from novelbus.novel.next_work import (
+    completed_chapters,
+    finished_scenes,
+    live_commits,
+    live_units,
+    scenes_by_chapter,
+)
 from novelbus.novel.outline import Chapter, Outline
-from novelbus.novel.snapshot import NovelSnapshot, UnitView
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.novel.text import keywords
 
 BODY_READ_CAP = 30_000  # TOOL-2: characters of chapter/body text per read
@@ -138,9 +144,15 @@ def _current_unit(snapshot: NovelSnapshot) -> UnitView | None:
 
 def _current_chapter_id(snapshot: NovelSnapshot) -> str | None:
     unit = _current_unit(snapshot)
+    return _chapter_being_written(snapshot, unit, live_commits(snapshot) if unit is None else [])
+
+
+def _chapter_being_written(
+    snapshot: NovelSnapshot, unit: UnitView | None, commits: list[CommitView]
+) -> str | None:
+    """The current unit's chapter, else the last live commit's, else the first outlined."""
     if unit is not None:
         return unit.chapter_id
-    commits = live_commits(snapshot)
     if commits:
         return commits[-1].chapter_id
     if snapshot.outline is not None and snapshot.outline.chapters:
@@ -208,36 +220,39 @@ STATUS_CHAPTER_WINDOW = 2  # chapters shown on each side of the current one
 def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
     outline = snapshot.outline
     commits = live_commits(snapshot)
+    unit = _current_unit(snapshot)
     chapters: list[dict[str, Any]] = []
-    current = _current_chapter_id(snapshot)
+    current = _chapter_being_written(snapshot, unit, commits)
     finished_chapters = 0
     if outline is not None:
         ordered = outline.ordered_chapters()
         at = next((k for k, c in enumerate(ordered) if c.chapterId == current), 0)
+        # Issue 14: every scene's progress from one pass over the commits (`finished_scenes`,
+        # `completed_chapters`), not a scan of every commit per scene.
         done = set(completed_chapters(snapshot))
         finished_chapters = sum(1 for c in ordered if c.chapterId in done)
+        finished = finished_scenes(snapshot)
+        scenes_of = scenes_by_chapter(outline)
+        characters: dict[str, int] = {}  # committed characters per chapter
+        for c in commits:
+            characters[c.chapter_id] = characters.get(c.chapter_id, 0) + c.effective_characters
         # A fixed-size window around the current chapter (shifted at the book's ends), so the
         # result stays the same size however long the book grows and wherever the unit is.
         size = 2 * STATUS_CHAPTER_WINDOW + 1
         lo = max(0, min(at - STATUS_CHAPTER_WINDOW, len(ordered) - size))
         hi = lo + size
         for ch in ordered[lo:hi]:
-            scenes = outline.scenes_of(ch.chapterId)
+            scenes = scenes_of.get(ch.chapterId, [])
             chapters.append(
                 {
                     "chapterId": ch.chapterId,
                     "order": ch.order,
                     "title": ch.title,
                     "scenes": len(scenes),
-                    "scenesFinished": sum(
-                        1 for s in scenes if scene_finished(snapshot, ch.chapterId, s.sceneId)
-                    ),
-                    "committedCharacters": sum(
-                        c.effective_characters for c in commits if c.chapter_id == ch.chapterId
-                    ),
+                    "scenesFinished": sum(1 for s in scenes if (ch.chapterId, s.sceneId) in finished),
+                    "committedCharacters": characters.get(ch.chapterId, 0),
                 }
             )
-    unit = _current_unit(snapshot)
     length = snapshot.config.length
     return {
         "novelId": snapshot.novel_id,
