@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from novelbus.novel.body import SceneCompletion
 from novelbus.novel.context import (
     ContextLeakError,
     ContextSources,
@@ -39,7 +38,13 @@ from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline, parse_config
-from novelbus.store.snapshots import canon_by_commit
+from novelbus.store.snapshots import UNITS_JSON, commits_json
+
+# The commit index: no prose (read by pointer below), canon facts nested.
+_INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of")
+_units = msgspec.json.Decoder(list[UnitView])
+_commits = msgspec.json.Decoder(list[CommitView])
+_counts = msgspec.json.Decoder(dict[str, int])
 
 
 async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
@@ -91,23 +96,13 @@ async def read_context_sources(
             " SELECT current_setting('transaction_isolation') AS isolation,"
             " current_setting('transaction_read_only') AS read_only,"
             " n.title, n.status, n.pause_reason, n.config, n.outline_revision, k.latest, k.own, a.as_of,"
-            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('unit_id', u.unit_id,"
-            "   'chapter_id', u.chapter_id, 'scene_id', u.scene_id, 'fragment', u.fragment,"
-            "   'state', u.state, 'attempt', u.attempt, 'continuation_anchor', u.continuation_anchor,"
-            "   'last_error', u.last_error) ORDER BY u.created_seq), '[]'::jsonb)"
-            "  FROM units u WHERE u.novel_id = $1) AS units,"
-            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('seq', seq, 'commit_id', commit_id,"
-            "   'unit_id', unit_id, 'chapter_id', chapter_id, 'scene_id', scene_id,"
-            "   'scene_completion', body -> 'sceneCompletion',"
-            "   'paragraphs', jsonb_array_length(body -> 'paragraphs'),"
-            "   'effective_chars', effective_chars, 'body_hash', body_hash) ORDER BY seq), '[]'::jsonb)"
-            "  FROM commits WHERE novel_id = $1 AND seq <= a.as_of) AS commits,"
-            " (SELECT COALESCE(jsonb_agg(jsonb_build_object('commit_id', f.commit_id, 'kind', f.kind,"
-            "   'summary', f.summary, 'detail', f.detail, 'sources', f.sources,"
-            "   'character_ids', f.character_ids, 'foreshadowing_id', f.foreshadowing_id,"
-            "   'foreshadowing_status', f.foreshadowing_status) ORDER BY c.seq, f.idx), '[]'::jsonb)"
-            "  FROM canon_facts f JOIN commits c ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
-            "  WHERE f.novel_id = $1 AND c.seq <= a.as_of) AS facts"
+            # Units, and the commit index with its canon facts, as the snapshot types' JSON
+            # (issue 14: decoded straight into them, `store.snapshots`); paragraphs per commit.
+            f" {UNITS_JSON}::text AS units,"
+            f" {_INDEX_COMMITS}::text AS commits,"
+            " (SELECT COALESCE(json_object_agg(c.commit_id, jsonb_array_length(c.body -> 'paragraphs')"
+            "   ORDER BY c.seq), '{}'::json) FROM commits c WHERE c.novel_id = $1 AND c.seq <= a.as_of)::text"
+            "  AS paragraph_counts"
             " FROM novels n, k, a WHERE n.novel_id = $1",
             novel_id,
             unit_id,
@@ -117,7 +112,7 @@ async def read_context_sources(
             raise NovelNotFound(f"novel {novel_id!r} not found")
         readback = Readback(isolation=novel["isolation"], read_only=novel["read_only"] == "on")
         outline = await _outline(conn, novel_id, novel["outline_revision"])
-        units = [UnitView(**u) for u in novel["units"]]  # read with the novel: one round trip
+        units = _units.decode(novel["units"])  # read with the novel: one round trip
         latest, own = int(novel["latest"]), novel["own"]
         if as_of is None:
             as_of = own - 1 if own is not None else latest
@@ -145,23 +140,7 @@ async def read_context_sources(
         if _before_sources is not None:
             await _before_sources()
 
-        rows, facts = novel["commits"], novel["facts"]
-        canon = canon_by_commit(facts)
-        commits = [
-            CommitView(
-                commit_id=r["commit_id"],
-                seq=r["seq"],
-                unit_id=r["unit_id"],
-                chapter_id=r["chapter_id"],
-                scene_id=r["scene_id"],
-                paragraphs=[],  # prose is read by pointer below, never in bulk
-                scene_completion=msgspec.convert(r["scene_completion"], SceneCompletion),
-                canon_changes=canon.get(r["commit_id"], []),
-                effective_characters=r["effective_chars"],
-                body_hash=r["body_hash"],
-            )
-            for r in rows
-        ]
+        commits = _commits.decode(novel["commits"])  # prose is read by pointer below, never in bulk
         index = NovelSnapshot(
             novel_id=novel_id,
             title=novel["title"],
@@ -187,7 +166,7 @@ async def read_context_sources(
         plan=plan,
         index=index,
         prose={b["commit_id"]: list(b["paragraphs"]) for b in bodies},
-        paragraph_counts={r["commit_id"]: int(r["paragraphs"]) for r in rows},
+        paragraph_counts=_counts.decode(novel["paragraph_counts"]),
         readback=readback,
     )
     prove_sources(sources)  # CTX-4: fail closed before anyone assembles from these sources

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novelbus.novel.body import CanonChange, SceneCompletion
 from novelbus.novel.outline import Outline
-from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
+from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 from novelbus.store._db import Db, statement, transaction
 from novelbus.store.errors import NovelNotFound, ReadOnlyRequired
 from novelbus.store.novels import (
@@ -24,33 +22,63 @@ from novelbus.store.novels import (
 )
 from novelbus.store.recovery import check_turn
 
+# Each commit's canon facts as its `canon_changes` (CanonChange's JSON names, in fact order): `c`
+# is the commit row. A fact written before the foreshadowing column existed reads "resolved".
+CANON_CHANGES_JSON = (
+    "coalesce((SELECT json_agg(json_build_object('kind', f.kind, 'summary', f.summary,"
+    " 'sources', f.sources, 'detail', f.detail, 'characterIds', f.character_ids,"
+    " 'foreshadowingId', f.foreshadowing_id,"
+    " 'foreshadowingStatus', coalesce(f.foreshadowing_status, 'resolved')) ORDER BY f.idx)"
+    " FROM canon_facts f WHERE f.novel_id = c.novel_id AND f.commit_id = c.commit_id), '[]'::json)"
+)
 
-def _snapshot_sql(body: str) -> str:
-    """The novel row with its units, commits (up to seq $2), their canon facts and its notes as
-    JSON arrays, in the orders the snapshot needs: one statement, so one consistent read."""
+# Units as `UnitView`s, in creation order (`u`: the units table, for the novel in `n`).
+UNITS_JSON = (
+    "(SELECT coalesce(json_agg(json_build_object('unit_id', u.unit_id, 'chapter_id', u.chapter_id,"
+    " 'scene_id', u.scene_id, 'fragment', u.fragment, 'state', u.state, 'attempt', u.attempt,"
+    " 'continuation_anchor', u.continuation_anchor, 'last_error', u.last_error)"
+    " ORDER BY u.created_seq), '[]'::json) FROM units u WHERE u.novel_id = n.novel_id)"
+)
+
+
+def commits_json(paragraphs: str, *, up_to: str) -> str:
+    """The novel's commits with seq <= `up_to` as `CommitView`s in seq order, their canon facts
+    nested; `paragraphs` is the expression of each commit's paragraphs (`c`: the commit row)."""
     return (
-        "SELECT n.*,"
-        " (SELECT coalesce(jsonb_agg(jsonb_build_object('unit_id', u.unit_id, 'chapter_id', u.chapter_id,"
-        "   'scene_id', u.scene_id, 'fragment', u.fragment, 'state', u.state, 'attempt', u.attempt,"
-        "   'continuation_anchor', u.continuation_anchor, 'last_error', u.last_error)"
-        "   ORDER BY u.created_seq), '[]'::jsonb) FROM units u WHERE u.novel_id = n.novel_id) AS snap_units,"
-        " (SELECT coalesce(jsonb_agg(jsonb_build_object('seq', c.seq, 'commit_id', c.commit_id,"
-        "   'unit_id', c.unit_id, 'chapter_id', c.chapter_id, 'scene_id', c.scene_id,"
-        f"   'body', {body}, 'effective_chars', c.effective_chars, 'body_hash', c.body_hash)"
-        "   ORDER BY c.seq), '[]'::jsonb) FROM commits c WHERE c.novel_id = n.novel_id AND c.seq <= $2) AS snap_commits,"
-        " (SELECT coalesce(jsonb_agg(jsonb_build_object('commit_id', f.commit_id, 'kind', f.kind,"
-        "   'summary', f.summary, 'detail', f.detail, 'sources', f.sources, 'character_ids', f.character_ids,"
-        "   'foreshadowing_id', f.foreshadowing_id, 'foreshadowing_status', f.foreshadowing_status)"
-        "   ORDER BY c.seq, f.idx), '[]'::jsonb)"
-        "   FROM canon_facts f JOIN commits c ON c.novel_id = f.novel_id AND c.commit_id = f.commit_id"
-        "   WHERE f.novel_id = n.novel_id AND c.seq <= $2) AS snap_facts,"
-        " (SELECT coalesce(jsonb_agg(jsonb_build_array(o.note_id, o.text) ORDER BY o.created_at, o.note_id),"
-        "   '[]'::jsonb) FROM notes o WHERE o.novel_id = n.novel_id) AS snap_notes"
-        " FROM novels n WHERE n.novel_id = $1"
+        "(SELECT coalesce(json_agg(json_build_object('commit_id', c.commit_id, 'seq', c.seq,"
+        " 'unit_id', c.unit_id, 'chapter_id', c.chapter_id, 'scene_id', c.scene_id,"
+        f" 'paragraphs', {paragraphs}, 'scene_completion', c.body -> 'sceneCompletion',"
+        f" 'canon_changes', {CANON_CHANGES_JSON}, 'effective_characters', c.effective_chars,"
+        " 'body_hash', c.body_hash) ORDER BY c.seq), '[]'::json)"
+        f" FROM commits c WHERE c.novel_id = n.novel_id AND c.seq <= {up_to})"
     )
 
 
-_SNAPSHOT_PROSE = _snapshot_sql("c.body")
+def _snapshot_json(paragraphs: str) -> str:
+    """Everything a `NovelSnapshot` holds but its outline, as ONE JSON text (`SnapshotRow`): the
+    novel's fields, its units, its commits up to seq $2 with their canon facts, and its notes, in
+    the orders the snapshot needs. Issue 14: the JSON has the snapshot types' own field names, so
+    it decodes straight into them in one pass (`decode_snapshot_row`) — no generic decode into
+    dicts and no view built per commit in Python, the part of a read that grows with the book."""
+    return (
+        "json_build_object('title', n.title, 'status', n.status, 'pause_reason', n.pause_reason,"
+        " 'config', n.config, 'outline_revision', n.outline_revision,"
+        " 'requirements_pending', n.requirements_pending,"
+        " 'requirements_blocked', n.requirements_blocked,"
+        " 'requirement_watermark', n.requirement_watermark,"
+        f" 'units', {UNITS_JSON}, 'commits', {commits_json(paragraphs, up_to='$2')},"
+        " 'notes', (SELECT coalesce(json_agg(json_build_array(o.note_id, o.text)"
+        "  ORDER BY o.created_at, o.note_id), '[]'::json) FROM notes o WHERE o.novel_id = n.novel_id)"
+        ")::text"
+    )
+
+
+def _snapshot_sql(paragraphs: str) -> str:
+    """The novel row and its snapshot JSON (`snap`): one statement, so one consistent read."""
+    return f"SELECT n.*, {_snapshot_json(paragraphs)} AS snap FROM novels n WHERE n.novel_id = $1"
+
+
+_SNAPSHOT_PROSE = _snapshot_sql("c.body -> 'paragraphs'")
 # The read tools' snapshot on a read-only connection (PERF-2): the same read plus what the server
 # says of the statement's own transaction, and the outline revision unless this process has it
 # parsed already ($3: the revisions it holds for the novel) — everything in ONE statement.
@@ -62,28 +90,32 @@ _SNAPSHOT_READ_ONLY = _SNAPSHOT_PROSE.replace(
     "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
     1,
 )
-_SNAPSHOT_STRUCTURE = _snapshot_sql(
-    "jsonb_build_object('sceneCompletion', c.body -> 'sceneCompletion', 'paragraphs', '[]'::jsonb)"
-)
+# Without prose: the commits' paragraphs are empty (next_work and the finish guards need none).
+_SNAPSHOT_STRUCTURE_JSON = _snapshot_json("'[]'::json")
+_SNAPSHOT_STRUCTURE = f"SELECT n.*, {_SNAPSHOT_STRUCTURE_JSON} AS snap FROM novels n WHERE n.novel_id = $1"
 
 
-def canon_by_commit(facts: Iterable[Mapping[str, Any]]) -> dict[str, list[CanonChange]]:
-    """Canon fact rows (commit_id, kind, summary, detail, sources, character_ids,
-    foreshadowing_id, foreshadowing_status) as each commit's canon changes, in order."""
-    canon: dict[str, list[CanonChange]] = {}
-    for f in facts:
-        canon.setdefault(f["commit_id"], []).append(
-            CanonChange(
-                kind=f["kind"],
-                summary=f["summary"],
-                sources=list(f["sources"]),
-                detail=f["detail"],
-                character_ids=list(f["character_ids"]),
-                foreshadowing_id=f["foreshadowing_id"],
-                foreshadowing_status=f["foreshadowing_status"] or "resolved",
-            )
-        )
-    return canon
+class SnapshotRow(msgspec.Struct, frozen=True):
+    """The snapshot JSON of one statement (`_snapshot_json`), decoded in one pass."""
+
+    title: str
+    status: NovelStatus
+    pause_reason: str | None
+    config: dict[str, Any]
+    outline_revision: str | None
+    requirements_pending: int
+    requirements_blocked: int
+    requirement_watermark: int
+    units: list[UnitView]
+    commits: list[CommitView]
+    notes: list[tuple[str, str]]
+
+
+_snapshot_decoder = msgspec.json.Decoder(SnapshotRow)
+
+
+def decode_snapshot_row(text: str) -> SnapshotRow:
+    return _snapshot_decoder.decode(text)
 
 
 async def load_snapshot(
@@ -127,7 +159,7 @@ async def load_snapshot_read_only(read_pool: asyncpg.Pool, novel_id: str) -> Nov
             outline = cached_outline(novel_id, revision)
             if outline is None:  # dropped from the cache meanwhile: read by its immutable key
                 outline = await fetch_outline(conn, novel_id, revision)
-    return _assemble(novel_id, novel, outline, None)
+    return _assemble(novel_id, decode_snapshot_row(novel["snap"]), outline, None)
 
 
 async def _load(
@@ -154,58 +186,40 @@ async def _load(
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
-    return _assemble(novel_id, novel, outline, as_of_seq), novel
+    return _assemble(novel_id, decode_snapshot_row(novel["snap"]), outline, as_of_seq), novel
 
 
-def _assemble(novel_id: str, novel: Any, outline: Outline | None, as_of_seq: int | None) -> NovelSnapshot:
-    """The snapshot from the one statement's row (pure)."""
-    units, commits = novel["snap_units"], novel["snap_commits"]
-    facts, notes = novel["snap_facts"], novel["snap_notes"]
-
-    canon = canon_by_commit(facts)
-    commit_views = []
-    for c in commits:
-        if as_of_seq is not None and c["seq"] > as_of_seq:  # fail closed (CTX-4)
-            raise AssertionError(f"commit {c['commit_id']!r} is after as_of_seq {as_of_seq}")
-        body = c["body"]
-        commit_views.append(
-            CommitView(
-                commit_id=c["commit_id"],
-                seq=c["seq"],
-                unit_id=c["unit_id"],
-                chapter_id=c["chapter_id"],
-                scene_id=c["scene_id"],
-                paragraphs=list(body["paragraphs"]),
-                scene_completion=msgspec.convert(body["sceneCompletion"], SceneCompletion),
-                canon_changes=canon.get(c["commit_id"], []),
-                effective_characters=c["effective_chars"],
-                body_hash=c["body_hash"],
-            )
-        )
+def _assemble(novel_id: str, row: SnapshotRow, outline: Outline | None, as_of_seq: int | None) -> NovelSnapshot:
+    """The snapshot from the one statement's decoded JSON (pure)."""
+    commits = row.commits
+    if as_of_seq is not None:
+        for c in commits:
+            if c.seq > as_of_seq:  # fail closed (CTX-4)
+                raise AssertionError(f"commit {c.commit_id!r} is after as_of_seq {as_of_seq}")
     return NovelSnapshot(
         novel_id=novel_id,
-        title=novel["title"],
-        status=novel["status"],
-        pause_reason=novel["pause_reason"],
-        config=parse_config(novel["config"]),
+        title=row.title,
+        status=row.status,
+        pause_reason=row.pause_reason,
+        config=parse_config(row.config),
         outline=outline,
-        outline_revision=novel["outline_revision"],
-        units=[UnitView(**dict(u)) for u in units],
-        commits=commit_views,
-        as_of_seq=commit_views[-1].seq if commit_views else 0,
-        notes=[(n[0], n[1]) for n in notes],
-        requirements_pending=novel["requirements_pending"],
-        requirements_blocked=novel["requirements_blocked"],
-        requirement_watermark=novel["requirement_watermark"],
+        outline_revision=row.outline_revision,
+        units=row.units,
+        commits=commits,
+        as_of_seq=commits[-1].seq if commits else 0,
+        notes=row.notes,
+        requirements_pending=row.requirements_pending,
+        requirements_blocked=row.requirements_blocked,
+        requirement_watermark=row.requirement_watermark,
     )
 
 
 # PERF-2 (issue 14): the driver's accounting and its next decision's input in one statement. The
-# snapshot part is `_SNAPSHOT_STRUCTURE` unchanged, as one JSON object.
+# snapshot part is `_SNAPSHOT_STRUCTURE`'s JSON.
 _ACCOUNT_AND_SNAPSHOT = (
     "WITH t AS MATERIALIZED (SELECT o_first, o_novel FROM nb_account_turn($1, $3, $4, $5, $6, $7, $8))"
     " SELECT (t.o_novel).*, t.o_first,"
-    f" (SELECT to_jsonb(q) FROM ({_SNAPSHOT_STRUCTURE}) q) AS snap"
+    f" (SELECT {_SNAPSHOT_STRUCTURE_JSON} FROM novels n WHERE n.novel_id = $1) AS snap"
     " FROM t"
 )
 
@@ -235,6 +249,6 @@ async def account_turn_and_snapshot(
                                 writer_output_chars, failure_signature, unit_id, holder)
         if r is None or r["snap"] is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
-        snap = r["snap"]
-        outline = await fetch_outline(conn, novel_id, snap["outline_revision"])
+        snap = decode_snapshot_row(r["snap"])
+        outline = await fetch_outline(conn, novel_id, snap.outline_revision)
     return novel_row(r), bool(r["o_first"]), _assemble(novel_id, snap, outline, None)
