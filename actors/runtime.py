@@ -24,12 +24,17 @@ from novelbus.actors.packer import PackRenderer
 from novelbus.actors.usage import UsageSampler
 from novelbus.actors.verifier import CommitVerifier
 from novelbus.actors.writer import WriterRunner
-from novelbus.bus.client import connect
+from novelbus.bus.client import NatsUnreachable, connect
 from novelbus.bus.streams import ensure_streams
 from novelbus.messages.subjects import Subjects
 
 log = logging.getLogger(__name__)
 CLOSE_GRACE_S = 10.0  # how long closing the database pool may wait for connections in use
+
+
+class ServerUnreachable(ConnectionError):
+    """NATS or PostgreSQL could not be reached (or refused us) when connecting; the message names
+    the server (host and port, never credentials) and the error."""
 
 # Start order: servers of commands first, the driver (their client) last.
 ACTOR_NAMES = ("claims", "packer", "writer", "verifier", "usage", "driver")
@@ -76,16 +81,26 @@ def freeze_heap() -> None:
 
 @contextlib.asynccontextmanager
 async def connected(nats_url: str, database_url: str, *, subjects: Subjects, settings: Settings | None = None,
-                    name: str = "novelbus", pool_size: int = 10) -> AsyncIterator[ActorContext]:
-    """Connections + migrations + streams: what every actor process and CLI command needs."""
-    pool = await store.connect(database_url, max_size=pool_size)
+                    name: str = "novelbus", pool_size: int = 10,
+                    nats_wait: float | None = None) -> AsyncIterator[ActorContext]:
+    """Connections + migrations + streams: what every actor process and CLI command needs.
+
+    A database that cannot be reached or refuses us raises `ServerUnreachable` at once; NATS is
+    waited for (services: forever, REL-6; with ``nats_wait``, that many seconds)."""
+    try:
+        pool = await store.connect(database_url, max_size=pool_size)
+    except store.DatabaseUnreachable as e:
+        raise ServerUnreachable(str(e)) from e
     nc: NATS | None = None
     read_pool = None
     try:
         await store.migrate(pool)
         # INFRA-4: read-only connections for the read tools' snapshot; none opened until used
         read_pool = await store.connect_read_only(database_url)
-        nc = await connect(nats_url, name=name)
+        try:
+            nc = await connect(nats_url, name=name, first_connect_timeout=nats_wait)
+        except NatsUnreachable as e:
+            raise ServerUnreachable(str(e)) from e
         js = nc.jetstream()
         await ensure_streams(js, subjects)
         yield ActorContext(nc=nc, js=js, pool=pool, subjects=subjects, settings=settings or Settings(),

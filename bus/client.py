@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -18,6 +19,7 @@ from novelbus.bus.codec import decode_reply, encode
 from novelbus.messages.errors import BUS_UNAVAILABLE, ErrorReply
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class RemoteError(Exception):
@@ -30,6 +32,21 @@ class RemoteError(Exception):
         self.missing_blocks = list(missing_blocks or ())  # PACK-4, for a `pack-error`
 
 
+class NatsUnreachable(ConnectionError):
+    """The first connection to NATS did not succeed within the time a command waits for it."""
+
+
+def server_names(url: str) -> str:
+    """``host:port`` of each server in a (comma-separated) NATS URL, without credentials: what an
+    error message or log line may name."""
+    names = []
+    for part in url.split(","):
+        if part.strip():
+            u = urlsplit(part.strip())
+            names.append(f"{u.hostname or '?'}:{u.port or 4222}")
+    return ", ".join(names) or "?"
+
+
 class BusUnavailable(Exception):
     """Nobody answered in time (no responders or a timeout); the request may be retried."""
 
@@ -37,11 +54,15 @@ class BusUnavailable(Exception):
 
 
 async def connect(url: str, *, name: str, user: str | None = None, password: str | None = None,
-                  error_cb: Callable[[Exception], Awaitable[None]] | None = None) -> NATS:
+                  error_cb: Callable[[Exception], Awaitable[None]] | None = None,
+                  first_connect_timeout: float | None = None) -> NATS:
     """Connect with reconnects forever: a NATS node going away delays work, it does not fail it (REL-6).
 
     With a user (given, or in the URL as `nats://user:password@host`), replies come to the user's
     private inbox `_INBOX_<user>.>`, which deploy/nats.conf lets only that user read (CLM-5).
+    A failed attempt is logged as one line (the error's class and text, never the URL's
+    credentials). With ``first_connect_timeout`` (commands, not services) the first connection
+    is waited for that long, then `NatsUnreachable` names the servers and the last error.
     """
     servers = [u.strip() for u in url.split(",") if u.strip()]  # a cluster: several seed URLs
     opts: dict[str, Any] = dict(
@@ -58,9 +79,21 @@ async def connect(url: str, *, name: str, user: str | None = None, password: str
     account = user or first.username
     if account:
         opts["inbox_prefix"] = f"_INBOX_{account}"
-    if error_cb is not None:
-        opts["error_cb"] = error_cb
-    return await nats.connect(**opts)
+    last: list[Exception] = []
+
+    async def log_error(e: Exception) -> None:
+        last[:] = [e]
+        log.warning("nats (%s): %s: %s", server_names(url), type(e).__name__, e)
+
+    opts["error_cb"] = error_cb or log_error
+    if first_connect_timeout is None:
+        return await nats.connect(**opts)
+    try:
+        return await asyncio.wait_for(nats.connect(**opts), first_connect_timeout)
+    except TimeoutError:
+        why = f" (last error: {type(last[0]).__name__}: {last[0]})" if last else ""
+        raise NatsUnreachable(f"NATS at {server_names(url)} did not answer within "
+                              f"{first_connect_timeout:.0f} s{why}") from None
 
 
 async def request(

@@ -46,6 +46,7 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
 
 
 LOOPS = ("uvloop", "asyncio")
+COMMAND_NATS_WAIT_S = 15.0  # a command (not a service) gives up on an unreachable NATS after this
 
 
 def loop_factory(choice: str | None) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -71,6 +72,7 @@ def loop_factory(choice: str | None) -> Callable[[], asyncio.AbstractEventLoop] 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; Ctrl-C and SIGTERM cancel it so every `async with` cleans up.
     The loop is uvloop's unless ``NOVELBUS_LOOP=asyncio`` (`loop_factory`)."""
+    from novelbus.actors.runtime import ServerUnreachable
     from novelbus.infra import install_signal_handlers
 
     async def main() -> T:
@@ -93,6 +95,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except (KeyboardInterrupt, asyncio.CancelledError):
         err_console.print("[yellow]interrupted; servers stopped[/]" if _started_here else "[yellow]interrupted[/]")
         raise typer.Exit(130) from None
+    except ServerUnreachable as e:
+        fail(str(e), hint="check --nats-url / --database-url (NOVELBUS_NATS_URL, NOVELBUS_DATABASE_URL), "
+                          "or start the servers with `novelbus up`")
 
 
 async def _stop_leftover_tasks() -> None:

@@ -21,6 +21,7 @@ from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
 from novelbus.cli.bench import bench_app
 from novelbus.cli.common import (
+    COMMAND_NATS_WAIT_S,
     Bar,
     console,
     err_console,
@@ -262,7 +263,8 @@ def _short(text: str, limit: int = 120) -> str:
 async def _with_ctx(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str,
                     fn: Any) -> Any:
     async with servers(home, nats_url, database_url, announce=False) as ep:
-        async with connected(ep.nats_url, ep.database_url, subjects=Subjects(namespace), name="novelbus-cli") as ctx:
+        async with connected(ep.nats_url, ep.database_url, subjects=Subjects(namespace), name="novelbus-cli",
+                             nats_wait=COMMAND_NATS_WAIT_S) as ctx:
             return await fn(ctx)
 
 

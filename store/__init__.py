@@ -83,7 +83,7 @@ from novelbus.store.novels import (
     revise_outline,
     set_writer_mode,
 )
-from novelbus.store.pool import connect, connect_read_only, migrate
+from novelbus.store.pool import DatabaseUnreachable, connect, connect_read_only, migrate
 from novelbus.store.reconcile import (
     AbandonedRun,
     CommitEventMissing,
@@ -151,6 +151,7 @@ from novelbus.store.usage import (
 
 __all__ = [
     "transaction",
+    "DatabaseUnreachable",
     "AbandonedRun",
     "CommitEventMissing",
     "PendingUsage",

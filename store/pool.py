@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
@@ -64,12 +65,29 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     asyncpg itself still rolls back a transaction left open before this runs."""
 
 
+class DatabaseUnreachable(ConnectionError):
+    """The database could not be reached, or refused us, when the pool opened its first
+    connection; the message names host, port and database and the error, never the password."""
+
+
+def database_name(dsn: str) -> str:
+    """``host:port/database`` of a DSN, without credentials: what an error message may name."""
+    u = urlsplit(dsn)
+    return f"{u.hostname or 'localhost'}:{u.port or 5432}{u.path or ''}"
+
+
 async def connect(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """A pool whose json/jsonb columns take and return plain Python objects (and msgspec Structs)."""
-    pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
-        connection_class=CountingConnection,
-    )
+    """A pool whose json/jsonb columns take and return plain Python objects (and msgspec Structs).
+
+    Raises `DatabaseUnreachable` if its first connection fails (refused, unknown host, bad
+    password, no such database)."""
+    try:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
+            connection_class=CountingConnection,
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise DatabaseUnreachable(f"PostgreSQL at {database_name(dsn)}: {type(e).__name__}: {e}") from e
     assert pool is not None
     return pool
 

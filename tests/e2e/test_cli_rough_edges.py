@@ -436,3 +436,34 @@ async def test_ops4_benches_show_progress_on_a_terminal_and_none_in_json(
     assert BAR in drawn and "load: novels finished" in drawn, drawn[-2000:]
     code, drawn = await asyncio.to_thread(_on_a_terminal, [*tp, "--json"], _env())
     assert code == 0 and BAR not in drawn and CURSOR_HIDE not in drawn and "units_per_s" in json.loads(drawn)
+
+
+# --- servers that cannot be reached ---------------------------------------------------------------
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_ops5_unreachable_servers_give_a_clear_error_without_credentials(
+        nats_url: str, new_database: Any) -> None:
+    """A wrong --database-url printed a traceback; a wrong --nats-url hung forever, logging a
+    traceback every half second. Now: a one-paragraph error naming the server (host and port, never
+    the password), exit 1, and NATS is waited for COMMAND_NATS_WAIT_S (15 s), not forever."""
+    port = _closed_port()
+    code, out, err = await novelbus("status", "n-1", "--nats-url", nats_url, "--database-url",
+                                    f"postgresql://someone:pg-secret-1@127.0.0.1:{port}/nodb")
+    assert code == 1, err
+    assert f"PostgreSQL at 127.0.0.1:{port}/nodb" in err and "hint:" in err
+    assert "Traceback" not in err and "pg-secret-1" not in err + out
+    started = time.monotonic()
+    code, out, err = await novelbus("status", "n-1", "--database-url", await new_database(), "--nats-url",
+                                    f"nats://someone:nats-secret-2@127.0.0.1:{port}", timeout=90)
+    took = time.monotonic() - started
+    assert code == 1, err
+    assert f"NATS at 127.0.0.1:{port} did not answer within 15 s" in err, err
+    assert "ConnectionRefusedError" in err  # the last error, named
+    assert "Traceback" not in err and "nats-secret-2" not in err + out
+    assert took < 60, took
