@@ -52,6 +52,7 @@ class NatsCluster:
         self.start_timeout = start_timeout
         self.nodes: list[EmbeddedNats] = []
         self._user: tuple[str, str] | None = None
+        self._client_ports: list[int] = []  # fixed at start: known also for a node not up yet
 
     async def __aenter__(self) -> NatsCluster:
         await self.start()
@@ -61,12 +62,14 @@ class NatsCluster:
                         tb: TracebackType | None) -> None:
         await self.stop()
 
-    async def start(self) -> None:
+    async def start(self, *, online: int | None = None) -> None:
+        """Start every node; `online`: only the first that many (a cluster still forming, whose
+        other peers come later with `restart(i)`)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
         self._user = home_credentials(self.data_dir)
         route_user, route_password = "route", secrets.token_urlsafe(24)
-        client_ports = [free_port() for _ in self.names]
+        client_ports = self._client_ports = [free_port() for _ in self.names]
         monitor_ports = [free_port() for _ in self.names]
         cluster_ports = [free_port() for _ in self.names]
         for i, name in enumerate(self.names):
@@ -81,7 +84,7 @@ class NatsCluster:
                                            config_file=conf, start_timeout=self.start_timeout))
         try:
             # Every node must be up before JetStream reports healthy anywhere (it needs a quorum).
-            await asyncio.gather(*(n.start() for n in self.nodes))
+            await asyncio.gather(*(n.start() for n in self.nodes[:online]))
         except BaseException:
             await self.stop()
             raise
@@ -94,7 +97,7 @@ class NatsCluster:
     def urls(self) -> list[str]:
         assert self._user is not None, "the cluster is not started"
         user, password = self._user
-        return [f"nats://{user}:{password}@{LOOPBACK}:{n.address.rsplit(':', 1)[1]}" for n in self.nodes]
+        return [f"nats://{user}:{password}@{LOOPBACK}:{port}" for port in self._client_ports]
 
     @property
     def url(self) -> str:

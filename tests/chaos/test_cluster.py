@@ -4,14 +4,21 @@ nothing lost, nothing doubled. Also: the cluster refuses a client without the ho
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import nats
 import pytest
 from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
+from nats.js.errors import BadRequestError
 
+from novelbus.bus.client import connect
+from novelbus.bus.streams import NO_PEERS_FOR_PLACEMENT, ensure_streams
 from novelbus.cli.bench_cluster import run_cluster
 from novelbus.infra.cluster import NatsCluster
+from novelbus.messages.subjects import Subjects
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,3 +59,53 @@ def test_rel10_deploy_cluster_configs_are_valid(monkeypatch: pytest.MonkeyPatch)
         out = subprocess.run([str(nats_server_binary()), "-c", conf.name, "-t"], cwd=root, capture_output=True,
                              text=True, timeout=30)
         assert out.returncode == 0 and "is valid" in out.stdout + out.stderr, out
+
+
+
+async def wait_until_r3_cannot_be_placed(js: JetStreamContext, timeout: float = 30.0) -> None:
+    """Two nodes of three elect a JetStream leader; until the third joins, an R3 stream cannot be
+    placed (err 10005) — the race `ensure_streams` meets when a cluster is still forming."""
+    probe = StreamConfig(name="PLACEMENT_PROBE", subjects=["placement.probe"], num_replicas=3)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            await js.add_stream(probe)
+        except BadRequestError as e:
+            if e.err_code == NO_PEERS_FOR_PLACEMENT:
+                return
+            raise
+        except Exception:  # noqa: BLE001 - no JetStream leader yet (a timeout or no responders)
+            assert asyncio.get_running_loop().time() < deadline, "the two nodes elected no JetStream leader"
+            await asyncio.sleep(0.2)
+            continue
+        raise AssertionError("an R3 stream was placed on two nodes")
+
+
+async def test_rel10_streams_created_on_a_forming_cluster_wait_for_its_last_peer(tmp_home: Path) -> None:
+    """REL-10: `ensure_streams` on a cluster with two of its three nodes online (a leader, but an R3
+    stream's third peer missing: 10005, no suitable peers for placement) waits for the third node
+    instead of failing the start (seen once in CI); the streams come up with 3 replicas."""
+    cluster = NatsCluster(tmp_home / "c", nodes=3)
+    try:
+        await cluster.start(online=2)
+        nc = await connect(",".join(cluster.urls[:2]), name="forming-cluster-test")
+        try:
+            js = nc.jetstream(timeout=2)
+            await wait_until_r3_cannot_be_placed(js)
+            subjects = Subjects("forming.")
+            creating = asyncio.create_task(ensure_streams(js, subjects, replicas=3))
+            try:
+                await asyncio.sleep(1.0)
+                assert not creating.done(), creating.exception() if creating.done() else None  # it waits
+                await cluster.restart(2)  # the third peer comes online
+                await asyncio.wait_for(creating, 30)
+            finally:
+                creating.cancel()
+            for name in (subjects.work_stream, subjects.events_stream, subjects.dlq_stream):
+                info = await js.stream_info(name)
+                assert info.config.num_replicas == 3
+                assert info.cluster is not None and len(info.cluster.replicas or []) == 2  # + the leader
+        finally:
+            await nc.close()
+    finally:
+        await cluster.stop()
