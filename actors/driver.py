@@ -115,9 +115,21 @@ class FlowLocks(dict[str, asyncio.Lock]):
         return lock
 
 
+@dataclass(frozen=True)
+class UnsettledFlow:
+    """A flow of this driver interrupted after its claim whose settling failed too: what its
+    novel's next step needs to settle and account it first (REL-7)."""
+
+    claim: cm.ClaimGranted
+    before: NovelSnapshot
+    novel: store.NovelRow
+    mode: str
+
+
 @dataclass
 class DriverState:
     locks: FlowLocks = field(default_factory=FlowLocks)  # one flow per novel (DRV-1)
+    unsettled: dict[str, UnsettledFlow] = field(default_factory=dict)  # novel → its unsettled flow
     # issue 14: notice id → outcome of its in-process continuation (True: done, its copy on the
     # work stream only needs acking; False: the copy is handled as any notice)
     continued: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
@@ -261,6 +273,11 @@ class Driver:
         """Decide and do the novel's next step; `known`: its snapshot and novel row as read after
         the previous turn, when nothing has held the novel since (a continuation)."""
         pool = self.ctx.pool
+        left = self.state.unsettled.get(notice.novel_id)
+        if left is not None:
+            if await self._settle_left(notice.novel_id, left):
+                return  # its turn accounted; what comes next was published (and continued) by `account`
+            known = None  # its claim went back to prepared: read the novel again
         # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
         # PERF-2: the novel row (budgets, counters, mode) is read with the snapshot, one statement.
         snapshot, novel = known or await store.load_snapshot_and_novel(pool, notice.novel_id)
@@ -390,8 +407,8 @@ class Driver:
         ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
         try:
             outcome = await self.flow.run_claim(novel, claim, mode)
-        except ClaimLost:
-            settled = await self.flow.settle(novel_id, unit_id, claim, "claim-lost")
+        except ClaimLost as e:
+            settled = await self._settle(novel, snapshot, claim, mode, "claim-lost", e)
             if settled is None:
                 await publish_notice(ctx, novel_id, reason="claim-lost")
                 return
@@ -399,15 +416,7 @@ class Driver:
         except Exception as e:
             # NATS, the database or an actor away mid-flow: give the claim back (unless the commit
             # already went through, which is then accounted) and let the notice retry (REL-1, REL-6).
-            # Settling waits for the infrastructure: a retried notice would see the unit committed
-            # and move on, and this unit's turn would never be accounted.
-            settled = None
-            try:
-                settled = await self._until_available(
-                    lambda: self.flow.settle(novel_id, unit_id, claim, "flow-interrupted"))
-            except Exception as settle_error:  # noqa: BLE001 - the notice retries; the REL-7 sweep settles it
-                log.warning("flow of %s/%s interrupted (%s) and not settled (%s): left to the notice's retry"
-                            " and the REL-7 sweep", novel_id, unit_id, error_code(e), error_code(settle_error))
+            settled = await self._settle(novel, snapshot, claim, mode, "flow-interrupted", e)
             if settled is None:
                 raise e
             outcome = settled
@@ -418,6 +427,31 @@ class Driver:
         # The turn is accounted exactly once (turn ledger), so waiting out an outage here is safe.
         await self._until_available(
             lambda: self.account(novel_id, unit_id, claim, outcome, snapshot, mode, novel))
+
+    async def _settle(self, novel: store.NovelRow, before: NovelSnapshot, claim: cm.ClaimGranted, mode: str,
+                      reason: str, cause: Exception) -> UnitOutcome | None:
+        """`UnitFlow.settle` for an interrupted flow, waiting out an outage. Settling must not be
+        skipped: a retried notice would see the unit committed and move on, its turn unaccounted
+        until the REL-7 sweep (after its novel went on, or finished). If it fails even so, the
+        flow is kept and its novel's next step settles it first (`_settle_left`); `cause` raises."""
+        novel_id, unit_id = novel.novel_id, claim.unit_id
+        try:
+            return await self._until_available(lambda: self.flow.settle(novel_id, unit_id, claim, reason))
+        except Exception as settle_error:
+            self.state.unsettled[novel_id] = UnsettledFlow(claim=claim, before=before, novel=novel, mode=mode)
+            log.warning("flow of %s/%s interrupted (%s) and not settled (%s): its novel's next step settles it",
+                        novel_id, unit_id, error_code(cause), error_code(settle_error))
+            raise cause from settle_error
+
+    async def _settle_left(self, novel_id: str, left: UnsettledFlow) -> bool:
+        """REL-7: settle a flow of this driver that could not settle, before its novel moves on — a
+        commit that landed is accounted now (True), else the claim goes back to prepared (False)."""
+        unit_id = left.claim.unit_id
+        settled = await self.flow.settle(novel_id, unit_id, left.claim, "flow-interrupted")
+        if settled is not None:
+            await self.account(novel_id, unit_id, left.claim, settled, left.before, left.mode, left.novel)
+        self.state.unsettled.pop(novel_id, None)
+        return settled is not None
 
     async def _until_available(self, step: Callable[[], Awaitable[T]], *, limit_s: float = 120.0) -> T:
         """Run an idempotent step, waiting out NATS or PostgreSQL being away (REL-6)."""

@@ -38,10 +38,14 @@ class ClaimLost(Exception):
 
 
 def is_infrastructure_error(e: BaseException) -> bool:
-    """NATS or PostgreSQL away (REL-6): the work waits and is retried, it is never dead-lettered."""
+    """NATS or PostgreSQL away (REL-6): the work waits and is retried, it is never dead-lettered.
+
+    asyncpg's InternalClientError ("cannot switch to state …; another operation … is in progress")
+    is a pooled connection the server dropped in mid-operation: seen as the database stops."""
     if isinstance(e, (BusUnavailable, ClaimLost, OSError, asyncpg.PostgresConnectionError,
                       asyncpg.CannotConnectNowError, asyncpg.AdminShutdownError, asyncpg.InterfaceError,
-                      asyncpg.TooManyConnectionsError, nats.errors.Error, TimeoutError)):
+                      asyncpg.InternalClientError, asyncpg.TooManyConnectionsError, nats.errors.Error,
+                      TimeoutError)):
         return True
     return isinstance(e, RemoteError) and e.code == BusUnavailable.code
 
