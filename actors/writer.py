@@ -45,6 +45,8 @@ from novelbus.writers.tools import (
     ToolGateError,
     call_read_tool,
     check_read_tools_gate,
+    prose_to_read,
+    with_prose,
 )
 
 log = logging.getLogger(__name__)
@@ -150,16 +152,27 @@ class WriterRunner(ServiceActor):
                       inline: bool = False, started: set[int] | None = None,
                       window: int | None = None) -> RunOutcome:
         snapshot: NovelSnapshot | None = None
+        with_prose_of: set[str] | None = None  # the commits whose prose `snapshot` holds; None: all
         lock = asyncio.Lock()
 
         async def read_tool(name: str, args: dict[str, Any]) -> Any:
-            nonlocal snapshot
+            nonlocal snapshot, with_prose_of
             async with lock:
                 if snapshot is None:  # one read-only snapshot per run, of the delegated novel only
                     if self.ctx.read_pool is not None:  # one statement on a read-only connection (PERF-2)
-                        snapshot = await store.load_snapshot_read_only(self.ctx.read_pool, req.novel_id)
+                        # Issue 14: with the prose of the unit's chapter only; more on demand below.
+                        snapshot, held = await store.load_tool_snapshot(self.ctx.read_pool, req.novel_id,
+                                                                        req.unit_id)
+                        with_prose_of = set(held)
                     else:  # BEGIN REPEATABLE READ READ ONLY, the read, COMMIT
                         snapshot = await store.load_snapshot(self.ctx.pool, req.novel_id)
+                if with_prose_of is not None and self.ctx.read_pool is not None:
+                    missing = prose_to_read(snapshot, with_prose_of, name, args)
+                    if missing:  # the prose this call reads, by commit id, as of the snapshot
+                        prose = await store.read_prose(self.ctx.read_pool, req.novel_id, missing,
+                                                       snapshot.as_of_seq)
+                        snapshot = with_prose(snapshot, prose)
+                        with_prose_of.update(missing)
             return call_read_tool(snapshot, name, args)
 
         async def commit(args: dict[str, Any]) -> dict[str, Any]:

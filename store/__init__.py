@@ -19,6 +19,7 @@ from novelbus.store.context import load_context as load_context
 from novelbus.store.context import read_context_sources as read_context_sources
 from novelbus.store.errors import (
     CommitConflict,
+    CommitNotVisible,
     ConfigInvalid,
     NovelExists,
     NovelNotActive,
@@ -125,6 +126,8 @@ from novelbus.store.snapshots import (
     load_snapshot,
     load_snapshot_and_novel,
     load_snapshot_read_only,
+    load_tool_snapshot,
+    read_prose,
 )
 from novelbus.store.units import (
     Claim,
@@ -170,6 +173,7 @@ __all__ = [
     "RING_SIZE",
     "Claim",
     "CommitConflict",
+    "CommitNotVisible",
     "CommitRow",
     "EventRow",
     "NovelExists",
@@ -231,6 +235,8 @@ __all__ = [
     "load_snapshot",
     "load_snapshot_and_novel",
     "load_snapshot_read_only",
+    "load_tool_snapshot",
+    "read_prose",
     "mark_processed",
     "novel_exists",
     "migrate",

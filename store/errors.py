@@ -116,3 +116,10 @@ class ReadOnlyRequired(StoreError):
     """A read that must run read-only (TOOL-5, INFRA-4) was given a connection that is not."""
 
     code = "read-only-required"
+
+
+class CommitNotVisible(StoreError):
+    """A commit a read asked for by id is not there at or before the read's asOf (issue 14: the
+    read tools' prose read by pointer; commits are never removed, so this fails closed)."""
+
+    code = "commit-not-visible"

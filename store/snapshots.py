@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -10,7 +11,7 @@ import msgspec
 from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 from novelbus.store._db import Db, statement, transaction
-from novelbus.store.errors import NovelNotFound, ReadOnlyRequired
+from novelbus.store.errors import CommitNotVisible, NovelNotFound, ReadOnlyRequired
 from novelbus.store.novels import (
     NovelRow,
     cached_outline,
@@ -90,6 +91,21 @@ _SNAPSHOT_READ_ONLY = _SNAPSHOT_PROSE.replace(
     "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
     1,
 )
+# The read tools' snapshot of a run (issue 14): as `_SNAPSHOT_READ_ONLY`, with the prose of the
+# chapter of the run's unit ($4) only, the chapter a writer reads; that chapter, as
+# `snap_prose_chapter`. The rest of the book's prose is read by commit id when a tool asks for it.
+_UNIT_CHAPTER = "(SELECT u.chapter_id FROM units u WHERE u.novel_id = $1 AND u.unit_id = $4)"
+_SNAPSHOT_TOOLS = _snapshot_sql(
+    f"CASE WHEN c.chapter_id = {_UNIT_CHAPTER} THEN c.body -> 'paragraphs' ELSE '[]'::jsonb END"
+).replace(
+    "SELECT n.*,",
+    "SELECT n.*, current_setting('transaction_read_only') AS snap_read_only,"
+    " current_setting('transaction_isolation') AS snap_isolation,"
+    f" {_UNIT_CHAPTER} AS snap_prose_chapter,"
+    " CASE WHEN n.outline_revision = ANY($3::text[]) THEN NULL ELSE (SELECT o.outline FROM outline_revisions o"
+    "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
+    1,
+)
 # Without prose: the commits' paragraphs are empty (next_work and the finish guards need none).
 _SNAPSHOT_STRUCTURE_JSON = _snapshot_json("'[]'::json")
 _SNAPSHOT_STRUCTURE = f"SELECT n.*, {_SNAPSHOT_STRUCTURE_JSON} AS snap FROM novels n WHERE n.novel_id = $1"
@@ -143,8 +159,26 @@ async def load_snapshot_read_only(read_pool: asyncpg.Pool, novel_id: str) -> Nov
     connection that is not read-only repeatable read fails closed (ReadOnlyRequired) before
     anything it read is used. The outline comes in the same statement unless this process has
     that revision parsed already (outline revisions are never changed)."""
+    snapshot, _ = await _read_only(read_pool, novel_id, _SNAPSHOT_READ_ONLY)
+    return snapshot
+
+
+async def load_tool_snapshot(
+    read_pool: asyncpg.Pool, novel_id: str, unit_id: str
+) -> tuple[NovelSnapshot, frozenset[str]]:
+    """A writer run's read tools' snapshot, as `load_snapshot_read_only` (one read-only
+    statement), but with the prose of the chapter of `unit_id` only (issue 14: a run's per-unit
+    read no longer carries the whole book's prose); and the ids of the commits whose prose it
+    holds. The others' paragraphs are empty: read them with `read_prose` before a tool that
+    needs them (`writers.tools.prose_to_read`)."""
+    snapshot, row = await _read_only(read_pool, novel_id, _SNAPSHOT_TOOLS, unit_id)
+    chapter = row["snap_prose_chapter"]
+    return snapshot, frozenset(c.commit_id for c in snapshot.commits if c.chapter_id == chapter)
+
+
+async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: Any) -> tuple[NovelSnapshot, Any]:
     async with statement(read_pool) as conn:
-        novel = await conn.fetchrow(_SNAPSHOT_READ_ONLY, novel_id, (1 << 31) - 1, cached_outline_revisions(novel_id))
+        novel = await conn.fetchrow(sql, novel_id, (1 << 31) - 1, cached_outline_revisions(novel_id), *args)
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         if (novel["snap_read_only"], novel["snap_isolation"]) != ("on", "repeatable read"):
@@ -159,7 +193,27 @@ async def load_snapshot_read_only(read_pool: asyncpg.Pool, novel_id: str) -> Nov
             outline = cached_outline(novel_id, revision)
             if outline is None:  # dropped from the cache meanwhile: read by its immutable key
                 outline = await fetch_outline(conn, novel_id, revision)
-    return _assemble(novel_id, decode_snapshot_row(novel["snap"]), outline, None)
+    return _assemble(novel_id, decode_snapshot_row(novel["snap"]), outline, None), novel
+
+
+_prose_decoder = msgspec.json.Decoder(dict[str, list[str]])
+
+
+async def read_prose(db: Db, novel_id: str, commit_ids: Sequence[str], as_of_seq: int) -> dict[str, list[str]]:
+    """The paragraphs of these commits of the novel, each at or before `as_of_seq`, in ONE
+    statement. Commits are never changed once written, so this is the prose a snapshot read at
+    `as_of_seq` carried. A commit that is not there (or is after `as_of_seq`) fails loud
+    (CommitNotVisible): a tool never runs on prose that is missing."""
+    async with statement(db) as conn:
+        text = await conn.fetchval(
+            "SELECT coalesce(json_object_agg(commit_id, body -> 'paragraphs'), '{}'::json)::text"
+            " FROM commits WHERE novel_id = $1 AND commit_id = ANY($2::text[]) AND seq <= $3",
+            novel_id, list(commit_ids), as_of_seq)
+    prose = _prose_decoder.decode(text)
+    missing = [c for c in commit_ids if c not in prose]
+    if missing:
+        raise CommitNotVisible(f"novel {novel_id!r}: commits {missing} are not at or before seq {as_of_seq}")
+    return prose
 
 
 async def _load(

@@ -6,7 +6,10 @@ from this registry (`openai_tool_definitions`) and nowhere else.
 
 Read tools are pure functions of a `NovelSnapshot` that the writer-runner actor loads inside a
 read-only transaction for the delegated novel only (TOOL-5): a model never reaches the database,
-files or the retrieval plan. Results carry creative content and public ids (chapter, scene,
+files or the retrieval plan. That snapshot carries the prose of the chapter being written only; a
+tool that reads other prose declares which (`ToolSpec.prose`), and the runner reads exactly that
+by commit id before the call (`prose_to_read`, `with_prose`; issue 14: a unit's reads do not
+grow with the book). Results carry creative content and public ids (chapter, scene,
 character, commit ids) but never tokens, claim ids, hashes or run ids (CTX-8).
 
 `novel_body_commit` is the single write tool. Its parameter schema lives here too, but its
@@ -18,7 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -83,6 +86,9 @@ class ToolSpec:
     # None for the write tool: its implementation is supplied by the caller (the claim manager).
     impl: Callable[[NovelSnapshot, Any], Any] | None
     kind: Literal["read", "write"] = "read"
+    # The commits whose prose (paragraphs) `impl` reads for these arguments; None: none. A
+    # snapshot may come without prose (issue 14): the runner reads exactly these first.
+    prose: Callable[[NovelSnapshot, Any], Iterable[str]] | None = None
 
 
 # --- parameter schemas --------------------------------------------------------------------------
@@ -356,6 +362,19 @@ def novel_body_read(snapshot: NovelSnapshot, p: BodyReadParams) -> dict[str, Any
     }
 
 
+def _body_read_prose(snapshot: NovelSnapshot, p: BodyReadParams) -> list[str]:
+    """The commits `novel_body_read` may quote: the chapter's (the scene's), superseded or not."""
+    return [
+        c.commit_id
+        for c in snapshot.commits
+        if c.chapter_id == p.chapterId and (p.sceneId is None or c.scene_id == p.sceneId)
+    ]
+
+
+def _all_prose(snapshot: NovelSnapshot, _: Any) -> list[str]:
+    return [c.commit_id for c in snapshot.commits]
+
+
 def novel_body_search(snapshot: NovelSnapshot, p: SearchParams) -> dict[str, Any]:
     terms = _terms(p.query)
     rows = []
@@ -463,6 +482,7 @@ TOOL_REGISTRY: dict[str, ToolSpec] = {
             (*_OUTLINE, "commits"),
             BodyReadParams,
             novel_body_read,
+            prose=_body_read_prose,
         ),
         ToolSpec(
             "novel_body_search",
@@ -471,6 +491,7 @@ TOOL_REGISTRY: dict[str, ToolSpec] = {
             ("commits",),
             SearchParams,
             novel_body_search,
+            prose=_all_prose,
         ),
         ToolSpec(
             "novel_facts_read",
@@ -559,14 +580,44 @@ def validate_tool_args(name: str, args: dict[str, Any]) -> BaseModel | CommitArg
         raise ToolContractError(f"{name}: invalid arguments: {e}") from None
 
 
-def call_read_tool(snapshot: NovelSnapshot, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Validate and run one read tool against the delegated novel's snapshot."""
+def _read_call(name: str, args: dict[str, Any]) -> tuple[ToolSpec, BaseModel | CommitArgs]:
     spec = get_tool(name)
     if spec.kind != "read" or spec.impl is None:
         raise ToolContractError(f"{name!r} is not a read tool")
-    params = validate_tool_args(name, args)
+    return spec, validate_tool_args(name, args)
+
+
+def call_read_tool(snapshot: NovelSnapshot, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Validate and run one read tool against the delegated novel's snapshot."""
+    spec, params = _read_call(name, args)
+    assert spec.impl is not None
     result: dict[str, Any] = spec.impl(snapshot, params)
     return result
+
+
+def prose_to_read(
+    snapshot: NovelSnapshot, loaded: Collection[str], name: str, args: dict[str, Any]
+) -> list[str]:
+    """The commits whose prose this call reads and `snapshot` does not hold yet (`loaded`: the
+    commits whose prose it holds), in seq order; the call's contract errors as `call_read_tool`
+    raises them. Issue 14: the read tools' snapshot carries the prose of the chapter being
+    written only — the rest of the book is read when a tool asks for it, so a run does not
+    decode the whole book's prose on every unit."""
+    spec, params = _read_call(name, args)
+    if spec.prose is None:
+        return []
+    wanted = set(spec.prose(snapshot, params)).difference(loaded)
+    return [c.commit_id for c in snapshot.commits if c.commit_id in wanted]
+
+
+def with_prose(snapshot: NovelSnapshot, prose: Mapping[str, list[str]]) -> NovelSnapshot:
+    """`snapshot` with these commits' paragraphs filled in (commits are immutable: prose read
+    later by commit id and `seq <= as_of_seq` is the prose the snapshot's read would have seen)."""
+    commits = [
+        msgspec.structs.replace(c, paragraphs=prose[c.commit_id]) if c.commit_id in prose else c
+        for c in snapshot.commits
+    ]
+    return msgspec.structs.replace(snapshot, commits=commits)
 
 
 def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from novelbus import store
 from novelbus.novel.body import CanonChange, SceneCompletion
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store.novels import fetch_outline, parse_config
+from novelbus.writers.tools import call_read_tool, prose_to_read, with_prose
 from tests.store.helpers import make_body, novel_file
 
 # --- the previous implementation (the reference) -----------------------------------------------
@@ -277,3 +278,39 @@ async def test_issue14_context_index_decodes_to_the_same_index_as_before(
         assert list(sources.paragraph_counts.items()) == list(counts.items())  # order too
         reference = await reference_snapshot(pool, novel_id, as_of_seq=as_of)
         assert sources.index.units == reference.units
+
+
+async def test_issue14_tool_snapshot_holds_the_units_chapter_prose_and_the_rest_reads_by_id(
+    pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
+) -> None:
+    """TOOL-5, TOOL-1: a run's read tools' snapshot carries the prose of its unit's chapter only;
+    every read tool call, with the prose it reads filled in by commit id, returns what it returns
+    on the whole snapshot; a commit that is not visible fails loud."""
+    whole = await store.load_snapshot_read_only(read_pool, novel_id)
+    claimed = next(u for u in whole.units if u.state == "claimed")  # a unit of ch-b
+    snapshot, held = await store.load_tool_snapshot(read_pool, novel_id, claimed.unit_id)
+    assert held == {c.commit_id for c in whole.commits if c.chapter_id == "ch-b"} == {"commit-4"}
+    for c, w in zip(snapshot.commits, whole.commits, strict=True):
+        assert c == (w if c.commit_id in held else msgspec.structs.replace(w, paragraphs=[]))
+    assert msgspec.structs.replace(snapshot, commits=[]) == msgspec.structs.replace(whole, commits=[])
+    loaded = set(held)
+    for name, args in [("novel_status_read", {}), ("novel_body_read", {"chapterId": "ch-b"}),
+                       ("novel_body_read", {"chapterId": "ch-a", "sceneId": "s1"}),
+                       ("novel_body_search", {"query": "lamp"}), ("novel_facts_read", {}),
+                       ("novel_body_read", {"chapterId": "ch-a"})]:
+        missing = prose_to_read(snapshot, loaded, name, args)
+        if missing:
+            snapshot = with_prose(snapshot, await store.read_prose(read_pool, novel_id, missing,
+                                                                   snapshot.as_of_seq))
+            loaded.update(missing)
+        assert call_read_tool(snapshot, name, args) == call_read_tool(whole, name, args), name
+    assert loaded == {c.commit_id for c in whole.commits}
+    # An unknown unit: no prose held at all.
+    _, none_held = await store.load_tool_snapshot(read_pool, novel_id, "no-such-unit")
+    assert none_held == frozenset()
+    with pytest.raises(store.CommitNotVisible):
+        await store.read_prose(read_pool, novel_id, ["commit-1", "commit-4"], 3)
+    with pytest.raises(store.CommitNotVisible):
+        await store.read_prose(read_pool, novel_id, ["commit-99"], 99)
+    with pytest.raises(store.ReadOnlyRequired):  # TOOL-5: never on a writable connection
+        await store.load_tool_snapshot(pool, novel_id, claimed.unit_id)

@@ -1,4 +1,4 @@
-"""Issue 14: the status read in one pass over the commits, the same result as before (TOOL-1).
+"""Issue 14: the read tools cost what they read, not the whole book (TOOL-1) — same results.
 
 `novel_status_read` asked `next_work.scene_finished` once per scene and `completed_chapters` once
 per call, each a filter over every live commit: O(scenes × commits) per tool call, so the
@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 
 from novelbus.novel.next_work import completed_chapters, live_commits, live_units, scene_finished
 from novelbus.novel.snapshot import NovelSnapshot, UnitView
-from novelbus.writers.tools import STATUS_CHAPTER_WINDOW, call_read_tool
+from novelbus.writers.tools import (
+    READ_TOOLS,
+    STATUS_CHAPTER_WINDOW,
+    ToolContractError,
+    call_read_tool,
+    prose_to_read,
+    with_prose,
+)
 from tests.pure.sim import set_state
 from tests.pure.strategies import PURE, claim_next, histories, outlines
 
@@ -154,3 +161,66 @@ def test_tool1_outline_read_defaults_to_the_same_chapter_as_before(snapshot: Nov
     result = call_read_tool(snapshot, "novel_outline_read", {})
     expected = _reference_current_chapter_id(snapshot)
     assert (result["chapter"] or {}).get("chapterId") == expected
+
+
+# --- prose on demand (issue 14): a snapshot without the book's prose gives the same results -----
+
+def tool_calls(snapshot: NovelSnapshot) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
+    """Read tool calls on this snapshot: body reads of its chapters (often of chapters with
+    commits, with or without a scene), body searches, and the tools that read no prose."""
+    outline = snapshot.outline
+    chapters = [c.chapterId for c in outline.chapters] if outline is not None else []
+    written = sorted({c.chapter_id for c in snapshot.commits})
+    scenes = [s.sceneId for s in outline.scenes] if outline is not None else []
+    body_read = st.tuples(st.just("novel_body_read"), st.fixed_dictionaries(
+        {"chapterId": st.sampled_from(written or chapters or ["k0"])},
+        optional={"sceneId": st.sampled_from(scenes or ["k0s0"])}))
+    return st.one_of(
+        body_read,
+        st.tuples(st.just("novel_body_read"), st.fixed_dictionaries(
+            {"chapterId": st.sampled_from([*chapters, "no-such-chapter"])})),
+        st.tuples(st.just("novel_body_search"), st.fixed_dictionaries({"query": st.sampled_from(
+            ["lamp", "灯塔", "storm the", "quiet again", "zzz"])})),
+        st.sampled_from([("novel_status_read", {}), ("novel_outline_read", {}), ("novel_facts_read", {})]),
+    )
+
+
+def _without_prose(snapshot: NovelSnapshot, keep: set[str]) -> NovelSnapshot:
+    commits = [c if c.commit_id in keep else msgspec.structs.replace(c, paragraphs=[])
+               for c in snapshot.commits]
+    return msgspec.structs.replace(snapshot, commits=commits)
+
+
+def _result(snapshot: NovelSnapshot, name: str, args: dict[str, Any]) -> Any:
+    try:
+        return call_read_tool(snapshot, name, args)
+    except ToolContractError as e:
+        return ("contract error", str(e))
+
+
+@settings(PURE, max_examples=60)
+@given(tool_snapshots(), st.data())
+def test_tool1_prose_read_on_demand_gives_the_results_of_the_whole_snapshot(
+    snapshot: NovelSnapshot, data: st.DataObject
+) -> None:
+    """Issue 14 / TOOL-1, TOOL-2: a run's snapshot holds some commits' prose (the unit's chapter);
+    before each call the prose it reads (`prose_to_read`) is filled in (`with_prose`) — every
+    call, in any order, returns exactly what it returns on the snapshot with all the prose."""
+    held = {c.commit_id for c in snapshot.commits if data.draw(st.booleans())}
+    partial = _without_prose(snapshot, held)
+    for name, args in data.draw(st.lists(tool_calls(snapshot), min_size=1, max_size=4)):
+        try:
+            missing = prose_to_read(partial, held, name, args)
+        except ToolContractError:
+            missing = []
+        assert not set(missing) & held and len(set(missing)) == len(missing)
+        prose = {c.commit_id: c.paragraphs for c in snapshot.commits if c.commit_id in missing}
+        partial = with_prose(partial, prose)
+        held.update(missing)
+        assert _result(partial, name, args) == _result(snapshot, name, args)
+
+
+def test_tool1_tools_that_read_no_prose_ask_for_none() -> None:
+    """Only the body read and the body search read prose; the rest never cause a read."""
+    assert {n for n, s in READ_TOOLS.items() if s.prose is not None} == {
+        "novel_body_read", "novel_body_search"}
