@@ -599,13 +599,14 @@ def prose_to_read(
     snapshot: NovelSnapshot, loaded: Collection[str], name: str, args: dict[str, Any]
 ) -> list[str]:
     """The commits whose prose this call reads and `snapshot` does not hold yet (`loaded`: the
-    commits whose prose it holds), in seq order; the call's contract errors as `call_read_tool`
-    raises them. Issue 14: the read tools' snapshot carries the prose of the chapter being
+    commits whose prose it holds), in seq order; the contract errors of a call that reads prose,
+    as `call_read_tool` raises them. Issue 14: the read tools' snapshot carries the prose of the chapter being
     written only — the rest of the book is read when a tool asks for it, so a run does not
     decode the whole book's prose on every unit."""
-    spec, params = _read_call(name, args)
-    if spec.prose is None:
+    spec = get_tool(name)
+    if spec.prose is None:  # reads no prose (or is no read tool: `call_read_tool` says so)
         return []
+    _, params = _read_call(name, args)
     wanted = set(spec.prose(snapshot, params)).difference(loaded)
     return [c.commit_id for c in snapshot.commits if c.commit_id in wanted]
 
