@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -45,33 +45,11 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-LOOPS = ("uvloop", "asyncio")
 COMMAND_NATS_WAIT_S = 15.0  # a command (not a service) gives up on an unreachable NATS after this
 
 
-def loop_factory(choice: str | None) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop a command runs on: ``NOVELBUS_LOOP`` = ``uvloop`` (the default where it is
-    installed: less CPU per message and statement, PERF-2) or ``asyncio`` (the standard loop).
-    None means the standard loop. An unknown choice, or ``uvloop`` asked for where it is not
-    installed (Windows), is an error naming the variable."""
-    wanted = (choice or "").strip().lower()
-    if wanted not in ("", *LOOPS):
-        raise ValueError(f"NOVELBUS_LOOP={choice!r}: expected one of {', '.join(LOOPS)}")
-    if wanted == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if wanted == "uvloop":
-            raise ValueError("NOVELBUS_LOOP=uvloop: uvloop is not installed here "
-                             "(it is not available on Windows); use NOVELBUS_LOOP=asyncio") from None
-        return None
-    return uvloop.new_event_loop
-
-
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine; Ctrl-C and SIGTERM cancel it so every `async with` cleans up.
-    The loop is uvloop's unless ``NOVELBUS_LOOP=asyncio`` (`loop_factory`)."""
+    """Run a command's coroutine; Ctrl-C and SIGTERM cancel it so every `async with` cleans up."""
     from novelbus.actors.runtime import ServerUnreachable
     from novelbus.infra import install_signal_handlers
 
@@ -85,13 +63,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
             await _stop_leftover_tasks()
 
     try:
-        factory = loop_factory(os.environ.get("NOVELBUS_LOOP"))
-    except ValueError as e:
-        coro.close()
-        fail(str(e), code=2)
-    try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(main())
+        return asyncio.run(main())
     except (KeyboardInterrupt, asyncio.CancelledError):
         err_console.print("[yellow]interrupted; servers stopped[/]" if _started_here else "[yellow]interrupted[/]")
         raise typer.Exit(130) from None

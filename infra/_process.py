@@ -136,24 +136,14 @@ def _prctl() -> Any:
     return _libc.prctl
 
 
-def deathsig_preexec(sig: signal.Signals, *, uid: int | None = None,
-                     gid: int | None = None) -> Callable[[], None]:
-    """A ``preexec_fn`` making the kernel send ``sig`` to the child when our thread dies.
-
-    With ``uid``/``gid`` it first drops to that user (no supplementary groups) itself, for
-    event loops whose subprocess API has no ``user``/``group`` (uvloop's)."""
+def deathsig_preexec(sig: signal.Signals) -> Callable[[], None]:
+    """A ``preexec_fn`` making the kernel send ``sig`` to the child when our thread dies."""
     prctl = _prctl()
     parent = os.getpid()
 
     def preexec() -> None:
-        if gid is not None:
-            os.setgroups([])
-            os.setregid(gid, gid)
-        if uid is not None:
-            os.setreuid(uid, uid)
-        # Runs in the child after setsid/setuid (ours above, or CPython's own before any
-        # preexec_fn), so the setting survives the credential change (a change of credentials
-        # clears it); exec of a non-setuid binary keeps it.
+        # Runs in the child after setsid/setuid (CPython order), so the setting survives
+        # the credential change; exec of a non-setuid binary keeps it.
         prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl: nobody will signal us
             os.kill(os.getpid(), sig)

@@ -363,9 +363,11 @@ class EmbeddedPostgres(OwnedServer):
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                user=self._uid,
+                group=self._gid,
+                extra_groups=[] if self._uid is not None else None,
                 start_new_session=True,  # its own group: a kill reaches its postgres children
-                # drops to the server's user itself: uvloop's subprocesses take no user/group
-                preexec_fn=deathsig_preexec(signal.SIGKILL, uid=self._uid, gid=self._gid),
+                preexec_fn=deathsig_preexec(signal.SIGKILL),
             )
             try:
                 code = await proc.wait()
