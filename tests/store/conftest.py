@@ -15,10 +15,25 @@ from tests.store.helpers import novel_file
 
 
 @pytest.fixture
-async def pool(new_database: Callable[[], Awaitable[str]]) -> AsyncIterator[asyncpg.Pool]:
-    dsn = await new_database()
+async def dsn(new_database: Callable[[], Awaitable[str]]) -> str:
+    """A fresh database of this test: `pool` and `read_pool` connect to it."""
+    return await new_database()
+
+
+@pytest.fixture
+async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool]:
     p = await store.connect(dsn, max_size=25)
     await store.migrate(p)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+async def read_pool(dsn: str, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
+    """INFRA-4: read-only connections to the same (migrated) database as `pool`."""
+    p = await store.connect_read_only(dsn, max_size=2)
     try:
         yield p
     finally:

@@ -5,7 +5,6 @@ guarantees they keep (USE-1/2, REL-2, REL-7, TOOL-5, INFRA-4, CTX-4)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -101,31 +100,6 @@ def test_perf2_known_totals_keep_the_newest_and_stay_bounded() -> None:
     known.put("b", "m", 1, {})
     known.put("c", "m", 1, {})
     assert known.get("a", "m") is None and known.get("c", "m") == (1, {})
-
-
-@pytest.fixture
-async def dsn(new_database: Callable[[], Awaitable[str]]) -> str:
-    return await new_database()
-
-
-@pytest.fixture
-async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    """As tests/store/conftest.py's, on a database `read_pool` connects to as well."""
-    p = await store.connect(dsn, max_size=25)
-    await store.migrate(p)
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-async def read_pool(dsn: str, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
-    p = await store.connect_read_only(dsn, max_size=2)
-    try:
-        yield p
-    finally:
-        await p.close()
 
 
 async def _commit(pool: asyncpg.Pool, novel_id: str, scene: str, text: str) -> None:

@@ -11,7 +11,7 @@ snapshot carries, both give equal snapshots.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import asyncpg
@@ -163,30 +163,6 @@ async def reference_context_index(pool: asyncpg.Pool, novel_id: str, as_of: int)
 
 
 # --- a database holding every shape a snapshot carries -----------------------------------------
-
-
-@pytest.fixture
-async def dsn(new_database: Callable[[], Awaitable[str]]) -> str:
-    return await new_database()
-
-
-@pytest.fixture
-async def pool(dsn: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await store.connect(dsn, max_size=10)
-    await store.migrate(p)
-    try:
-        yield p
-    finally:
-        await p.close()
-
-
-@pytest.fixture
-async def read_pool(dsn: str, pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Pool]:
-    p = await store.connect_read_only(dsn, max_size=2)
-    try:
-        yield p
-    finally:
-        await p.close()
 
 
 PROSE = [
