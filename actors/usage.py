@@ -107,7 +107,7 @@ class UsageSampler(ServiceActor):
             novel_id=req.novel_id, unit_id=req.unit_id, mode=req.mode, turn=req.turn,
             input_chars=input_chars, est_input_tokens=int(sample["estInputTokens"]),
             output_chars=int(sample["outputChars"]), window_peak_tokens=int(sample["windowPeakTokens"]),
-            calls=len(req.calls))
+            calls=len(req.calls), model_ms=sample["modelMs"])
         # All or nothing, with its event in the same statement (PERF-2): a sample that fails to
         # record (unknown novel, database away) leaves no mark behind, so nothing is written
         # (REL-3) and a retry is not mistaken for a duplicate.

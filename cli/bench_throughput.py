@@ -79,7 +79,6 @@ TARGET_UNITS_PER_S = {"one-process": 150.0, "processes": 100.0}
 FLOOR_COUNTS = {"request_reply": 6, "transactions": 4, "publish_waits": 2}
 FLOOR_SAMPLES = 200
 WARMUP_UNITS = 5  # a first novel that is not measured: the process's first units pay one-off costs
-MAX_UNITS_PER_NOVEL = 50  # the usage ring (which carries each turn's model time) keeps 50 per novel
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -97,6 +96,7 @@ HOP_EVENTS = (
 )
 HOP_NAMES = tuple(name for name, _ in HOP_EVENTS) + ("model",)
 UNIT_EVENTS = {START_EVENT} | {tag for _, tag in HOP_EVENTS if tag != NEXT_UNIT}
+USAGE_EVENT = tag_of(ev.UsageSampled)  # carries the unit's model time (`modelMs`)
 
 
 @dataclass
@@ -127,6 +127,15 @@ class PhaseResult:
     def overhead(self, q: float) -> float:
         return percentile([t.overhead_ms for t in self.timings], q)
 
+    def overhead_by_quarter(self) -> list[float] | None:
+        """Overhead p50 of each quarter of the novel's units, in book order (one-novel phases):
+        whether a unit costs more the longer the book already is. None under 8 measured units."""
+        if len(self.timings) < 8:
+            return None
+        n = len(self.timings)
+        return [round(percentile([t.overhead_ms for t in self.timings[q * n // 4:(q + 1) * n // 4]], 50), 3)
+                for q in range(4)]
+
     def hop_p50(self) -> dict[str, float]:
         return {h: round(percentile([t.hops.get(h, 0.0) for t in self.timings], 50), 3) for h in HOP_NAMES}
 
@@ -136,15 +145,18 @@ def _ms(a: datetime, b: datetime) -> float:
 
 
 async def unit_timings(ctx: ActorContext, novel_id: str) -> list[UnitTiming]:
-    """Per-unit cycle, model time and hop split of one novel, from its ledger and usage ring."""
+    """Per-unit cycle, model time and hop split of one novel, from its ledger: the hop markers'
+    timestamps, and each unit's model time from its `usage.sampled` event (`modelMs`), so a
+    novel of any length is measured whole."""
     model_ms: dict[str, float] = {}
-    for sample in await store.recent_usage(ctx.pool, novel_id):
-        value = sample.get("modelMs")
-        model_ms[str(sample.get("unitId"))] = float(value) if isinstance(value, int | float) else 0.0
     per_unit: dict[str, dict[str, datetime]] = {}
     order: list[str] = []
-    for row in await ledger(ctx, novel_id, UNIT_EVENTS):
+    for row in await ledger(ctx, novel_id, UNIT_EVENTS | {USAGE_EVENT}):
         unit = str(row.payload.get("unitId"))
+        if row.type == USAGE_EVENT:
+            value = row.payload.get("modelMs")
+            model_ms[unit] = float(value) if isinstance(value, int | float) else 0.0
+            continue
         if unit not in per_unit:
             per_unit[unit] = {}
             order.append(unit)
@@ -496,6 +508,9 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
                   f"{load.overhead(99):.1f}   (includes queueing behind {load.novels} novels)")
     console.print(f"units: {load.units} in {load.seconds:.1f} s under load; latency phase {latency.units} units "
                   f"({len(latency.timings)} measured cycles)")
+    if (quarters := latency.overhead_by_quarter()) is not None:
+        console.print("overhead p50 by quarter of the one novel (does a unit cost more as the book grows?), ms: "
+                      + " → ".join(f"{q:.2f}" for q in quarters))
     cold = cold_max_ms(warmup)
     if warmup is not None:
         console.print(f"warm-up before the measured phases: {warmup.units} units, not measured"
@@ -629,13 +644,10 @@ def bench_throughput(
                         ("--unit-chars", unit_chars), ("--latency-units", latency_units)):
         if value < 1:
             fail(f"{name} must be at least 1, got {value}", code=2)
-    if chapters * scenes > MAX_UNITS_PER_NOVEL or latency_units > MAX_UNITS_PER_NOVEL:
-        fail(f"at most {MAX_UNITS_PER_NOVEL} units per novel (--chapters × --scenes, --latency-units): the usage "
-             "ring that carries each unit's model time keeps the last 50 samples", code=2)
     if timeout <= 0:
         fail(f"--timeout must be positive, got {timeout}", code=2)
-    if not 0 <= warmup_units <= MAX_UNITS_PER_NOVEL:
-        fail(f"--warmup-units must be between 0 and {MAX_UNITS_PER_NOVEL}, got {warmup_units}", code=2)
+    if warmup_units < 0:
+        fail(f"--warmup-units must be at least 0, got {warmup_units}", code=2)
     try:
         deploy, latency, load, floor, counts, warmup = run(bench(novels=novels, chapters=chapters, scenes=scenes, unit_chars=unit_chars,
                                           latency_units=latency_units, processes=processes, seed=seed,
@@ -674,6 +686,7 @@ def bench_throughput(
         "load_hops": load.hop_p50(),
         "load_seconds": round(load.seconds, 3),
         "latency_units_measured": len(latency.timings),
+        "overhead_p50_by_quarter_ms": latency.overhead_by_quarter(),
         "warmup_units": warmup.units if warmup is not None else 0,
         "warmup_overhead_max_ms": None if (cold := cold_max_ms(warmup)) is None else round(cold, 3),
         "latency_breakdown": latency.breakdown,

@@ -129,6 +129,9 @@ class UsageSampled(Event, tag="usage.sampled", frozen=True):
     output_chars: int
     window_peak_tokens: int
     calls: int
+    # Wall time inside the provider's calls (ms), when the runner measured it: a latency figure,
+    # not model output. Benchmarks subtract it to get the orchestration's own time per unit.
+    model_ms: float | None = None
 
 
 class UsageMissing(Event, tag="usage.missing", frozen=True):

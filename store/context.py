@@ -36,12 +36,15 @@ from novelbus.novel.context import (
 from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
+from novelbus.store.commit_index import CACHE, merge
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline, parse_config
-from novelbus.store.snapshots import UNITS_JSON, commits_json
+from novelbus.store.snapshots import UNITS_JSON, commits_json, known_after, latest_mark
 
-# The commit index: no prose (read by pointer below), canon facts nested.
-_INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of")
+# The commit index: no prose (read by pointer below), canon facts nested; only the commits after
+# those this process knows ($4, $5: `store.commit_index`, issue 14), unless their mark changed.
+_KNOWN_AFTER = known_after("$4::int", "$5::text")
+_INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of", after=_KNOWN_AFTER)
 _units = msgspec.json.Decoder(list[UnitView])
 _commits = msgspec.json.Decoder(list[CommitView])
 _counts = msgspec.json.Decoder(dict[str, int])
@@ -84,6 +87,7 @@ async def read_context_sources(
         purpose=purpose,
         profile=profile,
     )
+    known = CACHE.known(novel_id)
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
         # One round trip (PERF-2): the isolation actually in force, the novel, the latest commit,
         # the unit's own commit (if any), the units, and the commit index and canon facts at or
@@ -99,7 +103,8 @@ async def read_context_sources(
             # Units, and the commit index with its canon facts, as the snapshot types' JSON
             # (issue 14: decoded straight into them, `store.snapshots`); paragraphs per commit.
             f" {UNITS_JSON}::text AS units,"
-            f" {_INDEX_COMMITS}::text AS commits,"
+            f" {_INDEX_COMMITS}::text AS commits, {_KNOWN_AFTER} AS commits_after,"
+            f" {latest_mark('a.as_of')} AS mark,"
             " (SELECT COALESCE(json_object_agg(c.commit_id, jsonb_array_length(c.body -> 'paragraphs')"
             "   ORDER BY c.seq), '{}'::json) FROM commits c WHERE c.novel_id = $1 AND c.seq <= a.as_of)::text"
             "  AS paragraph_counts"
@@ -107,6 +112,8 @@ async def read_context_sources(
             novel_id,
             unit_id,
             as_of,
+            known.after,
+            known.mark,
         )
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
@@ -140,7 +147,9 @@ async def read_context_sources(
         if _before_sources is not None:
             await _before_sources()
 
-        commits = _commits.decode(novel["commits"])  # prose is read by pointer below, never in bulk
+        # Prose is read by pointer below, never in bulk; the index after the commits known.
+        commits = merge(known, novel["commits_after"], _commits.decode(novel["commits"]), request.as_of)
+        CACHE.remember(novel_id, novel["commits_after"], commits, novel["mark"])
         index = NovelSnapshot(
             novel_id=novel_id,
             title=novel["title"],

@@ -11,6 +11,7 @@ import msgspec
 from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 from novelbus.store._db import Db, statement, transaction
+from novelbus.store.commit_index import CACHE, MARK_SQL, Known, merge
 from novelbus.store.errors import CommitNotVisible, NovelNotFound, ReadOnlyRequired
 from novelbus.store.novels import (
     NovelRow,
@@ -42,41 +43,65 @@ UNITS_JSON = (
 )
 
 
-def commits_json(paragraphs: str, *, up_to: str) -> str:
-    """The novel's commits with seq <= `up_to` as `CommitView`s in seq order, their canon facts
-    nested; `paragraphs` is the expression of each commit's paragraphs (`c`: the commit row)."""
+def commits_json(paragraphs: str, *, up_to: str, after: str = "0") -> str:
+    """The novel's commits with `after` < seq <= `up_to` as `CommitView`s in seq order, their
+    canon facts nested; `paragraphs` is the expression of each commit's paragraphs (`c`: the
+    commit row; `n`: the novel row)."""
     return (
         "(SELECT coalesce(json_agg(json_build_object('commit_id', c.commit_id, 'seq', c.seq,"
         " 'unit_id', c.unit_id, 'chapter_id', c.chapter_id, 'scene_id', c.scene_id,"
         f" 'paragraphs', {paragraphs}, 'scene_completion', c.body -> 'sceneCompletion',"
         f" 'canon_changes', {CANON_CHANGES_JSON}, 'effective_characters', c.effective_chars,"
         " 'body_hash', c.body_hash) ORDER BY c.seq), '[]'::json)"
-        f" FROM commits c WHERE c.novel_id = n.novel_id AND c.seq <= {up_to})"
+        f" FROM commits c WHERE c.novel_id = n.novel_id AND c.seq <= {up_to} AND c.seq > {after})"
     )
 
 
-def _snapshot_json(paragraphs: str) -> str:
+def known_after(after: str, mark: str) -> str:
+    """SQL: `after` (the last commit seq the caller knows) if the commit there still has the
+    caller's `mark`, else 0 — then the caller is sent the whole index (`store.commit_index`)."""
+    return (
+        f"(CASE WHEN {after} > 0 AND EXISTS (SELECT 1 FROM commits t WHERE t.novel_id = n.novel_id"
+        f" AND t.seq = {after} AND {MARK_SQL.format(t='t')} = {mark}) THEN {after} ELSE 0 END)"
+    )
+
+
+def latest_mark(up_to: str) -> str:
+    """SQL: the mark of the novel's last commit at or before `up_to` (NULL: none)."""
+    return (
+        f"(SELECT {MARK_SQL.format(t='t')} FROM commits t WHERE t.novel_id = n.novel_id AND t.seq <= {up_to}"
+        " ORDER BY t.seq DESC LIMIT 1)"
+    )
+
+
+def _snapshot_json(paragraphs: str, known: tuple[str, str] | None = None) -> str:
     """Everything a `NovelSnapshot` holds but its outline, as ONE JSON text (`SnapshotRow`): the
     novel's fields, its units, its commits up to seq $2 with their canon facts, and its notes, in
     the orders the snapshot needs. Issue 14: the JSON has the snapshot types' own field names, so
     it decodes straight into them in one pass (`decode_snapshot_row`) — no generic decode into
-    dicts and no view built per commit in Python, the part of a read that grows with the book."""
+    dicts and no view built per commit in Python, the part of a read that grows with the book.
+
+    `known`: the parameters of the last commit seq the caller holds and its mark
+    (`store.commit_index`): then only the commits after it are read (`commits_after`), or all of
+    them if the mark does not match (`commits_after` 0); `mark` is the last read commit's."""
+    after = "0" if known is None else known_after(*known)
     return (
         "json_build_object('title', n.title, 'status', n.status, 'pause_reason', n.pause_reason,"
         " 'config', n.config, 'outline_revision', n.outline_revision,"
         " 'requirements_pending', n.requirements_pending,"
         " 'requirements_blocked', n.requirements_blocked,"
         " 'requirement_watermark', n.requirement_watermark,"
-        f" 'units', {UNITS_JSON}, 'commits', {commits_json(paragraphs, up_to='$2')},"
+        f" 'commits_after', {after}, 'mark', {'NULL' if known is None else latest_mark('$2')},"
+        f" 'units', {UNITS_JSON}, 'commits', {commits_json(paragraphs, up_to='$2', after=after)},"
         " 'notes', (SELECT coalesce(json_agg(json_build_array(o.note_id, o.text)"
         "  ORDER BY o.created_at, o.note_id), '[]'::json) FROM notes o WHERE o.novel_id = n.novel_id)"
         ")::text"
     )
 
 
-def _snapshot_sql(paragraphs: str) -> str:
+def _snapshot_sql(paragraphs: str, known: tuple[str, str] | None = None) -> str:
     """The novel row and its snapshot JSON (`snap`): one statement, so one consistent read."""
-    return f"SELECT n.*, {_snapshot_json(paragraphs)} AS snap FROM novels n WHERE n.novel_id = $1"
+    return f"SELECT n.*, {_snapshot_json(paragraphs, known)} AS snap FROM novels n WHERE n.novel_id = $1"
 
 
 _SNAPSHOT_PROSE = _snapshot_sql("c.body -> 'paragraphs'")
@@ -91,24 +116,26 @@ _SNAPSHOT_READ_ONLY = _SNAPSHOT_PROSE.replace(
     "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
     1,
 )
-# The read tools' snapshot of a run (issue 14): as `_SNAPSHOT_READ_ONLY`, with the prose of the
-# chapter of the run's unit ($4) only, the chapter a writer reads; that chapter, as
-# `snap_prose_chapter`. The rest of the book's prose is read by commit id when a tool asks for it.
+# The read tools' snapshot of a run (issue 14): as `_SNAPSHOT_READ_ONLY`, but the commit index
+# without prose and only after the commits this process knows ($5, $6: `store.commit_index`), and
+# the prose of the chapter of the run's unit ($4), the chapter a writer reads, beside it
+# (`snap_prose`; that chapter: `snap_prose_chapter`). The rest of the book's prose is read by
+# commit id when a tool asks for it.
 _UNIT_CHAPTER = "(SELECT u.chapter_id FROM units u WHERE u.novel_id = $1 AND u.unit_id = $4)"
-_SNAPSHOT_TOOLS = _snapshot_sql(
-    f"CASE WHEN c.chapter_id = {_UNIT_CHAPTER} THEN c.body -> 'paragraphs' ELSE '[]'::jsonb END"
-).replace(
+_SNAPSHOT_TOOLS = _snapshot_sql("'[]'::json", ("$5::int", "$6::text")).replace(
     "SELECT n.*,",
     "SELECT n.*, current_setting('transaction_read_only') AS snap_read_only,"
     " current_setting('transaction_isolation') AS snap_isolation,"
     f" {_UNIT_CHAPTER} AS snap_prose_chapter,"
+    " (SELECT coalesce(json_object_agg(c.commit_id, c.body -> 'paragraphs'), '{}'::json) FROM commits c"
+    f"  WHERE c.novel_id = n.novel_id AND c.seq <= $2 AND c.chapter_id = {_UNIT_CHAPTER})::text AS snap_prose,"
     " CASE WHEN n.outline_revision = ANY($3::text[]) THEN NULL ELSE (SELECT o.outline FROM outline_revisions o"
     "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
     1,
 )
-# Without prose: the commits' paragraphs are empty (next_work and the finish guards need none).
-_SNAPSHOT_STRUCTURE_JSON = _snapshot_json("'[]'::json")
-_SNAPSHOT_STRUCTURE = f"SELECT n.*, {_SNAPSHOT_STRUCTURE_JSON} AS snap FROM novels n WHERE n.novel_id = $1"
+# Without prose: the commits' paragraphs are empty (next_work and the finish guards need none),
+# and only the commits after those this process knows ($3, $4: `store.commit_index`).
+_SNAPSHOT_STRUCTURE = _snapshot_sql("'[]'::json", ("$3::int", "$4::text"))
 
 
 class SnapshotRow(msgspec.Struct, frozen=True):
@@ -125,6 +152,8 @@ class SnapshotRow(msgspec.Struct, frozen=True):
     units: list[UnitView]
     commits: list[CommitView]
     notes: list[tuple[str, str]]
+    commits_after: int = 0  # `commits` are those after this seq (0: all); `store.commit_index`
+    mark: str | None = None  # the mark of the last commit read (None: not asked, or no commit)
 
 
 _snapshot_decoder = msgspec.json.Decoder(SnapshotRow)
@@ -132,6 +161,14 @@ _snapshot_decoder = msgspec.json.Decoder(SnapshotRow)
 
 def decode_snapshot_row(text: str) -> SnapshotRow:
     return _snapshot_decoder.decode(text)
+
+
+def _index(novel_id: str, row: SnapshotRow, known: Known, up_to: int | None) -> SnapshotRow:
+    """The row with its whole commit index: what the process knew (`known`, sent with the
+    statement) and the commits read after it; the result is kept for the next read."""
+    commits = merge(known, row.commits_after, row.commits, up_to)
+    CACHE.remember(novel_id, row.commits_after, commits, row.mark)
+    return msgspec.structs.replace(row, commits=commits, commits_after=0)
 
 
 async def load_snapshot(
@@ -171,12 +208,17 @@ async def load_tool_snapshot(
     read no longer carries the whole book's prose); and the ids of the commits whose prose it
     holds. The others' paragraphs are empty: read them with `read_prose` before a tool that
     needs them (`writers.tools.prose_to_read`)."""
-    snapshot, row = await _read_only(read_pool, novel_id, _SNAPSHOT_TOOLS, unit_id)
-    chapter = row["snap_prose_chapter"]
-    return snapshot, frozenset(c.commit_id for c in snapshot.commits if c.chapter_id == chapter)
+    known = CACHE.known(novel_id)  # issue 14: only the commits after those this process knows
+    snapshot, row = await _read_only(read_pool, novel_id, _SNAPSHOT_TOOLS, unit_id, known.after, known.mark,
+                                     known=known)
+    prose = _prose_decoder.decode(row["snap_prose"])  # the unit's chapter's, by commit id
+    commits = [msgspec.structs.replace(c, paragraphs=prose[c.commit_id]) if c.commit_id in prose else c
+               for c in snapshot.commits]
+    return msgspec.structs.replace(snapshot, commits=commits), frozenset(prose)
 
 
-async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: Any) -> tuple[NovelSnapshot, Any]:
+async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: Any,
+                     known: Known | None = None) -> tuple[NovelSnapshot, Any]:
     async with statement(read_pool) as conn:
         novel = await conn.fetchrow(sql, novel_id, (1 << 31) - 1, cached_outline_revisions(novel_id), *args)
         if novel is None:
@@ -193,7 +235,10 @@ async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: An
             outline = cached_outline(novel_id, revision)
             if outline is None:  # dropped from the cache meanwhile: read by its immutable key
                 outline = await fetch_outline(conn, novel_id, revision)
-    return _assemble(novel_id, decode_snapshot_row(novel["snap"]), outline, None), novel
+    row = decode_snapshot_row(novel["snap"])
+    if known is not None:
+        row = _index(novel_id, row, known, None)
+    return _assemble(novel_id, row, outline, None), novel
 
 
 _prose_decoder = msgspec.json.Decoder(dict[str, list[str]])
@@ -234,13 +279,20 @@ async def _load(
     # tools' snapshot, TOOL-5/INFRA-4) it runs inside a REPEATABLE READ READ ONLY transaction;
     # the driver's structural read (prose=False) is that lone SELECT, without BEGIN and COMMIT.
     reader = transaction(pool, isolation="repeatable_read", readonly=True) if prose else statement(pool)
+    up_to = (1 << 31) - 1 if as_of_seq is None else as_of_seq
+    known = CACHE.known(novel_id)  # issue 14: without prose, only the commits after those known
     async with reader as conn:
-        novel = await conn.fetchrow(_SNAPSHOT_PROSE if prose else _SNAPSHOT_STRUCTURE, novel_id,
-                                    (1 << 31) - 1 if as_of_seq is None else as_of_seq)
+        if prose:
+            novel = await conn.fetchrow(_SNAPSHOT_PROSE, novel_id, up_to)
+        else:
+            novel = await conn.fetchrow(_SNAPSHOT_STRUCTURE, novel_id, up_to, known.after, known.mark)
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
-    return _assemble(novel_id, decode_snapshot_row(novel["snap"]), outline, as_of_seq), novel
+    row = decode_snapshot_row(novel["snap"])
+    if not prose:
+        row = _index(novel_id, row, known, as_of_seq)
+    return _assemble(novel_id, row, outline, as_of_seq), novel
 
 
 def _assemble(novel_id: str, row: SnapshotRow, outline: Outline | None, as_of_seq: int | None) -> NovelSnapshot:
@@ -269,11 +321,12 @@ def _assemble(novel_id: str, row: SnapshotRow, outline: Outline | None, as_of_se
 
 
 # PERF-2 (issue 14): the driver's accounting and its next decision's input in one statement. The
-# snapshot part is `_SNAPSHOT_STRUCTURE`'s JSON.
+# snapshot part is `_SNAPSHOT_STRUCTURE`'s JSON (its known commits: $9, $10).
+_ACCOUNT_SNAPSHOT_JSON = _snapshot_json("'[]'::json", ("$9::int", "$10::text"))
 _ACCOUNT_AND_SNAPSHOT = (
     "WITH t AS MATERIALIZED (SELECT o_first, o_novel FROM nb_account_turn($1, $3, $4, $5, $6, $7, $8))"
     " SELECT (t.o_novel).*, t.o_first,"
-    f" (SELECT {_SNAPSHOT_STRUCTURE_JSON} FROM novels n WHERE n.novel_id = $1) AS snap"
+    f" (SELECT {_ACCOUNT_SNAPSHOT_JSON} FROM novels n WHERE n.novel_id = $1) AS snap"
     " FROM t"
 )
 
@@ -298,11 +351,12 @@ async def account_turn_and_snapshot(
     book as the turn left it. The counters (turns, failures: the next budget check's input) are
     those the accounting wrote."""
     check_turn(turn_key, outcome, writer_output_chars)
+    known = CACHE.known(novel_id)  # issue 14: only the commits after those this process knows
     async with statement(pool) as conn:
         r = await conn.fetchrow(_ACCOUNT_AND_SNAPSHOT, novel_id, (1 << 31) - 1, turn_key, outcome,
-                                writer_output_chars, failure_signature, unit_id, holder)
+                                writer_output_chars, failure_signature, unit_id, holder, known.after, known.mark)
         if r is None or r["snap"] is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
-        snap = decode_snapshot_row(r["snap"])
+        snap = _index(novel_id, decode_snapshot_row(r["snap"]), known, None)
         outline = await fetch_outline(conn, novel_id, snap.outline_revision)
     return novel_row(r), bool(r["o_first"]), _assemble(novel_id, snap, outline, None)

@@ -1,0 +1,104 @@
+"""The commit index this process already read, so a snapshot reads only the commits after it.
+
+Issue 14: the driver's decision input, the pack's context index and the read tools' snapshot each
+carried every commit of the novel with its canon facts, read, sent and decoded once per unit, so
+a unit cost more the longer the book was (at 400 units, three statements of 2-5 ms and ≈ 1 MB of
+JSON per unit). A commit and its canon facts are written once, by the commit statement, and never
+changed; seqs are given under the novel's row lock (`nb_commit_unit`: max + 1), so a read that
+sees seq k sees every commit before it. So the index is kept here, per novel, without prose, and
+a read asks only for the commits after the last one known.
+
+The statements check what they are told is known: the commit at the known seq must still be the
+one it was (its `mark`: creation time and body hash). If it is not — another database behind the
+same novel id, a restored backup, a read whose snapshot is older than the index — the statement
+returns the whole index instead (`commits_after` 0). Never a wrong index, at worst a full read.
+
+Bounded: at most `MAX_COMMITS` commit views over all novels, the least recently read dropped.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from novelbus.novel.snapshot import CommitView
+
+MAX_COMMITS = 20_000  # ≈ 1-3 KB each (canon facts included, no prose): tens of MB at most
+
+# SQL: the mark of commit row `t` (what a known seq is checked against), as text. Deterministic for
+# one row whatever the session's settings (unlike timestamptz's text form).
+MARK_SQL = "(floor(extract(epoch FROM {t}.created_at) * 1000000)::bigint::text || ':' || {t}.body_hash)"
+
+
+@dataclass(frozen=True)
+class Known:
+    """A novel's commits 1..k as one read saw them (seq order, no prose), and the mark of k."""
+
+    commits: tuple[CommitView, ...] = ()
+    mark: str | None = None
+
+    @property
+    def after(self) -> int:
+        return self.commits[-1].seq if self.commits else 0
+
+
+NOTHING = Known()
+
+
+def merge(known: Known, after: int, new: list[CommitView], up_to: int | None) -> list[CommitView]:
+    """The index a read returns (pure): `new` holds the commits with seq > `after` (at most
+    `up_to`, None: no limit) that the statement read; `after` is what it took as known — the
+    caller's `known.after`, or 0 when the known mark did not match (then `new` is the whole index)."""
+    if after == 0:
+        return list(new)
+    if after != known.after:
+        raise ValueError(f"the statement read after seq {after}, the caller knew up to {known.after}")
+    if new and new[0].seq <= after:
+        raise ValueError(f"a commit at seq {new[0].seq} was read again after seq {after}")
+    kept = list(known.commits) if up_to is None or up_to >= after else [c for c in known.commits if c.seq <= up_to]
+    return kept + new
+
+
+class CommitIndexCache:
+    """Per process: each novel's `Known` index, least recently read dropped past `max_commits`."""
+
+    def __init__(self, max_commits: int = MAX_COMMITS) -> None:
+        self.max_commits = max_commits
+        self._novels: OrderedDict[str, Known] = OrderedDict()
+        self._size = 0
+        self.full_reads = 0  # reads that returned the whole index (first read, or a mark that changed)
+        self.partial_reads = 0
+
+    def known(self, novel_id: str) -> Known:
+        return self._novels.get(novel_id, NOTHING)
+
+    def remember(self, novel_id: str, after: int, commits: list[CommitView], mark: str | None) -> None:
+        """Keep what a read returned: a whole index (`after` 0) replaces the novel's, a longer one
+        extends it; an index of no commits, or an older (shorter) one, changes nothing."""
+        if after == 0:
+            self.full_reads += 1
+        else:
+            self.partial_reads += 1
+        if not commits or mark is None:
+            return
+        current = self._novels.get(novel_id)
+        if current is not None and after != 0 and len(commits) <= len(current.commits):
+            self._novels.move_to_end(novel_id)
+            return
+        if current is not None:
+            self._size -= len(current.commits)
+            del self._novels[novel_id]
+        if len(commits) > self.max_commits:
+            return
+        self._novels[novel_id] = Known(tuple(commits), mark)
+        self._size += len(commits)
+        while self._size > self.max_commits:
+            _, dropped = self._novels.popitem(last=False)
+            self._size -= len(dropped.commits)
+
+    def clear(self) -> None:
+        self._novels.clear()
+        self._size = 0
+
+
+CACHE = CommitIndexCache()

@@ -1,0 +1,69 @@
+"""Issue 14: the commit index a process already read (`store.commit_index`), pure parts.
+
+A snapshot asks only for the commits after the last one the process knows and merges them with
+what it knew; the merge must give exactly the index a whole read gives, at any asOf, and the
+process's index stays bounded.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from novelbus.novel.body import SceneCompletion
+from novelbus.novel.snapshot import CommitView
+from novelbus.store.commit_index import CommitIndexCache, Known, merge
+
+
+def commit(seq: int) -> CommitView:
+    return CommitView(commit_id=f"commit-{seq}", seq=seq, unit_id=f"u{seq}", chapter_id="ch", scene_id="s",
+                      paragraphs=[], scene_completion=SceneCompletion(completed=False, basis="b"),
+                      canon_changes=[], effective_characters=seq, body_hash=f"h{seq}")
+
+
+def book(n: int) -> list[CommitView]:
+    return [commit(s) for s in range(1, n + 1)]
+
+
+@given(n=st.integers(0, 40), data=st.data())
+def test_issue14_merge_of_known_and_the_commits_after_it_is_the_whole_index(n: int, data: st.DataObject) -> None:
+    """CTX-4 holds: whatever was known (a prefix of the book) and whatever asOf the read has,
+    known + the commits the statement read after it = the commits a whole read gives."""
+    commits = book(n)
+    k = data.draw(st.integers(0, n), label="known")
+    up_to = data.draw(st.none() | st.integers(0, n), label="up_to")
+    visible = commits if up_to is None else commits[:up_to]
+    known = Known(tuple(commits[:k]), f"m{k}" if k else None)
+    read_after = [c for c in visible if c.seq > k]  # what the statement returns after seq k
+    assert merge(known, known.after, read_after, up_to) == visible
+    # The mark did not match: the statement returned the whole index, known is not used.
+    assert merge(known, 0, visible, up_to) == visible
+
+
+def test_issue14_merge_refuses_a_read_that_does_not_follow_what_was_known() -> None:
+    known = Known(tuple(book(3)), "m3")
+    with pytest.raises(ValueError, match="knew up to 3"):
+        merge(known, 2, [commit(3)], None)
+    with pytest.raises(ValueError, match="read again"):
+        merge(known, 3, [commit(3), commit(4)], None)
+
+
+def test_issue14_the_process_index_is_bounded_and_drops_the_least_recently_read() -> None:
+    cache = CommitIndexCache(max_commits=10)
+    cache.remember("a", 0, book(4), "m4")
+    cache.remember("b", 0, book(4), "m4")
+    assert cache.known("a").after == 4 and cache.known("b").after == 4
+    cache.remember("a", 4, book(5), "m5")  # a read after a's 4 commits: a is the most recent now
+    cache.remember("c", 0, book(3), "m3")  # 5 + 4 + 3 > 10: b, the least recently read, goes
+    assert cache.known("b").after == 0 and cache.known("a").after == 5 and cache.known("c").after == 3
+    # An older (shorter) partial read changes nothing; a whole read replaces (another database).
+    cache.remember("a", 2, book(3), "m3")
+    assert cache.known("a") == Known(tuple(book(5)), "m5")
+    cache.remember("a", 0, book(2), "other")
+    assert cache.known("a") == Known(tuple(book(2)), "other")
+    # A novel longer than the whole bound is not kept; nor is an index of no commits.
+    cache.remember("d", 0, book(11), "m11")
+    cache.remember("e", 0, [], None)
+    assert cache.known("d").after == 0 and cache.known("e").after == 0
+    assert (cache.full_reads, cache.partial_reads) == (6, 2)
