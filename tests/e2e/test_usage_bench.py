@@ -140,6 +140,7 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
     assert (
         report["latency_units_measured"] == 5
     )  # 2 chapters × 3 scenes; the last has no successor
+    assert report["overhead_p50_by_quarter_ms"] is None  # under 8 measured units: no quarters
     # issue 14: a warm-up novel (rounded up to one chapter of 3 scenes) ran first and is not in the
     # latency figures; its slowest unit (the process's first, cold ones) is reported beside them
     assert report["warmup_units"] == 3
@@ -181,6 +182,23 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
             "CommitUnit (claims)"} <= set(handlers)
     run = handlers["RunWriter (writer)"]
     assert 0 < run["handler"] <= run["round_trip"] and "rr CommitUnit" in run
+
+
+async def test_issue14_bench_throughput_measures_a_novel_longer_than_the_usage_ring(
+    nats_url: str, new_database: Any
+) -> None:
+    """Issue 14: a unit's model time comes from its `usage.sampled` event, not from the usage
+    ring (50 samples), so a long novel is measured whole, and the overhead is split by quarter
+    of the book — whether a unit costs more the longer the book already is."""
+    dsn = await new_database()
+    out = novelbus("bench", "throughput", "--novels", "1", "--chapters", "1", "--scenes", "2",
+                   "--latency-units", "60", "--unit-chars", "200", "--warmup-units", "0", "--json",
+                   "--nats-url", nats_url, "--database-url", dsn)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["latency_units_measured"] == 59  # every unit but the last, past the ring's 50
+    quarters = report["overhead_p50_by_quarter_ms"]
+    assert len(quarters) == 4 and all(q > 0 for q in quarters)
 
 
 class _NoUsageOnCompaction(OfflineProvider):
