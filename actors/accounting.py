@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 USAGE_RETRY_S = 30.0  # a sample is retried this long, then its turn is marked usage.missing
 USAGE_GRACE_S = 60.0  # reconciliation marks a turn's usage missing this long after it (> retry)
 COMMIT_EVENT_GRACE_S = 10.0  # a commit this old without `unit.committed`: its claim manager died
-SWEEP_WINDOW_S = 3600.0  # a periodic sweep looks at commits this recent; a starting driver at all
+SWEEP_WINDOW_S = 3600.0  # a periodic sweep looks at commits and finishes this recent; a starting driver at all
 
 Notify = Callable[..., Awaitable[str]]  # publish_notice(ctx, novel_id, reason=…, dedupe=…)
 
@@ -190,7 +190,7 @@ class Accounting:
             await self.announce_chapters(novel_id, report, republish=True)
             if novel_id in finished:
                 await self.ctx.republish_once(once_key_of_finish(novel_id), ev.NovelFinished)
-        for novel_id in await store.finished_without_event(pool):
+        for novel_id in await store.finished_without_event(pool, within_s=window):
             snapshot = await store.load_snapshot(pool, novel_id, prose=False)
             await self._emit_once(ev.NovelFinished(novel_id=novel_id, units=len(snapshot.units),
                                                    commits=len(snapshot.commits),

@@ -33,7 +33,7 @@ from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_common import drop_namespace_streams, ledger, novel_dict
+from novelbus.cli.bench_common import drop_namespace_streams, ledger, novel_dict, scratch_database
 from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
@@ -429,10 +429,10 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                 usage_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
                 max_output_tokens: int | None = None) -> dict[str, Any]:
     started = time.monotonic()
-    async with servers(home, nats_url, database_url) as ep:
+    async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
         kwargs = {"writer": {"inline_compact_tokens": compact_tokens, "max_output_tokens": max_output_tokens}}
-        async with running(ep.nats_url, ep.database_url, subjects=subjects, settings=Settings(model=model),
+        async with running(ep.nats_url, dsn, subjects=subjects, settings=Settings(model=model),
                            actor_kwargs=kwargs) as rt:
             ctx = rt.ctx
             writer_provider = rt.actor("writer").state.provider  # type: ignore[attr-defined]

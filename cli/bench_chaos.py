@@ -59,7 +59,12 @@ from novelbus import store
 from novelbus.actors.runtime import connected
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_common import drop_namespace_streams, settle_work_consumer, stop_supervised
+from novelbus.cli.bench_common import (
+    drop_namespace_streams,
+    scratch_database,
+    settle_work_consumer,
+    stop_supervised,
+)
 from novelbus.cli.common import err_console, fail, run, servers
 from novelbus.cli.common import progress as progress_bar
 from novelbus.cli.supervise import Supervisor
@@ -523,12 +528,15 @@ def chaos(
         err_console.print(f"[dim]{line}[/]")
 
     async def main() -> ChaosResult:
-        async with servers(home, nats_url, database_url, announce=not as_json) as ep:
+        done: list[ChaosResult] = []  # a failed run keeps its scratch database to inspect, as its logs
+        async with servers(home, nats_url, database_url, announce=not as_json) as ep, scratch_database(
+                ep.database_url, keep=lambda: keep_logs or not (done and done[0].ok)) as dsn:
             # On a terminal a live bar counts the commits (OPS-4); the kills are still logged.
             with progress_bar("chaos: commits", units, enabled=not as_json) as bar:
-                return await run_chaos(ep.nats_url, ep.database_url, units=units, kills=kills, seed=seed,
-                                       claims_instances=claims_instances, timeout=timeout, keep_logs=keep_logs,
-                                       progress=progress, on_commit=bar.update if bar.live else None)
+                done.append(await run_chaos(ep.nats_url, dsn, units=units, kills=kills, seed=seed,
+                                            claims_instances=claims_instances, timeout=timeout, keep_logs=keep_logs,
+                                            progress=progress, on_commit=bar.update if bar.live else None))
+                return done[0]
 
     try:
         r = run(main())

@@ -12,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import secrets
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
+
+import asyncpg
 
 from novelbus import store
 from novelbus.actors.context import ActorContext
@@ -23,6 +27,51 @@ from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO
 if TYPE_CHECKING:
     from novelbus.cli.supervise import Supervisor
     from novelbus.messages.subjects import Subjects
+
+
+class ScratchRefused(Exception):
+    """The server would not create a scratch database (no CREATEDB privilege)."""
+
+
+@contextlib.asynccontextmanager
+async def scratch_database(database_url: str, *, required: bool = False,
+                           keep: Callable[[], bool] | None = None) -> AsyncIterator[str]:
+    """A fresh database on the server of `database_url` for one benchmark run, dropped after it
+    (also when the run fails or is interrupted): a benchmark's novels never land in the user's
+    own database — its novel list, its history, the reconciliation sweeps that read it — and
+    every run starts from the same empty store, so figures of successive runs compare. A server
+    that refuses CREATE DATABASE: `required` raises ScratchRefused, else the run uses the given
+    database (what it did before). `keep`, asked at the end: True leaves the database there (a
+    failed chaos run, to inspect), named on stderr."""
+    from novelbus.infra import dsn_with_database
+
+    name = f"novelbus_bench_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        refused: str | None = None
+    except asyncpg.PostgresError as e:
+        refused = type(e).__name__
+    finally:
+        await admin.close()
+    if refused is not None:
+        if required:
+            raise ScratchRefused(refused)
+        yield database_url
+        return
+    try:
+        yield dsn_with_database(database_url, name)
+    finally:
+        if keep is not None and keep():
+            from novelbus.cli.common import err_console
+
+            err_console.print(f"[dim]kept the benchmark's database {name!r} on its server, to inspect[/]")
+        else:
+            admin = await asyncpg.connect(database_url)
+            try:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            finally:
+                await admin.close()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -38,7 +38,7 @@ import msgspec
 import typer
 
 from novelbus import store
-from novelbus.cli.bench_common import percentile
+from novelbus.cli.bench_common import ScratchRefused, percentile, scratch_database
 from novelbus.cli.common import Bar, err_console, fail, print_json, run
 from novelbus.cli.common import progress as progress_bar
 from novelbus.novel.body import CommitBody
@@ -69,25 +69,12 @@ async def private_database(database_url: str | None) -> AsyncIterator[str]:
         finally:
             shutil.rmtree(home, ignore_errors=True)
         return
-    from novelbus.infra import dsn_with_database
-
-    name = f"novelbus_bench_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(database_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    except asyncpg.PostgresError as e:
-        await admin.close()
-        fail(f"cannot create a private benchmark database on the given server ({type(e).__name__})",
+        async with scratch_database(database_url, required=True) as dsn:
+            yield dsn
+    except ScratchRefused as e:
+        fail(f"cannot create a private benchmark database on the given server ({e})",
              hint="grant CREATEDB, or run without --database-url (a private embedded PostgreSQL)")
-    await admin.close()
-    try:
-        yield dsn_with_database(database_url, name)
-    finally:
-        admin = await asyncpg.connect(database_url)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 async def bench_variant(pool: asyncpg.Pool, *, cjk: bool, units: int, chapters: int, seed: int,

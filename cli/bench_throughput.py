@@ -65,7 +65,13 @@ from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_common import drop_namespace_streams, ledger, novel_dict, percentile
+from novelbus.cli.bench_common import (
+    drop_namespace_streams,
+    ledger,
+    novel_dict,
+    percentile,
+    scratch_database,
+)
 from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
@@ -577,10 +583,10 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 database_url: str | None, live: bool = False, warmup_units: int = WARMUP_UNITS,
                 ) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts, PhaseResult | None]:
     deploy = "processes" if processes else "one-process"
-    async with servers(home, nats_url, database_url) as ep:
+    async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
         log_dir = home_dir(home) / "logs" / f"bench-{subjects.namespace.rstrip('.')}"
-        async with deployment(processes, ep.nats_url, ep.database_url, subjects, log_dir) as ctx:
+        async with deployment(processes, ep.nats_url, dsn, subjects, log_dir) as ctx:
             try:
                 warmup = None
                 if warmup_units:  # the process's first units (connections, caches, first calls) apart

@@ -183,13 +183,16 @@ async def commits_without_event(
     return [CommitEventMissing(**dict(r)) for r in rows]
 
 
-async def finished_without_event(pool: Db) -> list[str]:
-    """Finished novels no `novel.finished` event announces (the driver died in between)."""
+async def finished_without_event(pool: Db, *, within_s: float | None = None) -> list[str]:
+    """Finished novels no `novel.finished` event announces (the driver died in between);
+    `within_s`: only novels finished that recently (a periodic sweep need not scan all history)."""
     async with transaction(pool) as conn:
         rows = await conn.fetch(
-            "SELECT novel_id FROM novels n WHERE status = 'finished' AND NOT EXISTS ("
-            " SELECT 1 FROM events e WHERE e.once_key = 'novel.finished:' || n.novel_id)"
-            " ORDER BY novel_id"
+            "SELECT novel_id FROM novels n WHERE status = 'finished'"
+            " AND ($1::float8 IS NULL OR n.finished_at > now() - make_interval(secs => $1))"
+            " AND NOT EXISTS (SELECT 1 FROM events e WHERE e.once_key = 'novel.finished:' || n.novel_id)"
+            " ORDER BY novel_id",
+            within_s,
         )
     return [r["novel_id"] for r in rows]
 

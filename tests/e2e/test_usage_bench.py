@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import msgspec
 import pytest
 
@@ -199,6 +200,14 @@ async def test_issue14_bench_throughput_measures_a_novel_longer_than_the_usage_r
     assert report["latency_units_measured"] == 59  # every unit but the last, past the ring's 50
     quarters = report["overhead_p50_by_quarter_ms"]
     assert len(quarters) == 4 and all(q > 0 for q in quarters)
+    # The benchmark wrote its novels into a scratch database of that server, dropped after it:
+    # nothing in the database it was given, no scratch database left behind.
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('novels')") is None
+        assert await conn.fetchval("SELECT count(*) FROM pg_database WHERE datname LIKE 'novelbus_bench_%'") == 0
+    finally:
+        await conn.close()
 
 
 class _NoUsageOnCompaction(OfflineProvider):
