@@ -14,6 +14,15 @@ same novel id, a restored backup, a read whose snapshot is older than the index 
 returns the whole index instead (`commits_after` 0). Never a wrong index, at worst a full read.
 
 Bounded: at most `MAX_COMMITS` commit views over all novels, the least recently read dropped.
+
+**Units** change state, so they are kept differently (`KnownUnits`): each unit row carries the id
+of the transaction that last wrote it (`written_xid`, migration 012), and a read returns its own
+snapshot (`pg_current_snapshot()`). The next read sends that snapshot back and gets only the units
+whose last writer that snapshot could not see — provided every transaction the old snapshot saw
+is visible to the new one (else, a reader older than what is known, it gets them all) and the
+novel is the same novel (its creation time: `NOVEL_MARK_SQL`). The rule is the usual one for
+changes since a snapshot; it takes no lock and no counter. It assumes a process's transaction ids
+come from one server: a process must be restarted after its database is restored elsewhere.
 """
 
 from __future__ import annotations
@@ -21,13 +30,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from novelbus.novel.snapshot import CommitView
+from novelbus.novel.snapshot import CommitView, UnitView
 
 MAX_COMMITS = 20_000  # ≈ 1-3 KB each (canon facts included, no prose): tens of MB at most
 
 # SQL: the mark of commit row `t` (what a known seq is checked against), as text. Deterministic for
 # one row whatever the session's settings (unlike timestamptz's text form).
 MARK_SQL = "(floor(extract(epoch FROM {t}.created_at) * 1000000)::bigint::text || ':' || {t}.body_hash)"
+NOVEL_MARK_SQL = "(floor(extract(epoch FROM n.created_at) * 1000000)::bigint::text)"  # `n`: the novel row
+MAX_UNITS = 50_000
 
 
 @dataclass(frozen=True)
@@ -102,3 +113,78 @@ class CommitIndexCache:
 
 
 CACHE = CommitIndexCache()
+
+
+UnitRow = tuple[int, UnitView]  # (created_seq, the unit): the order units are listed in
+
+
+@dataclass(frozen=True)
+class KnownUnits:
+    """A novel's units as one read saw them (creation order), that read's snapshot and the
+    novel's mark."""
+
+    units: tuple[UnitRow, ...] = ()
+    snapshot: str | None = None
+    mark: str | None = None
+
+
+NO_UNITS = KnownUnits()
+
+
+def merge_units(known: KnownUnits, known_ok: bool, rows: list[UnitRow]) -> list[UnitRow]:
+    """The units a read returns (pure): `rows` are the units written since `known.snapshot` when
+    the statement found it usable (`known_ok`), else all of them. A written unit replaces the
+    known one of its id; a new one is placed by its creation order."""
+    if not known_ok:
+        return sorted(rows, key=lambda r: r[0])
+    out = list(known.units)
+    position = {u.unit_id: i for i, (_, u) in enumerate(out)}
+    added = False
+    for row in rows:
+        i = position.get(row[1].unit_id)
+        if i is None:
+            out.append(row)
+            added = True
+        else:
+            out[i] = row
+    if added:
+        out.sort(key=lambda r: r[0])
+    return out
+
+
+class UnitsCache:
+    """Per process: each novel's `KnownUnits`, least recently read dropped past `max_units`. A
+    read always replaces what was known: its units and snapshot are one consistent pair."""
+
+    def __init__(self, max_units: int = MAX_UNITS) -> None:
+        self.max_units = max_units
+        self._novels: OrderedDict[str, KnownUnits] = OrderedDict()
+        self._size = 0
+        self.full_reads = 0
+        self.partial_reads = 0
+
+    def known(self, novel_id: str) -> KnownUnits:
+        return self._novels.get(novel_id, NO_UNITS)
+
+    def remember(self, novel_id: str, known_ok: bool, units: list[UnitRow], snapshot: str, mark: str) -> None:
+        if known_ok:
+            self.partial_reads += 1
+        else:
+            self.full_reads += 1
+        current = self._novels.pop(novel_id, None)
+        if current is not None:
+            self._size -= len(current.units)
+        if len(units) > self.max_units:
+            return
+        self._novels[novel_id] = KnownUnits(tuple(units), snapshot, mark)
+        self._size += len(units)
+        while self._size > self.max_units:
+            _, dropped = self._novels.popitem(last=False)
+            self._size -= len(dropped.units)
+
+    def clear(self) -> None:
+        self._novels.clear()
+        self._size = 0
+
+
+UNITS = UnitsCache()

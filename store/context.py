@@ -36,16 +36,22 @@ from novelbus.novel.context import (
 from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
-from novelbus.store.commit_index import CACHE, merge
+from novelbus.store.commit_index import CACHE, NOVEL_MARK_SQL, UNITS, merge, merge_units
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline, parse_config
-from novelbus.store.snapshots import UNITS_JSON, commits_json, known_after, latest_mark
+from novelbus.store.snapshots import (
+    commits_json,
+    known_after,
+    latest_mark,
+    unit_rows_json,
+    units_known,
+)
 
 # The commit index: no prose (read by pointer below), canon facts nested; only the commits after
 # those this process knows ($4, $5: `store.commit_index`, issue 14), unless their mark changed.
 _KNOWN_AFTER = known_after("$4::int", "$5::text")
 _INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of", after=_KNOWN_AFTER)
-_units = msgspec.json.Decoder(list[UnitView])
+_unit_rows = msgspec.json.Decoder(list[tuple[int, UnitView]])
 _commits = msgspec.json.Decoder(list[CommitView])
 _counts = msgspec.json.Decoder(dict[str, int])
 
@@ -87,7 +93,7 @@ async def read_context_sources(
         purpose=purpose,
         profile=profile,
     )
-    known = CACHE.known(novel_id)
+    known, known_units = CACHE.known(novel_id), UNITS.known(novel_id)
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
         # One round trip (PERF-2): the isolation actually in force, the novel, the latest commit,
         # the unit's own commit (if any), the units, and the commit index and canon facts at or
@@ -102,7 +108,9 @@ async def read_context_sources(
             " n.title, n.status, n.pause_reason, n.config, n.outline_revision, k.latest, k.own, a.as_of,"
             # Units, and the commit index with its canon facts, as the snapshot types' JSON
             # (issue 14: decoded straight into them, `store.snapshots`); paragraphs per commit.
-            f" {UNITS_JSON}::text AS units,"
+            f" {unit_rows_json('$6::text', '$7::text')}::text AS unit_rows,"
+            f" {units_known('$6::text', '$7::text')} AS units_known,"
+            f" pg_current_snapshot()::text AS units_snapshot, {NOVEL_MARK_SQL} AS novel_mark,"
             f" {_INDEX_COMMITS}::text AS commits, {_KNOWN_AFTER} AS commits_after,"
             f" {latest_mark('a.as_of')} AS mark,"
             " (SELECT COALESCE(json_object_agg(c.commit_id, jsonb_array_length(c.body -> 'paragraphs')"
@@ -114,12 +122,17 @@ async def read_context_sources(
             as_of,
             known.after,
             known.mark,
+            known_units.snapshot,
+            known_units.mark,
         )
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         readback = Readback(isolation=novel["isolation"], read_only=novel["read_only"] == "on")
         outline = await _outline(conn, novel_id, novel["outline_revision"])
-        units = _units.decode(novel["units"])  # read with the novel: one round trip
+        # Read with the novel (one round trip): the units written since those this process knows.
+        unit_rows = merge_units(known_units, novel["units_known"], _unit_rows.decode(novel["unit_rows"]))
+        UNITS.remember(novel_id, novel["units_known"], unit_rows, novel["units_snapshot"], novel["novel_mark"])
+        units = [u for _, u in unit_rows]
         latest, own = int(novel["latest"]), novel["own"]
         if as_of is None:
             as_of = own - 1 if own is not None else latest

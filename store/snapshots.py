@@ -11,7 +11,16 @@ import msgspec
 from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 from novelbus.store._db import Db, statement, transaction
-from novelbus.store.commit_index import CACHE, MARK_SQL, Known, merge
+from novelbus.store.commit_index import (
+    CACHE,
+    MARK_SQL,
+    NOVEL_MARK_SQL,
+    UNITS,
+    Known,
+    KnownUnits,
+    merge,
+    merge_units,
+)
 from novelbus.store.errors import CommitNotVisible, NovelNotFound, ReadOnlyRequired
 from novelbus.store.novels import (
     NovelRow,
@@ -34,13 +43,48 @@ CANON_CHANGES_JSON = (
     " FROM canon_facts f WHERE f.novel_id = c.novel_id AND f.commit_id = c.commit_id), '[]'::json)"
 )
 
-# Units as `UnitView`s, in creation order (`u`: the units table, for the novel in `n`).
-UNITS_JSON = (
-    "(SELECT coalesce(json_agg(json_build_object('unit_id', u.unit_id, 'chapter_id', u.chapter_id,"
+# A unit row `u` as a `UnitView`.
+_UNIT_OBJECT = (
+    "json_build_object('unit_id', u.unit_id, 'chapter_id', u.chapter_id,"
     " 'scene_id', u.scene_id, 'fragment', u.fragment, 'state', u.state, 'attempt', u.attempt,"
     " 'continuation_anchor', u.continuation_anchor, 'last_error', u.last_error)"
-    " ORDER BY u.created_seq), '[]'::json) FROM units u WHERE u.novel_id = n.novel_id)"
 )
+# Units as `UnitView`s, in creation order (`u`: the units table, for the novel in `n`).
+UNITS_JSON = (
+    f"(SELECT coalesce(json_agg({_UNIT_OBJECT} ORDER BY u.created_seq), '[]'::json)"
+    " FROM units u WHERE u.novel_id = n.novel_id)"
+)
+
+
+def units_known(snapshot: str, mark: str) -> str:
+    """SQL: whether the caller's units, read at `snapshot` (pg_snapshot text) of the novel with
+    `mark`, can be brought up to this statement's snapshot with the units written since: the same
+    novel, and every transaction that snapshot saw is visible to this one (`store.commit_index`)."""
+    return (
+        f"({snapshot} IS NOT NULL AND {NOVEL_MARK_SQL} = {mark}"
+        f" AND pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax({snapshot}::pg_snapshot)"
+        " AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) x"
+        f"  WHERE pg_visible_in_snapshot(x, {snapshot}::pg_snapshot)))"
+    )
+
+
+def unit_rows_json(snapshot: str, mark: str) -> str:
+    """SQL: the novel's units as `[created_seq, UnitView]` pairs in creation order — only those
+    written since `snapshot` when `units_known`, else all."""
+    return (
+        f"(SELECT coalesce(json_agg(json_build_array(u.created_seq, {_UNIT_OBJECT}) ORDER BY u.created_seq),"
+        " '[]'::json) FROM units u WHERE u.novel_id = n.novel_id"
+        f" AND (NOT {units_known(snapshot, mark)}"
+        f"  OR NOT pg_visible_in_snapshot(u.written_xid, {snapshot}::pg_snapshot)))"
+    )
+
+
+def units_delta_fields(snapshot: str, mark: str) -> str:
+    """SQL: the `SnapshotRow` fields of a units read since `snapshot` (for a json_build_object)."""
+    return (
+        f"'unit_rows', {unit_rows_json(snapshot, mark)}, 'units_known', {units_known(snapshot, mark)},"
+        f" 'units_snapshot', pg_current_snapshot()::text, 'novel_mark', {NOVEL_MARK_SQL}"
+    )
 
 
 def commits_json(paragraphs: str, *, up_to: str, after: str = "0") -> str:
@@ -74,7 +118,8 @@ def latest_mark(up_to: str) -> str:
     )
 
 
-def _snapshot_json(paragraphs: str, known: tuple[str, str] | None = None) -> str:
+def _snapshot_json(paragraphs: str, known: tuple[str, str] | None = None,
+                   units: tuple[str, str] | None = None) -> str:
     """Everything a `NovelSnapshot` holds but its outline, as ONE JSON text (`SnapshotRow`): the
     novel's fields, its units, its commits up to seq $2 with their canon facts, and its notes, in
     the orders the snapshot needs. Issue 14: the JSON has the snapshot types' own field names, so
@@ -83,8 +128,11 @@ def _snapshot_json(paragraphs: str, known: tuple[str, str] | None = None) -> str
 
     `known`: the parameters of the last commit seq the caller holds and its mark
     (`store.commit_index`): then only the commits after it are read (`commits_after`), or all of
-    them if the mark does not match (`commits_after` 0); `mark` is the last read commit's."""
+    them if the mark does not match (`commits_after` 0); `mark` is the last read commit's.
+    `units`: the parameters of the snapshot the caller's units were read at and the novel's mark:
+    then only the units written since are read (`unit_rows`, `units_known`; `units_delta_fields`)."""
     after = "0" if known is None else known_after(*known)
+    unit_fields = f"'units', {UNITS_JSON}" if units is None else units_delta_fields(*units)
     return (
         "json_build_object('title', n.title, 'status', n.status, 'pause_reason', n.pause_reason,"
         " 'config', n.config, 'outline_revision', n.outline_revision,"
@@ -92,16 +140,17 @@ def _snapshot_json(paragraphs: str, known: tuple[str, str] | None = None) -> str
         " 'requirements_blocked', n.requirements_blocked,"
         " 'requirement_watermark', n.requirement_watermark,"
         f" 'commits_after', {after}, 'mark', {'NULL' if known is None else latest_mark('$2')},"
-        f" 'units', {UNITS_JSON}, 'commits', {commits_json(paragraphs, up_to='$2', after=after)},"
+        f" {unit_fields}, 'commits', {commits_json(paragraphs, up_to='$2', after=after)},"
         " 'notes', (SELECT coalesce(json_agg(json_build_array(o.note_id, o.text)"
         "  ORDER BY o.created_at, o.note_id), '[]'::json) FROM notes o WHERE o.novel_id = n.novel_id)"
         ")::text"
     )
 
 
-def _snapshot_sql(paragraphs: str, known: tuple[str, str] | None = None) -> str:
+def _snapshot_sql(paragraphs: str, known: tuple[str, str] | None = None,
+                  units: tuple[str, str] | None = None) -> str:
     """The novel row and its snapshot JSON (`snap`): one statement, so one consistent read."""
-    return f"SELECT n.*, {_snapshot_json(paragraphs, known)} AS snap FROM novels n WHERE n.novel_id = $1"
+    return f"SELECT n.*, {_snapshot_json(paragraphs, known, units)} AS snap FROM novels n WHERE n.novel_id = $1"
 
 
 _SNAPSHOT_PROSE = _snapshot_sql("c.body -> 'paragraphs'")
@@ -117,12 +166,13 @@ _SNAPSHOT_READ_ONLY = _SNAPSHOT_PROSE.replace(
     1,
 )
 # The read tools' snapshot of a run (issue 14): as `_SNAPSHOT_READ_ONLY`, but the commit index
-# without prose and only after the commits this process knows ($5, $6: `store.commit_index`), and
+# without prose and only after the commits this process knows ($5, $6), the units written since
+# the snapshot its units were read at ($7, $8: `store.commit_index`), and
 # the prose of the chapter of the run's unit ($4), the chapter a writer reads, beside it
 # (`snap_prose`; that chapter: `snap_prose_chapter`). The rest of the book's prose is read by
 # commit id when a tool asks for it.
 _UNIT_CHAPTER = "(SELECT u.chapter_id FROM units u WHERE u.novel_id = $1 AND u.unit_id = $4)"
-_SNAPSHOT_TOOLS = _snapshot_sql("'[]'::json", ("$5::int", "$6::text")).replace(
+_SNAPSHOT_TOOLS = _snapshot_sql("'[]'::json", ("$5::int", "$6::text"), ("$7::text", "$8::text")).replace(
     "SELECT n.*,",
     "SELECT n.*, current_setting('transaction_read_only') AS snap_read_only,"
     " current_setting('transaction_isolation') AS snap_isolation,"
@@ -134,8 +184,9 @@ _SNAPSHOT_TOOLS = _snapshot_sql("'[]'::json", ("$5::int", "$6::text")).replace(
     1,
 )
 # Without prose: the commits' paragraphs are empty (next_work and the finish guards need none),
-# and only the commits after those this process knows ($3, $4: `store.commit_index`).
-_SNAPSHOT_STRUCTURE = _snapshot_sql("'[]'::json", ("$3::int", "$4::text"))
+# and only the commits after those this process knows ($3, $4) and the units written since the
+# snapshot its units were read at ($5, $6): `store.commit_index`.
+_SNAPSHOT_STRUCTURE = _snapshot_sql("'[]'::json", ("$3::int", "$4::text"), ("$5::text", "$6::text"))
 
 
 class SnapshotRow(msgspec.Struct, frozen=True):
@@ -149,11 +200,15 @@ class SnapshotRow(msgspec.Struct, frozen=True):
     requirements_pending: int
     requirements_blocked: int
     requirement_watermark: int
-    units: list[UnitView]
     commits: list[CommitView]
     notes: list[tuple[str, str]]
     commits_after: int = 0  # `commits` are those after this seq (0: all); `store.commit_index`
     mark: str | None = None  # the mark of the last commit read (None: not asked, or no commit)
+    units: list[UnitView] = []  # all of them (a read that did not send known units)
+    unit_rows: list[tuple[int, UnitView]] = []  # or those written since the known units' snapshot
+    units_known: bool = False  # (True) or all of them (False)
+    units_snapshot: str | None = None  # this read's snapshot (None: a read of all units)
+    novel_mark: str | None = None
 
 
 _snapshot_decoder = msgspec.json.Decoder(SnapshotRow)
@@ -163,12 +218,19 @@ def decode_snapshot_row(text: str) -> SnapshotRow:
     return _snapshot_decoder.decode(text)
 
 
-def _index(novel_id: str, row: SnapshotRow, known: Known, up_to: int | None) -> SnapshotRow:
-    """The row with its whole commit index: what the process knew (`known`, sent with the
-    statement) and the commits read after it; the result is kept for the next read."""
+def _index(novel_id: str, row: SnapshotRow, known: Known, up_to: int | None,
+           known_units: KnownUnits | None = None) -> SnapshotRow:
+    """The row with its whole commit index — what the process knew (`known`, sent with the
+    statement) and the commits read after it — and, with `known_units`, all its units — those
+    known and those written since; both kept for the next read."""
     commits = merge(known, row.commits_after, row.commits, up_to)
     CACHE.remember(novel_id, row.commits_after, commits, row.mark)
-    return msgspec.structs.replace(row, commits=commits, commits_after=0)
+    units = row.units
+    if known_units is not None and row.units_snapshot is not None and row.novel_mark is not None:
+        rows = merge_units(known_units, row.units_known, row.unit_rows)
+        UNITS.remember(novel_id, row.units_known, rows, row.units_snapshot, row.novel_mark)
+        units = [u for _, u in rows]
+    return msgspec.structs.replace(row, commits=commits, commits_after=0, units=units, unit_rows=[])
 
 
 async def load_snapshot(
@@ -208,9 +270,9 @@ async def load_tool_snapshot(
     read no longer carries the whole book's prose); and the ids of the commits whose prose it
     holds. The others' paragraphs are empty: read them with `read_prose` before a tool that
     needs them (`writers.tools.prose_to_read`)."""
-    known = CACHE.known(novel_id)  # issue 14: only the commits after those this process knows
+    known, units = CACHE.known(novel_id), UNITS.known(novel_id)  # issue 14: only what changed since
     snapshot, row = await _read_only(read_pool, novel_id, _SNAPSHOT_TOOLS, unit_id, known.after, known.mark,
-                                     known=known)
+                                     units.snapshot, units.mark, known=known, known_units=units)
     prose = _prose_decoder.decode(row["snap_prose"])  # the unit's chapter's, by commit id
     commits = [msgspec.structs.replace(c, paragraphs=prose[c.commit_id]) if c.commit_id in prose else c
                for c in snapshot.commits]
@@ -218,7 +280,8 @@ async def load_tool_snapshot(
 
 
 async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: Any,
-                     known: Known | None = None) -> tuple[NovelSnapshot, Any]:
+                     known: Known | None = None, known_units: KnownUnits | None = None
+                     ) -> tuple[NovelSnapshot, Any]:
     async with statement(read_pool) as conn:
         novel = await conn.fetchrow(sql, novel_id, (1 << 31) - 1, cached_outline_revisions(novel_id), *args)
         if novel is None:
@@ -237,7 +300,7 @@ async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: An
                 outline = await fetch_outline(conn, novel_id, revision)
     row = decode_snapshot_row(novel["snap"])
     if known is not None:
-        row = _index(novel_id, row, known, None)
+        row = _index(novel_id, row, known, None, known_units)
     return _assemble(novel_id, row, outline, None), novel
 
 
@@ -280,18 +343,20 @@ async def _load(
     # the driver's structural read (prose=False) is that lone SELECT, without BEGIN and COMMIT.
     reader = transaction(pool, isolation="repeatable_read", readonly=True) if prose else statement(pool)
     up_to = (1 << 31) - 1 if as_of_seq is None else as_of_seq
-    known = CACHE.known(novel_id)  # issue 14: without prose, only the commits after those known
+    # Issue 14: without prose, only the commits after those known and the units written since.
+    known, units = CACHE.known(novel_id), UNITS.known(novel_id)
     async with reader as conn:
         if prose:
             novel = await conn.fetchrow(_SNAPSHOT_PROSE, novel_id, up_to)
         else:
-            novel = await conn.fetchrow(_SNAPSHOT_STRUCTURE, novel_id, up_to, known.after, known.mark)
+            novel = await conn.fetchrow(_SNAPSHOT_STRUCTURE, novel_id, up_to, known.after, known.mark,
+                                        units.snapshot, units.mark)
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
     row = decode_snapshot_row(novel["snap"])
     if not prose:
-        row = _index(novel_id, row, known, as_of_seq)
+        row = _index(novel_id, row, known, as_of_seq, units)
     return _assemble(novel_id, row, outline, as_of_seq), novel
 
 
@@ -321,8 +386,8 @@ def _assemble(novel_id: str, row: SnapshotRow, outline: Outline | None, as_of_se
 
 
 # PERF-2 (issue 14): the driver's accounting and its next decision's input in one statement. The
-# snapshot part is `_SNAPSHOT_STRUCTURE`'s JSON (its known commits: $9, $10).
-_ACCOUNT_SNAPSHOT_JSON = _snapshot_json("'[]'::json", ("$9::int", "$10::text"))
+# snapshot part is `_SNAPSHOT_STRUCTURE`'s JSON (its known commits: $9, $10; units: $11, $12).
+_ACCOUNT_SNAPSHOT_JSON = _snapshot_json("'[]'::json", ("$9::int", "$10::text"), ("$11::text", "$12::text"))
 _ACCOUNT_AND_SNAPSHOT = (
     "WITH t AS MATERIALIZED (SELECT o_first, o_novel FROM nb_account_turn($1, $3, $4, $5, $6, $7, $8))"
     " SELECT (t.o_novel).*, t.o_first,"
@@ -351,12 +416,13 @@ async def account_turn_and_snapshot(
     book as the turn left it. The counters (turns, failures: the next budget check's input) are
     those the accounting wrote."""
     check_turn(turn_key, outcome, writer_output_chars)
-    known = CACHE.known(novel_id)  # issue 14: only the commits after those this process knows
+    known, units = CACHE.known(novel_id), UNITS.known(novel_id)  # issue 14: only what changed since
     async with statement(pool) as conn:
         r = await conn.fetchrow(_ACCOUNT_AND_SNAPSHOT, novel_id, (1 << 31) - 1, turn_key, outcome,
-                                writer_output_chars, failure_signature, unit_id, holder, known.after, known.mark)
+                                writer_output_chars, failure_signature, unit_id, holder, known.after, known.mark,
+                                units.snapshot, units.mark)
         if r is None or r["snap"] is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
-        snap = _index(novel_id, decode_snapshot_row(r["snap"]), known, None)
+        snap = _index(novel_id, decode_snapshot_row(r["snap"]), known, None, units)
         outline = await fetch_outline(conn, novel_id, snap.outline_revision)
     return novel_row(r), bool(r["o_first"]), _assemble(novel_id, snap, outline, None)

@@ -12,8 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from novelbus.novel.body import SceneCompletion
-from novelbus.novel.snapshot import CommitView
-from novelbus.store.commit_index import CommitIndexCache, Known, merge
+from novelbus.novel.snapshot import CommitView, UnitView
+from novelbus.store.commit_index import (
+    CommitIndexCache,
+    Known,
+    KnownUnits,
+    UnitsCache,
+    merge,
+    merge_units,
+)
 
 
 def commit(seq: int) -> CommitView:
@@ -67,3 +74,52 @@ def test_issue14_the_process_index_is_bounded_and_drops_the_least_recently_read(
     cache.remember("e", 0, [], None)
     assert cache.known("d").after == 0 and cache.known("e").after == 0
     assert (cache.full_reads, cache.partial_reads) == (6, 2)
+
+
+# --- units: the units written since a known snapshot ---------------------------------------------
+
+STATES = ("prepared", "claimed", "committed", "superseded")
+
+
+def unit(i: int, state: str, attempt: int = 0) -> UnitView:
+    return UnitView(unit_id=f"u{i}", chapter_id="ch", scene_id=f"s{i}", fragment=1, state=state,  # type: ignore[arg-type]
+                    attempt=attempt)
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.sampled_from(STATES)), max_size=40), st.data())
+def test_issue14_known_units_and_the_units_written_since_are_all_units(
+    writes: list[tuple[int, str]], data: st.DataObject
+) -> None:
+    """Whatever was known at some point of a history of unit writes (creations and state
+    changes), the known units + the units written after that point = every unit as it is now, in
+    creation order; a read that could not use what was known (all units sent) gives the same."""
+    cut = data.draw(st.integers(0, len(writes)), label="known after this many writes")
+    created: dict[int, int] = {}  # unit -> creation seq
+
+    def state_after(n: int) -> dict[int, tuple[int, UnitView]]:
+        out: dict[int, tuple[int, UnitView]] = {}
+        for step, (i, s) in enumerate(writes[:n]):
+            created.setdefault(i, step)
+            out[i] = (created[i], unit(i, s, attempt=step))
+        return out
+
+    known_rows = sorted(state_after(cut).values(), key=lambda r: r[0])
+    now = state_after(len(writes))
+    written_since = {i for i, _ in writes[cut:]}
+    rows = sorted((now[i] for i in written_since), key=lambda r: r[0])
+    known = KnownUnits(tuple(known_rows), "snapshot", "mark")
+    everything = sorted(now.values(), key=lambda r: r[0])
+    assert merge_units(known, True, rows) == everything
+    assert merge_units(known, False, everything) == everything
+
+
+def test_issue14_the_process_units_are_bounded_and_a_read_replaces_them() -> None:
+    cache = UnitsCache(max_units=5)
+    cache.remember("a", False, [(1, unit(1, "prepared")), (2, unit(2, "prepared"))], "s1", "m")
+    cache.remember("b", False, [(1, unit(1, "prepared")), (2, unit(2, "claimed"))], "s1", "m")
+    cache.remember("a", True, [(1, unit(1, "committed")), (2, unit(2, "prepared")), (3, unit(3, "prepared"))],
+                   "s2", "m")
+    assert cache.known("a").snapshot == "s2" and len(cache.known("a").units) == 3
+    cache.remember("c", False, [(1, unit(1, "prepared"))], "s3", "m")  # 3 + 2 + 1 > 5: b goes
+    assert cache.known("b").units == () and cache.known("c").snapshot == "s3"
+    assert (cache.full_reads, cache.partial_reads) == (3, 1)

@@ -20,7 +20,7 @@ from novelbus import store
 from novelbus.novel.body import CanonChange
 from novelbus.novel.snapshot import NovelSnapshot
 from novelbus.store import snapshots
-from novelbus.store.commit_index import CACHE, Known
+from novelbus.store.commit_index import CACHE, UNITS, Known
 from tests.store.helpers import NOVEL_ID, make_body, novel_file
 from tests.store.test_snapshot_decode import reference_context_index, reference_snapshot
 
@@ -83,7 +83,7 @@ async def test_issue14_the_statement_returns_only_the_commits_after_the_known_ma
     for known, mark, expected, after in [(3, marks[2]["mark"], [4, 5], 3), (3, "0:stale", [1, 2, 3, 4, 5], 0),
                                          (0, None, [1, 2, 3, 4, 5], 0), (9, marks[2]["mark"], [1, 2, 3, 4, 5], 0)]:
         text = await pool.fetchval("SELECT snap FROM (" + snapshots._SNAPSHOT_STRUCTURE + ") s",
-                                   novel_id, (1 << 31) - 1, known, mark)
+                                   novel_id, (1 << 31) - 1, known, mark, None, None)
         row = snapshots.decode_snapshot_row(text)
         assert ([c.seq for c in row.commits], row.commits_after) == (expected, after)
         assert row.mark == marks[4]["mark"]
@@ -104,6 +104,8 @@ async def test_issue14_a_known_index_of_another_database_is_never_served(
             assert await store.create_novel(p, novel_file()) == NOVEL_ID
             for n in range(3):
                 await write_unit(p, NOVEL_ID, n, summary)
+            if summary == "second":  # the units differ too: one more, prepared
+                await store.prepare_unit(p, NOVEL_ID, "ch-b", "s3", fragment=9, continuation_anchor="on")
         for _ in range(2):
             for p in pools:
                 whole = await reference_snapshot(p, NOVEL_ID)
@@ -143,3 +145,81 @@ async def test_issue14_a_known_index_ahead_of_the_read_gives_the_read_its_own_as
 @pytest.fixture(autouse=True)
 def _fresh_index() -> None:
     CACHE.clear()
+    UNITS.clear()
+
+
+async def _units_now(pool: asyncpg.Pool, novel_id: str) -> list[tuple[str, str, int]]:
+    rows = await pool.fetch("SELECT unit_id, state, attempt FROM units WHERE novel_id = $1 ORDER BY created_seq",
+                            novel_id)
+    return [(r["unit_id"], r["state"], r["attempt"]) for r in rows]
+
+
+def _states(s: NovelSnapshot) -> list[tuple[str, str, int]]:
+    return [(u.unit_id, u.state, u.attempt) for u in s.units]
+
+
+async def test_issue14_units_written_since_the_known_snapshot_equal_a_whole_read(
+    pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
+) -> None:
+    """ARCH-3: through prepare, claim, release, commit and a revision, every read that sends the
+    snapshot its units were read at (driver, accounting, read tools, context index) gets the
+    units exactly as a whole read does; the statement sends only the units written since."""
+    uid = await write_unit(pool, novel_id, 0)
+    nxt = await store.prepare_unit(pool, novel_id, "ch-a", "s2", fragment=1, continuation_anchor=None)
+    claim = await store.claim_unit(pool, novel_id, nxt, "i1", mode="subagent")
+    for step in range(5):
+        if step == 1:
+            assert await store.release_claim(pool, novel_id, nxt, reason="given back", claim_id=claim.claim_id)
+        elif step == 2:
+            claim = await store.claim_unit(pool, novel_id, nxt, "i2", mode="subagent")
+        elif step == 3:
+            await store.commit_body(pool, novel_id, nxt, claim.token, make_body("More."), run_id="r2",
+                                    context_hash=None)
+        elif step == 4:  # as a revision does (store.revise_novel)
+            await pool.execute("UPDATE units SET state = 'superseded', last_error = 'revised'"
+                               " WHERE novel_id = $1 AND unit_id = $2", novel_id, uid)
+        expected = await _units_now(pool, novel_id)
+        before = UNITS.partial_reads
+        assert _states(await store.load_snapshot(pool, novel_id, prose=False)) == expected
+        _, _, after = await store.account_turn_and_snapshot(pool, novel_id, f"t{step}", outcome="committed")
+        assert _states(after) == expected
+        tools, _ = await store.load_tool_snapshot(read_pool, novel_id, nxt)
+        assert _states(tools) == expected
+        sources = await store.read_context_sources(pool, novel_id=novel_id, unit_id=nxt, scenario="generation",
+                                                   purpose="production", profile="bounded", as_of=1)
+        assert [(u.unit_id, u.state, u.attempt) for u in sources.index.units] == expected
+        whole = await reference_snapshot(pool, novel_id, prose=False)
+        assert after.units == whole.units
+        if step:
+            assert UNITS.partial_reads - before == 4  # each of the four reads asked only for what changed
+    # The statement itself: known at the current snapshot, one unit written since -> that unit only.
+    known = UNITS.known(novel_id)
+    await pool.execute("UPDATE units SET last_error = 'touched' WHERE novel_id = $1 AND unit_id = $2", novel_id, uid)
+    text = await pool.fetchval("SELECT snap FROM (" + snapshots._SNAPSHOT_STRUCTURE + ") s", novel_id,
+                               (1 << 31) - 1, 0, None, known.snapshot, known.mark)
+    row = snapshots.decode_snapshot_row(text)
+    assert row.units_known and [u.unit_id for _, u in row.unit_rows] == [uid]
+    assert row.unit_rows[0][1].last_error == "touched"
+    # Another novel's mark: all units.
+    text = await pool.fetchval("SELECT snap FROM (" + snapshots._SNAPSHOT_STRUCTURE + ") s", novel_id,
+                               (1 << 31) - 1, 0, None, known.snapshot, "0")
+    row = snapshots.decode_snapshot_row(text)
+    assert not row.units_known and len(row.unit_rows) == 2
+
+
+async def test_issue14_a_reader_older_than_the_known_units_reads_its_own_snapshot(
+    pool: asyncpg.Pool, novel_id: str
+) -> None:
+    """A repeatable-read reader whose snapshot predates what the process knows (another read saw
+    a unit's claim it cannot see) is never given the newer state: it reads all units, as of its
+    own snapshot."""
+    uid = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
+    async with pool.acquire() as old:
+        async with old.transaction(isolation="repeatable_read", readonly=True):
+            await old.fetchval("SELECT count(*) FROM units")  # its snapshot is taken here
+            await store.claim_unit(pool, novel_id, uid, "i", mode="subagent")
+            newer = await store.load_snapshot(pool, novel_id, prose=False)  # the process now knows "claimed"
+            assert [u.state for u in newer.units] == ["claimed"]
+            assert UNITS.known(novel_id).units[0][1].state == "claimed"
+            mine = await store.load_snapshot(old, novel_id, prose=False)
+            assert [u.state for u in mine.units] == ["prepared"]
