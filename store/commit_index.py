@@ -28,7 +28,9 @@ come from one server: a process must be restarted after its database is restored
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from novelbus.novel.snapshot import CommitView, UnitView
 
@@ -39,6 +41,7 @@ MAX_COMMITS = 20_000  # ≈ 1-3 KB each (canon facts included, no prose): tens o
 MARK_SQL = "(floor(extract(epoch FROM {t}.created_at) * 1000000)::bigint::text || ':' || {t}.body_hash)"
 NOVEL_MARK_SQL = "(floor(extract(epoch FROM n.created_at) * 1000000)::bigint::text)"  # `n`: the novel row
 MAX_UNITS = 50_000
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -70,18 +73,49 @@ def merge(known: Known, after: int, new: list[CommitView], up_to: int | None) ->
     return kept + new
 
 
+class _PerNovel(Generic[K]):
+    """What one process knows per novel, at most `limit` rows (commits, units) over all novels:
+    the least recently read novel is dropped first; a novel bigger than the limit is not kept."""
+
+    def __init__(self, limit: int, empty: K, rows: Callable[[K], int]) -> None:
+        self.limit, self._empty, self._rows = limit, empty, rows
+        self._novels: OrderedDict[str, K] = OrderedDict()
+        self._size = 0
+
+    def get(self, novel_id: str) -> K:
+        return self._novels.get(novel_id, self._empty)
+
+    def touch(self, novel_id: str) -> None:
+        if novel_id in self._novels:
+            self._novels.move_to_end(novel_id)
+
+    def put(self, novel_id: str, value: K) -> None:
+        current = self._novels.pop(novel_id, None)
+        if current is not None:
+            self._size -= self._rows(current)
+        if self._rows(value) > self.limit:
+            return
+        self._novels[novel_id] = value
+        self._size += self._rows(value)
+        while self._size > self.limit:
+            _, dropped = self._novels.popitem(last=False)
+            self._size -= self._rows(dropped)
+
+    def clear(self) -> None:
+        self._novels.clear()
+        self._size = 0
+
+
 class CommitIndexCache:
     """Per process: each novel's `Known` index, least recently read dropped past `max_commits`."""
 
     def __init__(self, max_commits: int = MAX_COMMITS) -> None:
-        self.max_commits = max_commits
-        self._novels: OrderedDict[str, Known] = OrderedDict()
-        self._size = 0
+        self._novels = _PerNovel(max_commits, NOTHING, lambda k: len(k.commits))
         self.full_reads = 0  # reads that returned the whole index (first read, or a mark that changed)
         self.partial_reads = 0
 
     def known(self, novel_id: str) -> Known:
-        return self._novels.get(novel_id, NOTHING)
+        return self._novels.get(novel_id)
 
     def remember(self, novel_id: str, after: int, commits: list[CommitView], mark: str | None) -> None:
         """Keep what a read returned: a whole index (`after` 0) replaces the novel's, a longer one
@@ -92,24 +126,13 @@ class CommitIndexCache:
             self.partial_reads += 1
         if not commits or mark is None:
             return
-        current = self._novels.get(novel_id)
-        if current is not None and after != 0 and len(commits) <= len(current.commits):
-            self._novels.move_to_end(novel_id)
+        if after != 0 and len(commits) <= len(self._novels.get(novel_id).commits):
+            self._novels.touch(novel_id)
             return
-        if current is not None:
-            self._size -= len(current.commits)
-            del self._novels[novel_id]
-        if len(commits) > self.max_commits:
-            return
-        self._novels[novel_id] = Known(tuple(commits), mark)
-        self._size += len(commits)
-        while self._size > self.max_commits:
-            _, dropped = self._novels.popitem(last=False)
-            self._size -= len(dropped.commits)
+        self._novels.put(novel_id, Known(tuple(commits), mark))
 
     def clear(self) -> None:
         self._novels.clear()
-        self._size = 0
 
 
 CACHE = CommitIndexCache()
@@ -157,34 +180,22 @@ class UnitsCache:
     read always replaces what was known: its units and snapshot are one consistent pair."""
 
     def __init__(self, max_units: int = MAX_UNITS) -> None:
-        self.max_units = max_units
-        self._novels: OrderedDict[str, KnownUnits] = OrderedDict()
-        self._size = 0
+        self._novels = _PerNovel(max_units, NO_UNITS, lambda k: len(k.units))
         self.full_reads = 0
         self.partial_reads = 0
 
     def known(self, novel_id: str) -> KnownUnits:
-        return self._novels.get(novel_id, NO_UNITS)
+        return self._novels.get(novel_id)
 
     def remember(self, novel_id: str, known_ok: bool, units: list[UnitRow], snapshot: str, mark: str) -> None:
         if known_ok:
             self.partial_reads += 1
         else:
             self.full_reads += 1
-        current = self._novels.pop(novel_id, None)
-        if current is not None:
-            self._size -= len(current.units)
-        if len(units) > self.max_units:
-            return
-        self._novels[novel_id] = KnownUnits(tuple(units), snapshot, mark)
-        self._size += len(units)
-        while self._size > self.max_units:
-            _, dropped = self._novels.popitem(last=False)
-            self._size -= len(dropped.units)
+        self._novels.put(novel_id, KnownUnits(tuple(units), snapshot, mark))
 
     def clear(self) -> None:
         self._novels.clear()
-        self._size = 0
 
 
 UNITS = UnitsCache()
