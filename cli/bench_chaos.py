@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import nats.errors
 import typer
 
 from novelbus import store
@@ -451,11 +452,24 @@ async def settle_accounting(pool: Any, novel_id: str, seconds: float = SETTLE_S)
         await asyncio.sleep(0.5)
 
 
+CONSUMER_WAIT_S = 60.0
+
+
 async def stream_events(ctx: Any, subjects: Subjects, novel_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(type, payload) of every event of the novel in the JetStream events stream."""
     out: list[tuple[str, dict[str, Any]]] = []
     subject = subjects.events_of(novel_id)
-    sub = await ctx.js.subscribe(subject, stream=subjects.events_stream, ordered_consumer=True)
+    # A cluster that just lost and regained nodes can take seconds before JetStream creates a
+    # consumer again (its API requests time out meanwhile): waited for, the run is over by now.
+    until = time.monotonic() + CONSUMER_WAIT_S
+    while True:
+        try:
+            sub = await ctx.js.subscribe(subject, stream=subjects.events_stream, ordered_consumer=True)
+            break
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            if time.monotonic() > until:
+                raise
+            await asyncio.sleep(0.5)
     try:
         while True:
             try:
