@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-import nats.errors
 import typer
 
 from novelbus import store
@@ -65,6 +64,7 @@ from novelbus.cli.bench_common import (
     scratch_database,
     settle_work_consumer,
     stop_supervised,
+    when_jetstream_answers,
 )
 from novelbus.cli.common import err_console, fail, run, servers
 from novelbus.cli.common import progress as progress_bar
@@ -452,24 +452,15 @@ async def settle_accounting(pool: Any, novel_id: str, seconds: float = SETTLE_S)
         await asyncio.sleep(0.5)
 
 
-CONSUMER_WAIT_S = 60.0
 
 
 async def stream_events(ctx: Any, subjects: Subjects, novel_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(type, payload) of every event of the novel in the JetStream events stream."""
     out: list[tuple[str, dict[str, Any]]] = []
     subject = subjects.events_of(novel_id)
-    # A cluster that just lost and regained nodes can take seconds before JetStream creates a
-    # consumer again (its API requests time out meanwhile): waited for, the run is over by now.
-    until = time.monotonic() + CONSUMER_WAIT_S
-    while True:
-        try:
-            sub = await ctx.js.subscribe(subject, stream=subjects.events_stream, ordered_consumer=True)
-            break
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-            if time.monotonic() > until:
-                raise
-            await asyncio.sleep(0.5)
+    # Just after a cluster's node restarts, creating the consumer can time out for seconds.
+    sub = await when_jetstream_answers(
+        lambda: ctx.js.subscribe(subject, stream=subjects.events_stream, ordered_consumer=True))
     try:
         while True:
             try:

@@ -37,7 +37,12 @@ from novelbus.cli.bench_chaos import (
     check_novel,
     settle_accounting,
 )
-from novelbus.cli.bench_common import drop_namespace_streams, settle_work_consumer, stop_supervised
+from novelbus.cli.bench_common import (
+    drop_namespace_streams,
+    settle_work_consumer,
+    stop_supervised,
+    when_jetstream_answers,
+)
 from novelbus.cli.common import err_console, fail, run
 from novelbus.cli.supervise import Supervisor
 from novelbus.infra import Infrastructure
@@ -110,20 +115,6 @@ async def run_cluster(home: Path, *, units: int = 40, nodes: int = 3, seed: int 
     return result
 
 
-async def stream_info_when_led(ctx: Any, stream: str, seconds: float = 60.0) -> Any:
-    """The stream's info once it answers: just after a node restart an R3 stream can take seconds
-    to elect a leader, and until then its API requests time out (the run is over by then: a
-    late answer is what is waited for, not a failure of the cluster)."""
-    until = time.monotonic() + seconds
-    while True:
-        try:
-            return await ctx.js.stream_info(stream)
-        except Exception:
-            if time.monotonic() > until:
-                raise
-            await asyncio.sleep(0.5)
-
-
 async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, units: int, seed: int, timeout: float,
                log_dir: Path, result: ClusterResult, say: Any) -> None:
     nf = chaos_novel(units, seed)
@@ -173,8 +164,8 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
         await settle_accounting(ctx.pool, novel_id)
         checks = ChaosResult(kills_target=0, novel_id=novel_id, seed=seed)
         checks.pending_notices = max(pending, 0)
-        await stream_info_when_led(ctx, subjects.events_stream)  # what check_novel reads next
-        dlq = await stream_info_when_led(ctx, subjects.dlq_stream)
+        await when_jetstream_answers(lambda: ctx.js.stream_info(subjects.events_stream))  # what check_novel reads next
+        dlq = await when_jetstream_answers(lambda: ctx.js.stream_info(subjects.dlq_stream))
         checks.dead_lettered = int(dlq.state.messages)
         checks.lost_notices = checks.pending_notices + checks.dead_lettered
         await check_novel(ctx, subjects, novel_id, checks)

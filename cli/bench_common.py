@@ -14,10 +14,12 @@ import contextlib
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
+import nats.errors
+import nats.js.errors
 
 from novelbus import store
 from novelbus.actors.context import ActorContext
@@ -140,6 +142,28 @@ async def settle_work_consumer(ctx: Any, subjects: Subjects, seconds: float, *, 
         if time.monotonic() > settle_until:
             return pending
         await asyncio.sleep(poll)
+
+
+T = TypeVar("T")
+
+#: What a JetStream API request raises while a cluster that just lost and regained nodes elects its
+#: stream leaders again (seconds, after the run is over): waited for, not a failure of the cluster.
+JETSTREAM_NOT_ANSWERING = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                           nats.js.errors.ServiceUnavailableError)
+
+
+async def when_jetstream_answers(call: Callable[[], Awaitable[T]], seconds: float = 60.0,
+                                 poll: float = 0.5) -> T:
+    """`call()`'s result once JetStream answers it, retried for up to `seconds` while it times out
+    or has no responder; any other error, or the last one after `seconds`, is raised."""
+    until = time.monotonic() + seconds
+    while True:
+        try:
+            return await call()
+        except JETSTREAM_NOT_ANSWERING:
+            if time.monotonic() > until:
+                raise
+            await asyncio.sleep(poll)
 
 
 async def stop_supervised(sup: Supervisor, watcher: asyncio.Task[None] | None) -> None:

@@ -131,6 +131,13 @@ class CommitIndexCache:
             return
         self._novels.put(novel_id, Known(tuple(commits), mark))
 
+    def read(self, novel_id: str, known: Known, after: int, new: list[CommitView], up_to: int | None,
+             mark: str | None) -> list[CommitView]:
+        """The whole index a statement sent with `known` returned (`merge`), kept for the next read."""
+        commits = merge(known, after, new, up_to)
+        self.remember(novel_id, after, commits, mark)
+        return commits
+
     def clear(self) -> None:
         self._novels.clear()
 
@@ -193,6 +200,14 @@ class UnitsCache:
         else:
             self.full_reads += 1
         self._novels.put(novel_id, KnownUnits(tuple(units), snapshot, mark))
+
+    def read(self, novel_id: str, known: KnownUnits, known_ok: bool, rows: list[UnitRow], snapshot: str,
+             mark: str) -> list[UnitRow]:
+        """All the novel's units a statement sent with `known` returned (`merge_units`), kept with
+        the snapshot they were read at for the next read."""
+        units = merge_units(known, known_ok, rows)
+        self.remember(novel_id, known_ok, units, snapshot, mark)
+        return units
 
     def clear(self) -> None:
         self._novels.clear()

@@ -36,7 +36,7 @@ from novelbus.novel.context import (
 from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
-from novelbus.store.commit_index import CACHE, NOVEL_MARK_SQL, UNITS, merge, merge_units
+from novelbus.store.commit_index import CACHE, NOVEL_MARK_SQL, UNITS
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline, parse_config
 from novelbus.store.snapshots import (
@@ -130,8 +130,8 @@ async def read_context_sources(
         readback = Readback(isolation=novel["isolation"], read_only=novel["read_only"] == "on")
         outline = await _outline(conn, novel_id, novel["outline_revision"])
         # Read with the novel (one round trip): the units written since those this process knows.
-        unit_rows = merge_units(known_units, novel["units_known"], _unit_rows.decode(novel["unit_rows"]))
-        UNITS.remember(novel_id, novel["units_known"], unit_rows, novel["units_snapshot"], novel["novel_mark"])
+        unit_rows = UNITS.read(novel_id, known_units, novel["units_known"], _unit_rows.decode(novel["unit_rows"]),
+                               novel["units_snapshot"], novel["novel_mark"])
         units = [u for _, u in unit_rows]
         latest, own = int(novel["latest"]), novel["own"]
         if as_of is None:
@@ -161,8 +161,8 @@ async def read_context_sources(
             await _before_sources()
 
         # Prose is read by pointer below, never in bulk; the index after the commits known.
-        commits = merge(known, novel["commits_after"], _commits.decode(novel["commits"]), request.as_of)
-        CACHE.remember(novel_id, novel["commits_after"], commits, novel["mark"])
+        commits = CACHE.read(novel_id, known, novel["commits_after"], _commits.decode(novel["commits"]),
+                             request.as_of, novel["mark"])
         index = NovelSnapshot(
             novel_id=novel_id,
             title=novel["title"],

@@ -18,8 +18,6 @@ from novelbus.store.commit_index import (
     UNITS,
     Known,
     KnownUnits,
-    merge,
-    merge_units,
 )
 from novelbus.store.errors import CommitNotVisible, NovelNotFound, ReadOnlyRequired
 from novelbus.store.novels import (
@@ -223,12 +221,10 @@ def _index(novel_id: str, row: SnapshotRow, known: Known, up_to: int | None,
     """The row with its whole commit index — what the process knew (`known`, sent with the
     statement) and the commits read after it — and, with `known_units`, all its units — those
     known and those written since; both kept for the next read."""
-    commits = merge(known, row.commits_after, row.commits, up_to)
-    CACHE.remember(novel_id, row.commits_after, commits, row.mark)
+    commits = CACHE.read(novel_id, known, row.commits_after, row.commits, up_to, row.mark)
     units = row.units
     if known_units is not None and row.units_snapshot is not None and row.novel_mark is not None:
-        rows = merge_units(known_units, row.units_known, row.unit_rows)
-        UNITS.remember(novel_id, row.units_known, rows, row.units_snapshot, row.novel_mark)
+        rows = UNITS.read(novel_id, known_units, row.units_known, row.unit_rows, row.units_snapshot, row.novel_mark)
         units = [u for _, u in rows]
     return msgspec.structs.replace(row, commits=commits, commits_after=0, units=units, unit_rows=[])
 
