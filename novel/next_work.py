@@ -7,7 +7,10 @@ later chapter looked finished. Superseded units, and commits of superseded units
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from collections import OrderedDict
+from collections.abc import Callable
+from functools import wraps
+from typing import Literal, TypeAlias, TypeVar
 
 import msgspec
 
@@ -81,6 +84,31 @@ WorkDecision: TypeAlias = (
 
 
 SceneKey: TypeAlias = tuple[str, str]  # (chapterId, sceneId)
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+def per_object(fn: Callable[[A], R], size: int = 8) -> Callable[[A], R]:
+    """`fn` of a frozen snapshot or outline, computed once per object (by identity; the last
+    `size` objects). Issue 14: the driver asks for the same snapshot's scene progress two or three
+    times per unit (completed chapters before and after a unit, the next decision), and every
+    unit asks for the same outline's scenes by chapter — each a pass over the whole book. The
+    result is shared: callers read it and never change it."""
+    memo: OrderedDict[int, tuple[A, R]] = OrderedDict()
+
+    @wraps(fn)
+    def cached(arg: A) -> R:
+        hit = memo.get(id(arg))
+        if hit is not None and hit[0] is arg:
+            memo.move_to_end(id(arg))
+            return hit[1]
+        value = fn(arg)
+        memo[id(arg)] = (arg, value)  # the object is held, so its id is not reused meanwhile
+        if len(memo) > size:
+            memo.popitem(last=False)
+        return value
+
+    return cached
 
 
 def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
@@ -94,6 +122,7 @@ def live_commits(snapshot: NovelSnapshot) -> list[CommitView]:
     return sorted((c for c in snapshot.commits if c.unit_id not in superseded), key=lambda c: c.seq)
 
 
+@per_object
 def commits_by_scene(snapshot: NovelSnapshot) -> dict[SceneKey, list[CommitView]]:
     """Live commits grouped by (chapterId, sceneId), each group in seq order.
 
@@ -134,6 +163,7 @@ def scene_finished(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> b
     return latest is not None and latest.scene_completion.completed
 
 
+@per_object
 def scenes_by_chapter(outline: Outline) -> dict[str, list[Scene]]:
     """Each chapter's scenes in scene order, as `Outline.scenes_of` gives them, in one pass."""
     grouped: dict[str, list[Scene]] = {}

@@ -39,6 +39,9 @@ class CommitView(msgspec.Struct, frozen=True):
     canon_changes: list[CanonChange]
     effective_characters: int
     body_hash: str
+    # How many paragraphs the body has, also when `paragraphs` was not read (an index without
+    # prose): what a canon source's paragraph index is checked against (CTX-4, STORE-3).
+    paragraph_count: int
 
 
 class NovelSnapshot(msgspec.Struct, frozen=True):

@@ -73,8 +73,7 @@ _COMMIT_COLUMNS = (
     "novel_id, seq, commit_id, unit_id, chapter_id, scene_id, claim_id, body_hash,"
     " effective_chars, context_hash, run_id, created_at,"
     " (body -> 'sceneCompletion' ->> 'completed')::boolean AS scene_completed,"
-    " (SELECT SUM(p.effective_chars) FROM commits p"
-    "  WHERE p.novel_id = commits.novel_id AND p.seq <= commits.seq) AS total_chars"
+    " total_chars"  # the running sum, set when the commit was written (migration 013)
 )
 
 
@@ -112,16 +111,17 @@ _COMMIT_READ = (
     " e.commit_id AS e_commit_id, e.claim_id AS e_claim_id, e.token_hash AS e_token_hash,"
     " e.body_hash AS e_body_hash, e.effective_chars AS e_chars, e.context_hash AS e_context_hash,"
     " (e.body -> 'sceneCompletion' ->> 'completed')::boolean AS e_completed,"
-    " (SELECT COALESCE(SUM(p.effective_chars), 0) FROM commits p"
-    "  WHERE p.novel_id = $1 AND p.seq <= e.seq) AS e_total,"
+    " e.total_chars AS e_total,"
     " u.state AS u_state, u.token_hash AS u_token_hash, b.known, b.committed, b.next_seq"
     " FROM novels n"
     " LEFT JOIN commits e ON e.novel_id = n.novel_id AND e.unit_id = $2"
     " LEFT JOIN units u ON u.novel_id = n.novel_id AND u.unit_id = $2"
     " CROSS JOIN LATERAL (SELECT"
-    "  COALESCE(jsonb_object_agg(c.commit_id, jsonb_array_length(c.body -> 'paragraphs')), '{}'::jsonb) AS known,"
-    "  COALESCE(SUM(c.effective_chars), 0) AS committed, COALESCE(MAX(c.seq), 0) + 1 AS next_seq"
-    "  FROM commits c WHERE c.novel_id = n.novel_id) b"
+    "  (SELECT COALESCE(jsonb_object_agg(c.commit_id, c.paragraph_count), '{}'::jsonb)"
+    "   FROM commits c WHERE c.novel_id = n.novel_id) AS known,"
+    "  COALESCE(l.total_chars, 0) AS committed, COALESCE(l.seq, 0) + 1 AS next_seq"
+    "  FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT c.total_chars, c.seq FROM commits c"
+    "   WHERE c.novel_id = n.novel_id ORDER BY c.seq DESC LIMIT 1) l ON true) b"
     " WHERE n.novel_id = $1"
 )
 
@@ -428,7 +428,7 @@ async def commit_paragraph_counts(pool: Db, novel_id: str) -> dict[str, int]:
 
 async def _paragraph_counts(conn: Conn, novel_id: str) -> dict[str, int]:
     rows = await conn.fetch(
-        "SELECT commit_id, jsonb_array_length(body -> 'paragraphs') AS paragraphs"
+        "SELECT commit_id, paragraph_count AS paragraphs"
         " FROM commits WHERE novel_id = $1",
         novel_id,
     )

@@ -53,7 +53,6 @@ _KNOWN_AFTER = known_after("$4::int", "$5::text")
 _INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of", after=_KNOWN_AFTER)
 _unit_rows = msgspec.json.Decoder(list[tuple[int, UnitView]])
 _commits = msgspec.json.Decoder(list[CommitView])
-_counts = msgspec.json.Decoder(dict[str, int])
 
 
 async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
@@ -112,10 +111,7 @@ async def read_context_sources(
             f" {units_known('$6::text', '$7::text')} AS units_known,"
             f" pg_current_snapshot()::text AS units_snapshot, {NOVEL_MARK_SQL} AS novel_mark,"
             f" {_INDEX_COMMITS}::text AS commits, {_KNOWN_AFTER} AS commits_after,"
-            f" {latest_mark('a.as_of')} AS mark,"
-            " (SELECT COALESCE(json_object_agg(c.commit_id, jsonb_array_length(c.body -> 'paragraphs')"
-            "   ORDER BY c.seq), '{}'::json) FROM commits c WHERE c.novel_id = $1 AND c.seq <= a.as_of)::text"
-            "  AS paragraph_counts"
+            f" {latest_mark('a.as_of')} AS mark"
             " FROM novels n, k, a WHERE n.novel_id = $1",
             novel_id,
             unit_id,
@@ -188,7 +184,8 @@ async def read_context_sources(
         plan=plan,
         index=index,
         prose={b["commit_id"]: list(b["paragraphs"]) for b in bodies},
-        paragraph_counts=_counts.decode(novel["paragraph_counts"]),
+        # Issue 14: kept in the commit index (`CommitView.paragraph_count`), not counted per read.
+        paragraph_counts={c.commit_id: c.paragraph_count for c in commits},
         readback=readback,
     )
     prove_sources(sources)  # CTX-4: fail closed before anyone assembles from these sources

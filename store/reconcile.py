@@ -169,8 +169,7 @@ async def commits_without_event(
     async with transaction(pool) as conn:
         rows = await conn.fetch(
             "SELECT c.novel_id, c.unit_id, c.commit_id, c.effective_chars AS effective_characters,"
-            " (SELECT sum(p.effective_chars) FROM commits p"
-            "   WHERE p.novel_id = c.novel_id AND p.seq <= c.seq)::int AS total_characters,"
+            " c.total_chars::int AS total_characters,"
             " c.body_hash AS body_sha256, c.context_hash AS context_sha256"
             " FROM commits c WHERE c.created_at < now() - make_interval(secs => $1)"
             " AND ($2::float8 IS NULL OR c.created_at > now() - make_interval(secs => $2))"

@@ -57,21 +57,20 @@ UNITS_JSON = (
 def units_known(snapshot: str, mark: str) -> str:
     """SQL: whether the caller's units, read at `snapshot` (pg_snapshot text) of the novel with
     `mark`, can be brought up to this statement's snapshot with the units written since: the same
-    novel, and every transaction that snapshot saw is visible to this one (`store.commit_index`)."""
-    return (
-        f"({snapshot} IS NOT NULL AND {NOVEL_MARK_SQL} = {mark}"
-        f" AND pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax({snapshot}::pg_snapshot)"
-        " AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) x"
-        f"  WHERE pg_visible_in_snapshot(x, {snapshot}::pg_snapshot)))"
-    )
+    novel, and every transaction that snapshot saw is visible to this one (`store.commit_index`;
+    `nb_units_since`, migration 013: that snapshot's xmin, else 0)."""
+    return f"(nb_units_since({snapshot}, {NOVEL_MARK_SQL} = {mark}) > '0'::xid8)"
 
 
 def unit_rows_json(snapshot: str, mark: str) -> str:
     """SQL: the novel's units as `[created_seq, UnitView]` pairs in creation order — only those
-    written since `snapshot` when `units_known`, else all."""
+    written since `snapshot` when `units_known`, else all. Issue 14: those written since are a
+    range of the `units_written` index from the snapshot's xmin, not a visit of every unit; what
+    the range holds that the snapshot saw is dropped by the visibility check."""
     return (
         f"(SELECT coalesce(json_agg(json_build_array(u.created_seq, {_UNIT_OBJECT}) ORDER BY u.created_seq),"
         " '[]'::json) FROM units u WHERE u.novel_id = n.novel_id"
+        f" AND u.written_xid >= nb_units_since({snapshot}, {NOVEL_MARK_SQL} = {mark})"
         f" AND (NOT {units_known(snapshot, mark)}"
         f"  OR NOT pg_visible_in_snapshot(u.written_xid, {snapshot}::pg_snapshot)))"
     )
@@ -94,7 +93,7 @@ def commits_json(paragraphs: str, *, up_to: str, after: str = "0") -> str:
         " 'unit_id', c.unit_id, 'chapter_id', c.chapter_id, 'scene_id', c.scene_id,"
         f" 'paragraphs', {paragraphs}, 'scene_completion', c.body -> 'sceneCompletion',"
         f" 'canon_changes', {CANON_CHANGES_JSON}, 'effective_characters', c.effective_chars,"
-        " 'body_hash', c.body_hash) ORDER BY c.seq), '[]'::json)"
+        " 'body_hash', c.body_hash, 'paragraph_count', c.paragraph_count) ORDER BY c.seq), '[]'::json)"
         f" FROM commits c WHERE c.novel_id = n.novel_id AND c.seq <= {up_to} AND c.seq > {after})"
     )
 

@@ -103,7 +103,7 @@ def sources_from_snapshot(
         plan=plan,
         index=index,
         prose=prose,
-        paragraph_counts={c.commit_id: len(c.paragraphs) for c in visible},
+        paragraph_counts={c.commit_id: c.paragraph_count for c in visible},
         readback=Readback(isolation="in-memory snapshot", read_only=True),
     )
 

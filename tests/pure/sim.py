@@ -80,6 +80,7 @@ def commit(
         canon_changes=rewrite_sources(body, commit_id),
         effective_characters=sum(effective_characters(p) for p in body.paragraphs),
         body_hash=business_hash(body),
+        paragraph_count=len(body.paragraphs),
     )
     snapshot = set_state(snapshot, unit_id, "committed")
     return msgspec.structs.replace(snapshot, commits=[*snapshot.commits, view], as_of_seq=seq)

@@ -26,7 +26,8 @@ from novelbus.store.commit_index import (
 def commit(seq: int) -> CommitView:
     return CommitView(commit_id=f"commit-{seq}", seq=seq, unit_id=f"u{seq}", chapter_id="ch", scene_id="s",
                       paragraphs=[], scene_completion=SceneCompletion(completed=False, basis="b"),
-                      canon_changes=[], effective_characters=seq, body_hash=f"h{seq}")
+                      canon_changes=[], effective_characters=seq, body_hash=f"h{seq}",
+                      paragraph_count=0)
 
 
 def book(n: int) -> list[CommitView]:

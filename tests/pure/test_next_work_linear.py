@@ -183,7 +183,8 @@ def messy_snapshots(draw: st.DrawFn) -> NovelSnapshot:
                    scene_id=u.scene_id, paragraphs=[f"Paragraph {seq}."],
                    scene_completion=SceneCompletion(completed=draw(st.booleans()), basis="why",
                                                     next_anchor=draw(st.sampled_from([None, f"From {seq}."]))),
-                   canon_changes=[], effective_characters=draw(st.integers(0, 900)), body_hash=f"h{seq}")
+                   canon_changes=[], effective_characters=draw(st.integers(0, 900)), body_hash=f"h{seq}",
+                   paragraph_count=1)
         for u, seq in zip(committed, seqs, strict=True)
     ]
     return msgspec.structs.replace(base, outline=outline, units=units, commits=commits, as_of_seq=len(commits))

@@ -37,7 +37,8 @@ def _reference_sql(body: str) -> str:
         "   ORDER BY u.created_seq), '[]'::jsonb) FROM units u WHERE u.novel_id = n.novel_id) AS snap_units,"
         " (SELECT coalesce(jsonb_agg(jsonb_build_object('seq', c.seq, 'commit_id', c.commit_id,"
         "   'unit_id', c.unit_id, 'chapter_id', c.chapter_id, 'scene_id', c.scene_id,"
-        f"   'body', {body}, 'effective_chars', c.effective_chars, 'body_hash', c.body_hash)"
+        f"   'body', {body}, 'effective_chars', c.effective_chars, 'body_hash', c.body_hash,"
+        "   'paragraph_count', jsonb_array_length(c.body -> 'paragraphs'))"
         "   ORDER BY c.seq), '[]'::jsonb) FROM commits c WHERE c.novel_id = n.novel_id AND c.seq <= $2) AS snap_commits,"
         " (SELECT coalesce(jsonb_agg(jsonb_build_object('commit_id', f.commit_id, 'kind', f.kind,"
         "   'summary', f.summary, 'detail', f.detail, 'sources', f.sources, 'character_ids', f.character_ids,"
@@ -111,6 +112,7 @@ def reference_assemble(novel_id: str, novel: Any, outline: Any, as_of_seq: int |
                 canon_changes=canon.get(c["commit_id"], []),
                 effective_characters=c["effective_chars"],
                 body_hash=c["body_hash"],
+                paragraph_count=c["paragraph_count"],
             )
         )
     return NovelSnapshot(
@@ -156,6 +158,7 @@ async def reference_context_index(pool: asyncpg.Pool, novel_id: str, as_of: int)
             canon_changes=canon.get(r["commit_id"], []),
             effective_characters=r["effective_chars"],
             body_hash=r["body_hash"],
+            paragraph_count=int(r["paragraphs"]),
         )
         for r in row["commits"]
     ]

@@ -118,6 +118,7 @@ def make_commit(
         canon_changes=canon or [],
         effective_characters=sum(effective_characters(p) for p in paragraphs),
         body_hash="f" * 64,
+        paragraph_count=len(paragraphs),
     )
 
 

@@ -349,6 +349,7 @@ async def test_offline_writes_the_whole_sample_novel_inside_the_book_band(
                 canon_changes=rewrite_sources(body, f"commit-{seq}"),
                 effective_characters=sum(effective_characters(p) for p in body.paragraphs),
                 body_hash="0" * 64,
+                paragraph_count=len(body.paragraphs),
             ),
         ]
         units = [msgspec.structs.replace(u, state="committed") if u is unit else u for u in units]
