@@ -65,14 +65,14 @@ def units_known(snapshot: str, mark: str) -> str:
 def unit_rows_json(snapshot: str, mark: str) -> str:
     """SQL: the novel's units as `[created_seq, UnitView]` pairs in creation order — only those
     written since `snapshot` when `units_known`, else all. Issue 14: those written since are a
-    range of the `units_written` index from the snapshot's xmin, not a visit of every unit; what
-    the range holds that the snapshot saw is dropped by the visibility check."""
+    range of the `units_written` index from the snapshot's xmin (`nb_units_since`, computed once:
+    a materialized CTE keeps it from being inlined into a call per row), not a visit of every unit; what the
+    range holds that the snapshot saw is dropped by the visibility check."""
     return (
-        f"(SELECT coalesce(json_agg(json_build_array(u.created_seq, {_UNIT_OBJECT}) ORDER BY u.created_seq),"
-        " '[]'::json) FROM units u WHERE u.novel_id = n.novel_id"
-        f" AND u.written_xid >= nb_units_since({snapshot}, {NOVEL_MARK_SQL} = {mark})"
-        f" AND (NOT {units_known(snapshot, mark)}"
-        f"  OR NOT pg_visible_in_snapshot(u.written_xid, {snapshot}::pg_snapshot)))"
+        f"(WITH s AS MATERIALIZED (SELECT nb_units_since({snapshot}, {NOVEL_MARK_SQL} = {mark}) AS since)"
+        f" SELECT coalesce(json_agg(json_build_array(u.created_seq, {_UNIT_OBJECT}) ORDER BY u.created_seq),"
+        " '[]'::json) FROM s JOIN units u ON u.novel_id = n.novel_id AND u.written_xid >= s.since"
+        f" WHERE s.since = '0'::xid8 OR NOT pg_visible_in_snapshot(u.written_xid, {snapshot}::pg_snapshot))"
     )
 
 

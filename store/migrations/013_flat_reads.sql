@@ -104,7 +104,8 @@ BEGIN
 END $$;
 
 -- The commit function of migration 007, reading the running total and the referenced commits'
--- paragraph counts from those columns instead of summing and counting over the book.
+-- paragraph counts from those columns instead of summing and counting over the book (and the
+-- referenced commits by key: as a semi-join, a novel's only rows were read whole).
 CREATE OR REPLACE FUNCTION nb_commit_body(
     p_novel text, p_unit text, p_token_hash text, p_body jsonb, p_body_hash text, p_chars integer,
     p_context_hash text, p_run_id text, p_canon jsonb, p_refs jsonb
@@ -160,8 +161,8 @@ BEGIN
     END IF;
     SELECT COALESCE(jsonb_object_agg(c.commit_id, c.paragraph_count), '{}'::jsonb)
     INTO o_known
-    FROM commits c WHERE c.novel_id = p_novel
-      AND c.commit_id IN (SELECT r ->> 0 FROM jsonb_array_elements(p_refs) r);
+    FROM commits c WHERE c.novel_id = p_novel  -- key lookups of the referenced commits only
+      AND c.commit_id = ANY (ARRAY(SELECT r ->> 0 FROM jsonb_array_elements(p_refs) r));
     IF (v_hard_max IS NOT NULL AND p_chars > v_hard_max - o_committed) OR EXISTS (
             SELECT 1 FROM jsonb_array_elements(p_refs) r
             WHERE NOT (o_known ? (r ->> 0)) OR (r ->> 1)::bigint >= (o_known ->> (r ->> 0))::bigint) THEN
