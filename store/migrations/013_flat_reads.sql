@@ -104,8 +104,8 @@ BEGIN
 END $$;
 
 -- The commit function of migration 007, reading the running total and the referenced commits'
--- paragraph counts from those columns instead of summing and counting over the book (and the
--- referenced commits by key: as a semi-join, a novel's only rows were read whole).
+-- paragraph counts from those columns instead of summing and counting over the book, and the
+-- referenced commits by key (= ANY of an array) rather than as a semi-join.
 CREATE OR REPLACE FUNCTION nb_commit_body(
     p_novel text, p_unit text, p_token_hash text, p_body jsonb, p_body_hash text, p_chars integer,
     p_context_hash text, p_run_id text, p_canon jsonb, p_refs jsonb
