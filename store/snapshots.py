@@ -57,19 +57,26 @@ UNITS_JSON = (
 def units_known(snapshot: str, mark: str) -> str:
     """SQL: whether the caller's units, read at `snapshot` (pg_snapshot text) of the novel with
     `mark`, can be brought up to this statement's snapshot with the units written since: the same
-    novel, and every transaction that snapshot saw is visible to this one (`store.commit_index`;
-    `nb_units_since`, migration 013: that snapshot's xmin, else 0)."""
-    return f"(nb_units_since({snapshot}, {NOVEL_MARK_SQL} = {mark}) > '0'::xid8)"
+    novel, and every transaction that snapshot saw is visible to this one (`store.commit_index`)."""
+    return (
+        f"({snapshot} IS NOT NULL AND {NOVEL_MARK_SQL} = {mark}"
+        f" AND pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax({snapshot}::pg_snapshot)"
+        " AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) x"
+        f"  WHERE pg_visible_in_snapshot(x, {snapshot}::pg_snapshot)))"
+    )
 
 
 def unit_rows_json(snapshot: str, mark: str) -> str:
     """SQL: the novel's units as `[created_seq, UnitView]` pairs in creation order — only those
     written since `snapshot` when `units_known`, else all. Issue 14: those written since are a
-    range of the `units_written` index from the snapshot's xmin (`nb_units_since`, computed once:
-    a materialized CTE keeps it from being inlined into a call per row), not a visit of every unit; what the
-    range holds that the snapshot saw is dropped by the visibility check."""
+    range of the `units_written` index (migration 013) from the snapshot's xmin — the lowest
+    writer it may not have seen, or 0 when it cannot be brought up to date —, not a visit of
+    every unit; what the range holds that the snapshot saw is dropped by the visibility check.
+    The bound is one materialized value per read, so it is an index condition and no row
+    computes it again."""
     return (
-        f"(WITH s AS MATERIALIZED (SELECT nb_units_since({snapshot}, {NOVEL_MARK_SQL} = {mark}) AS since)"
+        f"(WITH s AS MATERIALIZED (SELECT CASE WHEN {units_known(snapshot, mark)}"
+        f" THEN pg_snapshot_xmin({snapshot}::pg_snapshot) ELSE '0'::xid8 END AS since)"
         f" SELECT coalesce(json_agg(json_build_array(u.created_seq, {_UNIT_OBJECT}) ORDER BY u.created_seq),"
         " '[]'::json) FROM s JOIN units u ON u.novel_id = n.novel_id AND u.written_xid >= s.since"
         f" WHERE s.since = '0'::xid8 OR NOT pg_visible_in_snapshot(u.written_xid, {snapshot}::pg_snapshot))"

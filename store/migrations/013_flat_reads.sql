@@ -1,32 +1,18 @@
 -- novelbus schema, version 013 (issue 14): what a unit's statements read stops growing with the book.
 --
--- 1. `units_written` and `nb_units_since`: a read that holds the units of an earlier snapshot
---    asks only for those written since (`store.commit_index`); without this index that still
---    visited every unit of the novel, in four reads per unit. A range scan from the old
---    snapshot's xmin reads only the units written since.
+-- 1. `units_written`: a read that holds the units of an earlier snapshot asks only for those
+--    written since (`store.commit_index`); without this index that still visited every unit of
+--    the novel, in four reads per unit. A range scan from the old snapshot's xmin (computed once
+--    per read: `store.snapshots.unit_rows_json`) reads only the units written since.
 -- 2. `commits.total_chars` (the book's effective characters through this commit) and
 --    `commits.paragraph_count`, set by a trigger on insert (and on a change of the body): the
 --    commit, the verifier's receipt, the reconciliation sweep and the context read summed every
---    earlier commit, or read every commit's body (TOASTed prose) to count its paragraphs, once
+--    earlier commit, or read every commit's body (its prose) to count its paragraphs, once
 --    per unit. Commits are written once, in seq order under the novel-row lock (seq = max + 1),
 --    and never deleted, so the previous commit's total plus this one's is the running sum.
 -- 3. `nb_prepare_unit` finds the unit's scene in the outline by containment.
 
 CREATE INDEX units_written ON units (novel_id, written_xid);
-
--- The lowest `written_xid` a read of the units written since `p_snapshot` (the caller's, as text)
--- must visit: that snapshot's xmin when it can be brought up to this statement's — the same novel
--- (`p_same_novel`) and every transaction it saw is visible now —, else 0: every unit. A writer
--- below the xmin had ended before that snapshot, so the snapshot saw its row. A function, so the
--- bound is one value the planner can put on the index (a sub-select in its place cannot be).
-CREATE FUNCTION nb_units_since(p_snapshot text, p_same_novel boolean) RETURNS xid8
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_snapshot IS NOT NULL AND p_same_novel
-        AND pg_snapshot_xmax(pg_current_snapshot()) >= pg_snapshot_xmax(p_snapshot::pg_snapshot)
-        AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) x
-                        WHERE pg_visible_in_snapshot(x, p_snapshot::pg_snapshot))
-    THEN pg_snapshot_xmin(p_snapshot::pg_snapshot) ELSE '0'::xid8 END
-$$;
 
 ALTER TABLE commits ADD COLUMN total_chars bigint, ADD COLUMN paragraph_count integer;
 
