@@ -452,8 +452,6 @@ async def settle_accounting(pool: Any, novel_id: str, seconds: float = SETTLE_S)
         await asyncio.sleep(0.5)
 
 
-
-
 async def stream_events(ctx: Any, subjects: Subjects, novel_id: str) -> list[tuple[str, dict[str, Any]]]:
     """(type, payload) of every event of the novel in the JetStream events stream."""
     out: list[tuple[str, dict[str, Any]]] = []

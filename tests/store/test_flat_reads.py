@@ -1,8 +1,8 @@
 """Issue 14 (PERF-2, migration 013): what a unit's statements read does not grow with the book.
 
 The commit, the verifier's receipt, the reconciliation sweep and the context read used to sum
-every earlier commit's characters and count every commit's paragraphs (reading its TOASTed
-prose) once per unit; the four snapshot reads visited every unit of the novel to find those
+every earlier commit's characters and count every commit's paragraphs (reading its prose)
+once per unit; the four snapshot reads visited every unit of the novel to find those
 written since the caller's snapshot. Now each commit carries its running total and paragraph
 count, and the units written since a snapshot are a range of the `units_written` index.
 """
@@ -19,7 +19,7 @@ from novelbus.store.pool import migration_files
 from novelbus.store.snapshots import unit_rows_json
 from tests.store.helpers import make_body, novel_file
 
-# (chapter, scene, paragraphs) of five units, committed in this order.
+# (chapter, scene, paragraphs) of three units, committed in this order.
 UNITS = [("ch-a", "s1", ["Mira arrived.", "她点亮了灯。"]), ("ch-a", "s2", ["The letter."]),
          ("ch-b", "s3", ["Storm.", "Rain.", "雷声。"])]
 
