@@ -10,6 +10,7 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
+from novelbus.novel.next_work import outlined_scene_set
 from novelbus.novel.outline import Budgets
 from novelbus.novel.planning import budget_exceeded
 from novelbus.novel.snapshot import NovelSnapshot
@@ -96,7 +97,6 @@ def removed_scene_units(snapshot: NovelSnapshot) -> list[str]:
     outline = snapshot.outline
     if outline is None:
         return []
-    chapters = {c.chapterId for c in outline.chapters}
-    scenes = {(s.chapterId, s.sceneId) for s in outline.scenes if s.chapterId in chapters}
+    scenes = outlined_scene_set(outline)
     return [u.unit_id for u in snapshot.units
             if u.state == "prepared" and (u.chapter_id, u.scene_id) not in scenes]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import wraps
+from operator import attrgetter
 from typing import Literal, TypeAlias, TypeVar
 
 import msgspec
@@ -88,12 +89,13 @@ A = TypeVar("A")
 R = TypeVar("R")
 
 
-def per_object(fn: Callable[[A], R], size: int = 8) -> Callable[[A], R]:
+def per_object(fn: Callable[[A], R], size: int = 64) -> Callable[[A], R]:
     """`fn` of a frozen snapshot or outline, computed once per object (by identity; the last
     `size` objects). Issue 14: the driver asks for the same snapshot's scene progress two or three
     times per unit (completed chapters before and after a unit, the next decision), and every
     unit asks for the same outline's scenes by chapter — each a pass over the whole book. The
-    result is shared: callers read it and never change it."""
+    result is shared: callers read it and never change it. 64 objects, so that the 40 novels of
+    a loaded process do not push a snapshot out between its driver's questions about it."""
     memo: OrderedDict[int, tuple[A, R]] = OrderedDict()
 
     @wraps(fn)
@@ -111,15 +113,20 @@ def per_object(fn: Callable[[A], R], size: int = 8) -> Callable[[A], R]:
     return cached
 
 
+_SEQ = attrgetter("seq")
+
+
 def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
     """Units that are not superseded, in creation order."""
     return [u for u in snapshot.units if u.state != "superseded"]
 
 
+@per_object
 def live_commits(snapshot: NovelSnapshot) -> list[CommitView]:
-    """Commits in seq order, without commits of superseded units."""
+    """Commits in seq order, without commits of superseded units (once per snapshot; the list is
+    shared, callers read it and never change it)."""
     superseded = {u.unit_id for u in snapshot.units if u.state == "superseded"}
-    return sorted((c for c in snapshot.commits if c.unit_id not in superseded), key=lambda c: c.seq)
+    return sorted((c for c in snapshot.commits if c.unit_id not in superseded), key=_SEQ)
 
 
 @per_object
@@ -136,10 +143,11 @@ def commits_by_scene(snapshot: NovelSnapshot) -> dict[SceneKey, list[CommitView]
     return grouped
 
 
-def finished_scenes(snapshot: NovelSnapshot) -> set[SceneKey]:
+@per_object
+def finished_scenes(snapshot: NovelSnapshot) -> frozenset[SceneKey]:
     """Every (chapterId, sceneId) whose latest live commit claims completion."""
-    return {key for key, commits in commits_by_scene(snapshot).items()
-            if commits[-1].scene_completion.completed}
+    return frozenset(key for key, commits in commits_by_scene(snapshot).items()
+                     if commits[-1].scene_completion.completed)
 
 
 def scene_commits(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> list[CommitView]:
@@ -172,22 +180,37 @@ def scenes_by_chapter(outline: Outline) -> dict[str, list[Scene]]:
     return {chapter_id: sorted(scenes, key=lambda s: s.order) for chapter_id, scenes in grouped.items()}
 
 
-def completed_chapters(snapshot: NovelSnapshot) -> list[str]:
+@per_object
+def completed_chapters(snapshot: NovelSnapshot) -> tuple[str, ...]:
     """Chapter ids, in outline order, whose every scene is finished (DRV-5).
 
     A chapter needs at least one scene (hence at least one commit) to be complete.
     """
     outline = snapshot.outline
     if outline is None:
-        return []
+        return ()
     finished = finished_scenes(snapshot)
     scenes = scenes_by_chapter(outline)
-    return [
+    return tuple(
         chapter.chapterId
         for chapter in outline.ordered_chapters()
         if (own := scenes.get(chapter.chapterId))
         and all((chapter.chapterId, s.sceneId) in finished for s in own)
-    ]
+    )
+
+
+@per_object
+def outlined_scenes(outline: Outline) -> tuple[SceneKey, ...]:
+    """(chapterId, sceneId) of every outline scene whose chapter is outlined, in outline order
+    (once per outline: a parsed revision is shared by every snapshot of it)."""
+    chapter_ids = {c.chapterId for c in outline.chapters}
+    return tuple((s.chapterId, s.sceneId) for s in outline.scenes if s.chapterId in chapter_ids)
+
+
+@per_object
+def outlined_scene_set(outline: Outline) -> frozenset[SceneKey]:
+    """`outlined_scenes` as a set."""
+    return frozenset(outlined_scenes(outline))
 
 
 def remaining_scenes(snapshot: NovelSnapshot) -> int:
@@ -195,13 +218,8 @@ def remaining_scenes(snapshot: NovelSnapshot) -> int:
     outline = snapshot.outline
     if outline is None:
         return 0
-    chapter_ids = {c.chapterId for c in outline.chapters}
     finished = finished_scenes(snapshot)
-    return sum(
-        1
-        for s in outline.scenes
-        if s.chapterId in chapter_ids and (s.chapterId, s.sceneId) not in finished
-    )
+    return sum(1 for key in outlined_scenes(outline) if key not in finished)
 
 
 def foreshadowing_status(snapshot: NovelSnapshot) -> dict[str, str]:

@@ -27,9 +27,11 @@ come from one server: a process must be restarted after its database is restored
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Generic, TypeVar
 
 from novelbus.novel.snapshot import CommitView, UnitView
@@ -41,6 +43,7 @@ MAX_COMMITS = 20_000  # ≈ 1-3 KB each (canon facts included, no prose): tens o
 MARK_SQL = "(floor(extract(epoch FROM {t}.created_at) * 1000000)::bigint::text || ':' || {t}.body_hash)"
 NOVEL_MARK_SQL = "(floor(extract(epoch FROM n.created_at) * 1000000)::bigint::text)"  # `n`: the novel row
 MAX_UNITS = 50_000
+_CREATED = itemgetter(0)  # a unit row's created_seq
 K = TypeVar("K")
 
 
@@ -166,19 +169,37 @@ def merge_units(known: KnownUnits, known_ok: bool, rows: list[UnitRow]) -> list[
     the statement found it usable (`known_ok`), else all of them. A written unit replaces the
     known one of its id; a new one is placed by its creation order."""
     if not known_ok:
-        return sorted(rows, key=lambda r: r[0])
+        return sorted(rows, key=_CREATED)
+    out = list(known.units)
+    n = len(out)
+    added = False
+    for row in rows:
+        # `created_seq` is the unit's identity column: unique, fixed at creation, and what the known
+        # units are sorted by, so a known unit is found by bisection (issue 14: no map of every
+        # unit per read); a row whose seq is not among them is a unit created since.
+        i = bisect_left(out, row[0], 0, n, key=_CREATED)
+        if i < n and out[i][0] == row[0]:
+            if out[i][1].unit_id != row[1].unit_id:  # not the same units' numbering: merge by id
+                return _merge_by_id(known, rows)
+            out[i] = row
+        else:
+            out.append(row)
+            added = True
+    if added:
+        out.sort(key=_CREATED)
+    return out
+
+
+def _merge_by_id(known: KnownUnits, rows: list[UnitRow]) -> list[UnitRow]:
     out = list(known.units)
     position = {u.unit_id: i for i, (_, u) in enumerate(out)}
-    added = False
     for row in rows:
         i = position.get(row[1].unit_id)
         if i is None:
             out.append(row)
-            added = True
         else:
             out[i] = row
-    if added:
-        out.sort(key=lambda r: r[0])
+    out.sort(key=_CREATED)
     return out
 
 

@@ -32,7 +32,12 @@ from novelbus.novel.context._structs import (
     WriterContext,
 )
 from novelbus.novel.length import narrative_stage, remaining_book_characters, unit_target_range
-from novelbus.novel.next_work import foreshadowing_status, live_commits, scene_commits
+from novelbus.novel.next_work import (
+    foreshadowing_status,
+    live_commits,
+    outlined_scenes,
+    scene_commits,
+)
 from novelbus.novel.outline import (
     LengthBudget,
     Outline,
@@ -83,12 +88,7 @@ def _remaining_scenes(outline: Outline, live: list[CommitView]) -> int:
     latest: dict[tuple[str, str], bool] = {}
     for c in live:  # seq order: the last one per scene wins
         latest[(c.chapter_id, c.scene_id)] = c.scene_completion.completed
-    chapter_ids = {c.chapterId for c in outline.chapters}
-    return sum(
-        1
-        for s in outline.scenes
-        if s.chapterId in chapter_ids and not latest.get((s.chapterId, s.sceneId), False)
-    )
+    return sum(1 for key in outlined_scenes(outline) if not latest.get(key, False))
 
 
 def _l0_text(l0: TaskLayer) -> str:
@@ -167,9 +167,11 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         ledger.take(Candidate("foreshadowing-due", "L0", 0, 0, item.id, 0, len(item.description)))
 
     # L1 — the continuity baseline, then pointer-recalled prose.
-    superseded = {c.commit_id for c in index.commits} - {c.commit_id for c in live}
-    for old in sorted(index.commits, key=lambda c: c.seq):
-        if old.commit_id in superseded and old.chapter_id in plan.baseline_chapters:
+    # (live is index.commits less those of superseded units: the same length when there are none)
+    superseded = ({c.commit_id for c in index.commits} - {c.commit_id for c in live}
+                  if len(live) != len(index.commits) else set())
+    for old in sorted((c for c in index.commits if c.commit_id in superseded), key=lambda c: c.seq):
+        if old.chapter_id in plan.baseline_chapters:
             ledger.omit(
                 Candidate("prose", "L1", 0, old.seq, old.commit_id, 0, 0), "superseded-unit"
             )

@@ -11,7 +11,7 @@ import msgspec
 
 from novelbus.novel.body import CanonChange
 from novelbus.novel.context._errors import ContextInputError, WriterPackError
-from novelbus.novel.next_work import live_commits
+from novelbus.novel.next_work import live_commits, per_object
 from novelbus.novel.outline import (
     ID_PATTERN,
     Outline,
@@ -204,8 +204,7 @@ def plan_retrieval(
             request, ["scene"], f"scene {unit.scene_id} is not in chapter {chapter.chapterId}"
         )
     budget = budget or BUDGETS[request.profile]
-    in_scenes = {p for s in outline.scenes for p in s.participants}
-    candidates = [c.characterId for c in outline.characters if c.characterId in in_scenes]
+    candidates = list(character_candidates(outline))
     text, kws = scene_keywords(outline, scene)
     earlier = [c for c in outline.ordered_chapters() if c.order < chapter.order]
     earlier = earlier[len(earlier) - budget.earlier_chapters :] if budget.earlier_chapters else []
@@ -230,6 +229,14 @@ def plan_retrieval(
         },
         budget=budget,
     )
+
+
+@per_object
+def character_candidates(outline: Outline) -> tuple[str, ...]:
+    """The outline's characters that take part in some scene, in outline order (once per parsed
+    outline revision, not per unit: issue 14)."""
+    in_scenes = {p for s in outline.scenes for p in s.participants}
+    return tuple(c.characterId for c in outline.characters if c.characterId in in_scenes)
 
 
 def scene_keywords(outline: Outline, scene: Scene) -> tuple[str, set[str]]:

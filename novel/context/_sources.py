@@ -16,6 +16,7 @@ from novelbus.novel.context._request import (
     resolve_pointers,
     validate_request,
 )
+from novelbus.novel.next_work import per_object
 from novelbus.novel.snapshot import CommitView, NovelSnapshot
 
 
@@ -108,9 +109,14 @@ def sources_from_snapshot(
     )
 
 
-def prove_sources(sources: ContextSources) -> int:
+def _prove_sources(sources: ContextSources) -> int:
     """CTX-4, fail closed: every source at or before asOf, every pointer read back; returns the
-    number of sources proven. Errors name ids and versions only."""
+    number of sources proven. Errors name ids and versions only.
+
+    Proven once per (frozen) sources object (issue 14): the store proves what it read and the
+    assembly proves what it is given, which is the same object on the packer's path — a second
+    pass over every commit and canon fact that could only repeat the first answer. Sources that
+    fail are not remembered: they fail again, each time they are given."""
     request = sources.plan.request
     as_of = request.as_of
 
@@ -136,3 +142,7 @@ def prove_sources(sources: ContextSources) -> int:
         raise leak(f"planned sources not read back: {', '.join(unread[:5])}")
     facts = sum(len(c.canon_changes) for c in sources.index.commits)
     return len(by_id) + len(sources.prose) + facts
+
+
+# Four objects at most: a pack's sources hold its prose.
+prove_sources = per_object(_prove_sources, size=4)

@@ -124,3 +124,21 @@ def test_issue14_the_process_units_are_bounded_and_a_read_replaces_them() -> Non
     cache.remember("c", False, [(1, unit(1, "prepared"))], "s3", "m")  # 3 + 2 + 1 > 5: b goes
     assert cache.known("b").units == () and cache.known("c").snapshot == "s3"
     assert (cache.full_reads, cache.partial_reads) == (3, 1)
+
+
+def test_issue14_a_unit_created_before_a_known_one_but_seen_after_it_is_placed_by_creation() -> None:
+    """Creation seqs are given at INSERT, visibility at COMMIT: a read may know unit 3 but not
+    unit 2 yet. Unit 2 arriving later (with unit 3 changed) lands between 1 and 3, and 3 is
+    replaced, not duplicated (the known units are searched by bisection on `created_seq`)."""
+    known = KnownUnits(((1, unit(1, "committed")), (3, unit(3, "prepared"))), "s", "m")
+    rows = [(2, unit(2, "committed")), (3, unit(3, "claimed")), (4, unit(4, "prepared"))]
+    assert merge_units(known, True, rows) == [
+        (1, unit(1, "committed")), (2, unit(2, "committed")), (3, unit(3, "claimed")), (4, unit(4, "prepared"))]
+
+
+def test_issue14_units_numbered_otherwise_are_merged_by_id() -> None:
+    """A row whose `created_seq` names another known unit (not this store's numbering) is not
+    taken for it: the merge falls back to matching units by id."""
+    known = KnownUnits(((1, unit(1, "committed")), (2, unit(2, "prepared"))), "s", "m")
+    merged = merge_units(known, True, [(2, unit(5, "prepared"))])
+    assert [u.unit_id for _, u in merged] == ["u1", "u2", "u5"]  # u2 is kept, u5 is added

@@ -178,13 +178,13 @@ def test_superseded_units_and_their_commits_are_ignored() -> None:
 
 def test_drv5_completed_chapters_and_remaining_scenes() -> None:
     s = fresh()
-    assert completed_chapters(s) == [] and remaining_scenes(s) == 3
+    assert completed_chapters(s) == () and remaining_scenes(s) == 3
     s = write(s, done())
-    assert completed_chapters(s) == [] and remaining_scenes(s) == 2
+    assert completed_chapters(s) == () and remaining_scenes(s) == 2
     s = write(s, done())
-    assert completed_chapters(s) == ["a"] and remaining_scenes(s) == 1
+    assert completed_chapters(s) == ("a",) and remaining_scenes(s) == 1
     s = write(s, done())
-    assert completed_chapters(s) == ["a", "b"] and remaining_scenes(s) == 0
+    assert completed_chapters(s) == ("a", "b") and remaining_scenes(s) == 0
 
 
 def test_drv5_finish_blocked_by_required_foreshadowing() -> None:
@@ -285,4 +285,4 @@ def test_drv1_property_sequential_in_outline_order(o: Outline, data: st.DataObje
             assert nxt.continuation_anchor == previous_anchor
     assert next_work(s) in (Finish(), Blocked(violations=finish_violations(s)))
     assert remaining_scenes(s) == 0
-    assert completed_chapters(s) == [c.chapterId for c in o.ordered_chapters()]
+    assert completed_chapters(s) == tuple(c.chapterId for c in o.ordered_chapters())

@@ -23,11 +23,26 @@ def test_perf2_once_per_object_by_identity_and_bounded() -> None:
     first = double(a)
     assert double(a) is first and calls == [1]  # the same object: computed once, shared
     assert double(b) == first and double(b) is not first and calls == [1, 1]  # equal is not the same
-    others = [Frozen(i) for i in range(10)]
+    others = [Frozen(i) for i in range(70)]
     for o in others:
         double(o)
-    assert len(calls) == 12
-    double(a)  # pushed out by the eight objects read since: computed again
-    assert calls[-1] == 1 and len(calls) == 13
+    assert len(calls) == 72
+    double(a)  # pushed out by the 64 objects read since: computed again
+    assert calls[-1] == 1 and len(calls) == 73
     double(others[-1])  # still held
-    assert len(calls) == 13
+    assert len(calls) == 73
+
+
+def test_perf2_scene_progress_once_per_snapshot() -> None:
+    """The driver's and the tools' questions about one snapshot share one pass over its commits:
+    the same snapshot gives the same (immutable) answers, a new one is computed afresh."""
+    from novelbus.novel.next_work import completed_chapters, finished_scenes, live_commits
+    from tests.pure.test_next_work import done, fresh, write
+
+    s = write(fresh(), done())
+    assert live_commits(s) is live_commits(s)
+    assert finished_scenes(s) is finished_scenes(s) and isinstance(finished_scenes(s), frozenset)
+    assert completed_chapters(s) is completed_chapters(s) and isinstance(completed_chapters(s), tuple)
+    t = write(s, done())
+    assert len(live_commits(t)) == len(live_commits(s)) + 1
+    assert finished_scenes(t) > finished_scenes(s)
