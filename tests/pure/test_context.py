@@ -378,6 +378,29 @@ def test_ctx4_a_planted_future_source_fails_closed() -> None:
     assert assemble_context(sources).context_sha256
 
 
+def test_ctx4_proven_once_per_sources_object_and_a_failure_is_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14: the store and the assembly prove the same sources object once between them; a
+    proof that failed fails again each time it is asked (nothing remembers a failure as a pass)."""
+    import novelbus.novel.context._sources as module
+
+    passes: list[int] = []
+    resolve = module.resolve_pointers
+    monkeypatch.setattr(module, "resolve_pointers", lambda plan, index: passes.append(1) or resolve(plan, index))
+    snapshot, unit_id = BOOK[3]
+    sources = _sources(snapshot, unit_id)
+    passes.clear()
+    proven = prove_sources(sources)
+    assert proven > 0 and assemble_context(sources).context_sha256 and prove_sources(sources) == proven
+    assert len(passes) == 1  # proven once; the assembly and the second call reuse it
+    broken = msgspec.structs.replace(sources, prose={})  # a planned pointer was not read back
+    for _ in range(2):
+        with pytest.raises(ContextLeakError):
+            prove_sources(broken)
+        with pytest.raises(ContextLeakError):
+            assemble_context(broken)
+    assert len(passes) == 5  # each failing proof ran again
+
+
 # --- CTX-5: deterministic freeze, ordering, budget, hashes -----------------------------------
 
 
