@@ -76,8 +76,10 @@ async def scratch_database(database_url: str, *, required: bool = False,
                 await admin.close()
 
 
-# PostgreSQL's autovacuum defaults (autovacuum_analyze_threshold, autovacuum_analyze_scale_factor).
+# PostgreSQL's autovacuum defaults (autovacuum_analyze_threshold, autovacuum_analyze_scale_factor,
+# autovacuum_vacuum_threshold, autovacuum_vacuum_scale_factor).
 ANALYZE_THRESHOLD, ANALYZE_SCALE_FACTOR = 50, 0.1
+VACUUM_THRESHOLD, VACUUM_SCALE_FACTOR = 50, 0.2
 
 
 def analyze_due(changed: int, rows: float) -> bool:
@@ -86,46 +88,56 @@ def analyze_due(changed: int, rows: float) -> bool:
     return changed > ANALYZE_THRESHOLD + ANALYZE_SCALE_FACTOR * max(rows, 0.0)
 
 
-async def analyze_due_tables(conn: asyncpg.Connection) -> list[str]:
-    """ANALYZE each table of the database that autovacuum's rule says is due; their names."""
-    due = [(r["schemaname"], r["relname"]) for r in await conn.fetch(
-        "SELECT s.schemaname, s.relname, s.n_mod_since_analyze, c.reltuples"
-        " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid ORDER BY s.relname")
-        if analyze_due(r["n_mod_since_analyze"], r["reltuples"])]
-    for schema, table in due:
-        await conn.execute(f"ANALYZE {_ident(schema)}.{_ident(table)}")
-    return [table for _, table in due]
+def vacuum_due(dead: int, rows: float) -> bool:
+    """Autovacuum's rule for vacuuming a table: more dead rows than the threshold plus the scale
+    factor × its rows."""
+    return dead > VACUUM_THRESHOLD + VACUUM_SCALE_FACTOR * max(rows, 0.0)
+
+
+async def maintain_due_tables(conn: asyncpg.Connection) -> list[str]:
+    """VACUUM and/or ANALYZE each table of the database that autovacuum's rules say is due, as
+    autovacuum would; one entry per table, `"<command> <table>"`."""
+    done = []
+    for r in await conn.fetch(
+            "SELECT s.schemaname, s.relname, s.n_mod_since_analyze, s.n_dead_tup, c.reltuples"
+            " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid ORDER BY s.relname"):
+        analyze, vacuum = analyze_due(r["n_mod_since_analyze"], r["reltuples"]), vacuum_due(r["n_dead_tup"], r["reltuples"])
+        command = "VACUUM (ANALYZE)" if vacuum and analyze else "VACUUM" if vacuum else "ANALYZE" if analyze else None
+        if command is not None:
+            await conn.execute(f"{command} {_ident(r['schemaname'])}.{_ident(r['relname'])}")
+            done.append(f"{command} {r['relname']}")
+    return done
 
 
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class StatisticsKeeper:
-    """`bench throughput`'s stand-in for autovacuum's analyses, on its scratch database.
+class AutovacuumRules:
+    """`bench throughput`'s stand-in for autovacuum, on its scratch database.
 
     A benchmark writes in seconds what a user's novelbus writes in hours; autovacuum wakes once
     a minute (`autovacuum_naptime`), so a benchmark's store was never analyzed. Its statements'
     plans, cached when the tables held a few rows, then stayed sequential scans of the whole
     table as the novel grew: at 200 units the verifier's read of one commit visited every
     commit (41 buffers, 2 with statistics), and the commit, claim and prepare functions the
-    same (issue 14). A database in use has its statistics kept by autovacuum, by this same rule;
-    here the rule is applied every second instead of every minute, and each analysis's cost is
-    in PostgreSQL's CPU like any other statement's."""
+    same (issue 14); and nothing vacuumed the dead rows of units, novels and the usage ring. A
+    database in use has autovacuum do both, by these same rules; here they are applied every
+    second instead of every minute, and their cost is in PostgreSQL's CPU like any statement's."""
 
     def __init__(self, database_url: str, every_s: float = 1.0) -> None:
         self.database_url, self.every_s = database_url, every_s
-        self.analyzed: list[str] = []  # one entry per ANALYZE run, the table's name
+        self.runs: list[str] = []  # one entry per VACUUM / ANALYZE run: "<command> <table>"
         self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> StatisticsKeeper:
+    async def __aenter__(self) -> AutovacuumRules:
         conn = await asyncpg.connect(self.database_url)
 
         async def keep() -> None:
             try:
                 while True:
                     await asyncio.sleep(self.every_s)
-                    self.analyzed += await analyze_due_tables(conn)
+                    self.runs += await maintain_due_tables(conn)
             finally:
                 await conn.close()
 

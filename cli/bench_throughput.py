@@ -66,7 +66,7 @@ from novelbus.bus.client import BusUnavailable
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
 from novelbus.cli.bench_common import (
-    StatisticsKeeper,
+    AutovacuumRules,
     drop_namespace_streams,
     ledger,
     novel_dict,
@@ -475,8 +475,8 @@ class Counts:
     # NATS messages this process sent and received per unit (issue 14: every frame costs a send or
     # a parse here and work in nats-server), latency phase and load phase; one process only.
     nats_messages_per_unit: dict[str, dict[str, float]] | None = None
-    # ANALYZE runs of the statistics keeper over the whole run (None: --no-analyze)
-    analyses: int | None = None
+    # VACUUM / ANALYZE runs of the maintenance keeper over the whole run (None: --no-autovacuum)
+    maintenance: int | None = None
 
 
 def nats_messages(ctx: ActorContext) -> dict[str, int]:
@@ -526,9 +526,9 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
                       + ("" if cold is None else f"; its slowest (cold) unit {cold:.1f} ms"))
     else:
         console.print("no warm-up (--warmup-units 0): the latency phase includes the process's first units")
-    console.print(f"planner statistics: kept by autovacuum's rule, checked every second ({counts.analyses} ANALYZE runs)"
-                  if counts.analyses is not None else
-                  "planner statistics: none (--no-analyze): a store younger than autovacuum's first pass")
+    console.print(f"autovacuum's rules applied every second: {counts.maintenance} VACUUM / ANALYZE runs"
+                  if counts.maintenance is not None else
+                  "no VACUUM / ANALYZE (--no-autovacuum): a store younger than autovacuum's first pass")
     console.print()
     fp = floor.p50()
     console.print(f"[bold]floor[/] (raw nats-py / asyncpg on the same servers, {len(floor.request_reply)} samples each)")
@@ -587,11 +587,11 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
 async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, latency_units: int,
                 processes: bool, seed: int, timeout: float, home: Path | None, nats_url: str | None,
                 database_url: str | None, live: bool = False, warmup_units: int = WARMUP_UNITS,
-                analyze: bool = True,
+                autovacuum: bool = True,
                 ) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts, PhaseResult | None]:
     deploy = "processes" if processes else "one-process"
     async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn, \
-            (StatisticsKeeper(dsn) if analyze else contextlib.nullcontext()) as keeper:
+            (AutovacuumRules(dsn) if autovacuum else contextlib.nullcontext()) as keeper:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
         log_dir = home_dir(home) / "logs" / f"bench-{subjects.namespace.rstrip('.')}"
         async with deployment(processes, ep.nats_url, dsn, subjects, log_dir) as ctx:
@@ -632,7 +632,7 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                         "latency": {k: round((nats1[k] - nats0[k]) / latency.units, 2) for k in nats0},
                         "load": {k: round((nats3[k] - nats2[k]) / load.units, 2) for k in nats0}}
                 if keeper is not None:
-                    counts.analyses = len(keeper.analyzed)
+                    counts.maintenance = len(keeper.runs)
             finally:
                 await drop_namespace_streams(ctx)
     return deploy, latency, load, floor, counts, warmup
@@ -648,9 +648,9 @@ def bench_throughput(
         "--warmup-units", help="Units of a first novel that is not measured (0: none; rounded up to whole chapters)")]
     = WARMUP_UNITS,
     processes: Annotated[bool, typer.Option("--processes", help="Each actor in its own OS process")] = False,
-    analyze: Annotated[bool, typer.Option(
-        "--analyze/--no-analyze",
-        help="Keep the planner's statistics by autovacuum's rule, checked every second (a database in use has them)")]
+    autovacuum: Annotated[bool, typer.Option(
+        "--autovacuum/--no-autovacuum",
+        help="Apply autovacuum's VACUUM and ANALYZE rules every second, as a database in use has them")]
     = True,
     seed: Annotated[int, typer.Option(help="Seed of the generated novels")] = 3,
     timeout: Annotated[float, typer.Option(help="Give up on a phase after this many seconds")] = 900.0,
@@ -673,7 +673,7 @@ def bench_throughput(
                                           latency_units=latency_units, processes=processes, seed=seed,
                                           timeout=timeout, home=home, nats_url=nats_url,
                                           database_url=database_url, live=not as_json,
-                                          warmup_units=warmup_units, analyze=analyze))
+                                          warmup_units=warmup_units, autovacuum=autovacuum))
     except (RuntimeError, ValueError, TimeoutError) as e:
         fail(str(e))
     if not as_json:
@@ -708,7 +708,7 @@ def bench_throughput(
         "latency_units_measured": len(latency.timings),
         "overhead_p50_by_quarter_ms": latency.overhead_by_quarter(),
         "warmup_units": warmup.units if warmup is not None else 0,
-        "analyses": counts.analyses,
+        "maintenance_runs": counts.maintenance,
         "warmup_overhead_max_ms": None if (cold := cold_max_ms(warmup)) is None else round(cold, 3),
         "latency_breakdown": latency.breakdown,
         "model_ms_p50": round(statistics.median([t.model_ms for t in latency.timings]), 3)
