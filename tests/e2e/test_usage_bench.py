@@ -146,6 +146,8 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
     # latency figures; its slowest unit (the process's first, cold ones) is reported beside them
     assert report["warmup_units"] == 3
     assert report["warmup_overhead_max_ms"] > 0
+    # issue 14: autovacuum's rules were applied to the scratch database (a count, maybe 0 here)
+    assert isinstance(report["maintenance_runs"], int) and report["maintenance_runs"] >= 0
     # PERF-1: the floor measured on the same servers, and the ratio against it
     floor = report["floor"]
     assert floor["per_unit"] == {"request_reply": 6, "transactions": 4, "publish_waits": 2}
@@ -194,9 +196,10 @@ async def test_issue14_bench_throughput_measures_a_novel_longer_than_the_usage_r
     dsn = await new_database()
     out = novelbus("bench", "throughput", "--novels", "1", "--chapters", "1", "--scenes", "2",
                    "--latency-units", "60", "--unit-chars", "200", "--warmup-units", "0", "--json",
-                   "--nats-url", nats_url, "--database-url", dsn)
+                   "--no-autovacuum", "--nats-url", nats_url, "--database-url", dsn)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
+    assert report["maintenance_runs"] is None  # --no-autovacuum: a store autovacuum never saw
     assert report["latency_units_measured"] == 59  # every unit but the last, past the ring's 50
     quarters = report["overhead_p50_by_quarter_ms"]
     assert len(quarters) == 4 and all(q > 0 for q in quarters)
