@@ -708,8 +708,8 @@ def bench_throughput(
         "latency_units_measured": len(latency.timings),
         "overhead_p50_by_quarter_ms": latency.overhead_by_quarter(),
         "warmup_units": warmup.units if warmup is not None else 0,
-        "maintenance_runs": counts.maintenance,
         "warmup_overhead_max_ms": None if (cold := cold_max_ms(warmup)) is None else round(cold, 3),
+        "maintenance_runs": counts.maintenance,
         "latency_breakdown": latency.breakdown,
         "model_ms_p50": round(statistics.median([t.model_ms for t in latency.timings]), 3)
         if latency.timings else None,

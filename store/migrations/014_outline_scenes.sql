@@ -16,10 +16,16 @@ CREATE TABLE outline_scenes (
     FOREIGN KEY (novel_id, revision) REFERENCES outline_revisions (novel_id, revision)
 );
 
+-- The (chapter, scene) of each scene of an outline document.
+CREATE FUNCTION nb_outline_scene_keys(p_outline jsonb) RETURNS TABLE (chapter_id text, scene_id text)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT s ->> 'chapterId', s ->> 'sceneId'
+    FROM jsonb_array_elements(COALESCE(p_outline -> 'scenes', '[]'::jsonb)) s
+    WHERE s ->> 'chapterId' IS NOT NULL AND s ->> 'sceneId' IS NOT NULL
+$$;
+
 INSERT INTO outline_scenes (novel_id, revision, chapter_id, scene_id)
-SELECT r.novel_id, r.revision, s ->> 'chapterId', s ->> 'sceneId'
-FROM outline_revisions r, jsonb_array_elements(COALESCE(r.outline -> 'scenes', '[]'::jsonb)) s
-WHERE s ->> 'chapterId' IS NOT NULL AND s ->> 'sceneId' IS NOT NULL
+SELECT r.novel_id, r.revision, k.chapter_id, k.scene_id FROM outline_revisions r, nb_outline_scene_keys(r.outline) k
 ON CONFLICT DO NOTHING;
 
 CREATE FUNCTION nb_outline_scenes() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -28,9 +34,7 @@ BEGIN
         DELETE FROM outline_scenes WHERE novel_id = OLD.novel_id AND revision = OLD.revision;
     END IF;
     INSERT INTO outline_scenes (novel_id, revision, chapter_id, scene_id)
-    SELECT NEW.novel_id, NEW.revision, s ->> 'chapterId', s ->> 'sceneId'
-    FROM jsonb_array_elements(COALESCE(NEW.outline -> 'scenes', '[]'::jsonb)) s
-    WHERE s ->> 'chapterId' IS NOT NULL AND s ->> 'sceneId' IS NOT NULL
+    SELECT NEW.novel_id, NEW.revision, k.chapter_id, k.scene_id FROM nb_outline_scene_keys(NEW.outline) k
     ON CONFLICT DO NOTHING;
     RETURN NULL;
 END $$;
