@@ -40,7 +40,7 @@ from novelbus.writers.compaction import COMPACT_MARKER
 from novelbus.writers.provider import ChatMessage, ModelReply, complete, measured_tool_tokens
 from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.local_model]
 
 MAX_OUTPUT_TOKENS = 512  # small: a few short paragraphs; keeps the real-model calls short
 _UNIT_RE = re.compile(r"^unitId: (\S+)$", re.MULTILINE)

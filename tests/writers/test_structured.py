@@ -72,6 +72,7 @@ def test_model2_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
     assert msgspec.json.decode(json.dumps(draft), type=CommitBody).paragraphs == ["The bell rang."]
 
 
+@pytest.mark.local_model
 def test_model2_the_grammar_llama_cpp_builds_stays_inside_its_rule_limit() -> None:
     """With the local extra installed: the GBNF llama-cpp-python builds from the largest forced
     commit schema has fewer than 2,000 rules' worth of nested optionals."""
