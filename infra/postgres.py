@@ -4,7 +4,8 @@ We own the server process ourselves (the wheel's ``PostgresServer`` listens on u
 only and leaves servers running). Layout under ``data_dir``::
 
     data/          PGDATA (initdb once; owned by the server user)
-    run/           unix socket directory (-k)
+    run/           unix socket directory (-k); a short temporary one (removed at stop) when a
+                   socket path under run/ would pass PostgreSQL's 107 bytes
     postgres.log   server stdout+stderr (initdb output too)
     owner.json     which process runs the server here (stale-server detection)
     password       the superuser's password (owner-only, 0600), generated on first use
@@ -75,7 +76,15 @@ _INITIALIZED = ".novelbus-initdb-complete"
 # interrupted initdb left, however complete it looks (a cancel can land after template1,
 # template0 and the "postgres" directory exist but before the catalog holds "postgres").
 _INITIALIZING = ".novelbus-initdb-running"
-_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ".s.PGSQL.NNNNN" is appended
+# PostgreSQL refuses a unix socket path longer than 107 bytes (sun_path is 108 with its NUL), and
+# the path is the directory plus "/.s.PGSQL.<port>" (up to 15 bytes).
+_SOCKET_PATH_MAX = 107
+_SOCKET_NAME_MAX = len("/.s.PGSQL.65535")
+
+
+def socket_dir_fits(run_dir: Path) -> bool:
+    """True if a unix socket of any port fits in `run_dir` (else a short temporary one is used)."""
+    return len(os.fsencode(run_dir)) + _SOCKET_NAME_MAX <= _SOCKET_PATH_MAX
 AUTH_METHOD = "scram-sha-256"
 _PASSWORD_FILE = "password"
 # A pg_hba.conf rule line whose method is "trust" (the method follows the address columns).
@@ -247,7 +256,7 @@ class EmbeddedPostgres(OwnedServer):
     def _prepare_user(self, bin_dir: Path) -> None:
         """As root: run as ``embedded_postgres`` and let it reach its directories."""
         run_dir = self.data_dir / "run"
-        if len(str(run_dir)) > _SOCKET_PATH_MAX:
+        if not socket_dir_fits(run_dir):
             import tempfile
 
             run_dir = Path(tempfile.mkdtemp(prefix="novelbus-pg-"))

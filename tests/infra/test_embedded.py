@@ -22,6 +22,7 @@ from novelbus.infra import (
     redact_url,
 )
 from novelbus.infra._process import raise_if_cancelled
+from novelbus.infra.postgres import socket_dir_fits
 from tests.infra.procs import alive, servers_under, wait_gone
 
 
@@ -185,6 +186,28 @@ async def test_infra1_nats_start_failure_shows_the_server_log(tmp_home: Path) ->
         await server.start()
     assert str(tmp_home / "nats" / "nats-server.log") in str(err.value)
     assert not server.running
+
+
+def test_infra1_a_unix_socket_of_any_port_must_fit_in_107_bytes() -> None:
+    """PostgreSQL refuses a socket path over 107 bytes; the path is the directory plus
+    "/.s.PGSQL.<port>" (15 bytes with a five-digit port), counted in bytes."""
+    assert socket_dir_fits(Path("/" + "d" * 91))  # 92 + 15 = 107
+    assert not socket_dir_fits(Path("/" + "d" * 92))  # 108: the old rule (directory ≤ 100) let it by
+    assert not socket_dir_fits(Path("/" + "é" * 46))  # 93 bytes, 47 characters
+
+
+@pytest.mark.parametrize("run_dir_bytes", [92, 93, 100])
+async def test_infra1_postgres_starts_under_a_long_home(tmp_home: Path, run_dir_bytes: int) -> None:
+    """A home whose socket directory (`<home>/run`) is 93–100 bytes long used to pass the length
+    check and then stop PostgreSQL at start-up ("could not create any Unix-domain sockets"), as
+    under pytest-xdist's longer temporary paths. Such a home gets a short socket directory."""
+    pad = run_dir_bytes - len(str(tmp_home / "x" / "run")) + 1
+    assert pad > 0
+    home = tmp_home / ("h" * pad)
+    assert len(str(home / "run")) == run_dir_bytes
+    async with EmbeddedPostgres(home, fast=True) as pg:
+        assert await _select_one(pg.dsn) == 1
+    assert servers_under(tmp_home) == []
 
 
 async def test_infra1_postgres_on_a_busy_fixed_port_fails_with_the_log(tmp_home: Path) -> None:
