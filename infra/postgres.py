@@ -81,14 +81,15 @@ _INITIALIZING = ".novelbus-initdb-running"
 _SOCKET_PATH_MAX = 107
 _SOCKET_NAME_MAX = len("/.s.PGSQL.65535")
 
-
-def socket_dir_fits(run_dir: Path) -> bool:
-    """True if a unix socket of any port fits in `run_dir` (else a short temporary one is used)."""
-    return len(os.fsencode(run_dir)) + _SOCKET_NAME_MAX <= _SOCKET_PATH_MAX
 AUTH_METHOD = "scram-sha-256"
 _PASSWORD_FILE = "password"
 # A pg_hba.conf rule line whose method is "trust" (the method follows the address columns).
 _TRUST_RULE = re.compile(r"^(\s*(?:local|host\w*)\b[^#\n]*?\s)trust(\s|$)", re.MULTILINE)
+
+
+def socket_dir_fits(run_dir: Path) -> bool:
+    """True if a unix socket of any port fits in `run_dir` (else a short temporary one is used)."""
+    return len(os.fsencode(run_dir)) + _SOCKET_NAME_MAX <= _SOCKET_PATH_MAX
 
 
 def home_password(data_dir: Path) -> str:
