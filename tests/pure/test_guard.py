@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novelbus.novel.guard import RULES, ProseGuardError, check_paragraph, guard_prose
+from novelbus.novel.guard import (
+    RULES,
+    ProseGuardError,
+    check_paragraph,
+    check_paragraph_ungated,
+    guard_prose,
+)
 from tests.pure.strategies import PURE, prose_paragraphs
 
 BAD: list[tuple[str, str]] = [
@@ -128,3 +134,46 @@ def test_store6_bad_pattern_anywhere_is_caught_at_its_index(
     with pytest.raises(ProseGuardError) as err:
         guard_prose(paragraphs)
     assert err.value.paragraph_index == index
+
+
+# Issue 14 (PERF-2): the gated check equals its definition (every pattern, in order). Fragments
+# that the patterns and their gates turn on, in any case, with the characters `re` matches to
+# ASCII letters under IGNORECASE (ı İ ſ K), digits of both widths, brackets and CJK marks.
+_FRAGMENTS = [
+    "chapter", "Chapter", "CHAPTER", "chap", "ch", "sc", "scene", "unit", "UNIT", "commit", "part",
+    "book", "word", "words", "Words", "character", "char", "count", "COUNT", "author", "'", "’", "s",
+    "note", "NOTE", "progress", "PROGRESS", "to", "be", "continued", "CONTINUED", "the", "The",
+    "THE", "end", "End", "END", "first", "two", "iv", "a3f9", "ı", "İ", "ſ", "K", "k", "i",
+    "0", "1", "7", "12", "３", "０", "-", "_", "–", "—", ".", ":", "：", "=", " ", "  ", "\t", "\n",
+    "#", "##", "(", ")", "[", "]", "（", "）", "【", "】", "〔", "〕", "《", "》", "「", "」", "<", ">",
+    "第", "三", "十", "章", "节", "回", "卷", "幕", "、", "·", "全书完", "全文完", "未完待续", "大结局",
+    "完结", "收束", "待续", "本章完", "本章结束", "本节完", "完", "结", "束", "续", "字", "字数", "统计",
+    "本章", "作者", "的话", "有话说", "progre", "ss", "contı", "conti", "nued", "wor", "ds", "。", "！", "？", "…", "~", "～", ",", "，", "他走了", "lamp",
+]
+
+
+@given(st.lists(st.sampled_from(_FRAGMENTS), max_size=14).map("".join))
+@PURE
+def test_store6_gated_guard_is_the_ungated_guard_on_pattern_fragments(paragraph: str) -> None:
+    assert check_paragraph(paragraph) == check_paragraph_ungated(paragraph)
+
+
+@given(st.text(max_size=60))
+@PURE
+def test_store6_gated_guard_is_the_ungated_guard_on_any_text(paragraph: str) -> None:
+    assert check_paragraph(paragraph) == check_paragraph_ungated(paragraph)
+
+
+# Where a gate word with i, s or k would miss what IGNORECASE matches (ı İ ſ K), and the
+# full-width digits and CJK brackets a narrower gate would miss.
+_TRAPS = [
+    "(to be contınued)", "To be contİnued", "Progreſs: 3", "PROGRESS: half", "Author'ſ note",
+    "auThor’S NOTE: hard", "Word Count = 9", "Characters count: 9", "words: 4", "（3 字）",
+    "【12 words】", "Chapter ３", "Scene 2 - 1", "sCeNe-3 at dawn", "UNIT-a3f9", "unit_7",
+    "[ The End ]", "THE END", "the end", "（完）", "——全文完——", "他走了。完", "本章结束",
+]
+
+
+@pytest.mark.parametrize("paragraph", [p for p, _ in BAD] + GOOD + _TRAPS)
+def test_store6_gated_guard_is_the_ungated_guard_on_the_examples(paragraph: str) -> None:
+    assert check_paragraph(paragraph) == check_paragraph_ungated(paragraph)
