@@ -39,7 +39,7 @@ from novelbus.novel.pack import block_fields, parse_pack
 from novelbus.novel.text import effective_characters, estimate_tokens, is_cjk
 from novelbus.writers.compaction import committed_in_context, is_compaction_request, offline_summary
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
-from novelbus.writers.runner import tool_definition_tokens
+from novelbus.writers.runner import known_tool_definition_tokens
 
 OFFLINE_LABEL = "offline (no language model)"
 COMMIT_TOOL = "novel_body_commit"
@@ -525,7 +525,7 @@ class OfflineProvider:
         if seen is not None and seen[0] is tools:
             self._tool_tokens_of.move_to_end(id(tools))
             return seen[1]
-        tokens = tool_definition_tokens(tools)
+        tokens = known_tool_definition_tokens(tools)
         self._tool_tokens_of[id(tools)] = (tools, tokens)
         if len(self._tool_tokens_of) > 256:  # concurrent runs (40 novels in one process)
             self._tool_tokens_of.popitem(last=False)

@@ -62,6 +62,7 @@ from novelbus.writers.tool_policy import (
 from novelbus.writers.tools import (
     COMMIT_TOOL,
     READ_TOOLS,
+    TOOL_REGISTRY,
     openai_tool_definitions,
 )
 
@@ -279,6 +280,27 @@ def tool_definition_tokens(tools: list[dict[str, Any]] | None) -> int:
 @functools.lru_cache(maxsize=64)
 def _registry_tool_tokens(names: tuple[str, ...]) -> int:
     return tool_definition_tokens(openai_tool_definitions(names))
+
+
+@functools.lru_cache(maxsize=64)
+def _registry_definitions(names: tuple[str, ...]) -> list[dict[str, Any]] | None:
+    """The registry's definitions of exactly these names, in this order (None: not all known,
+    or a name twice). Held for comparison only; never handed out."""
+    if len(set(names)) != len(names) or not all(name in TOOL_REGISTRY for name in names):
+        return None
+    return openai_tool_definitions(names)
+
+
+def known_tool_definition_tokens(tools: list[dict[str, Any]] | None) -> int:
+    """`tool_definition_tokens(tools)`, without serialising `tools` when they are the registry's
+    definitions of their names (PERF-2: a provider that estimates per run): equal to them → the
+    estimate kept per list of names; anything else → the estimate of what was given."""
+    if not tools:
+        return 0
+    names = tuple(t.get("function", {}).get("name", "") if isinstance(t, dict) else "" for t in tools)
+    if tools == _registry_definitions(names):
+        return _registry_tool_tokens(names)
+    return tool_definition_tokens(tools)
 
 
 async def run_tool_tokens(provider: ModelProvider, tools: list[dict[str, Any]] | None,

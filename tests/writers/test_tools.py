@@ -380,3 +380,21 @@ async def test_model6_a_runs_tool_estimate_from_names_equals_the_estimate_of_its
         expected = tool_definition_tokens(tools)
         assert await run_tool_tokens(provider, tools, names) == expected == await run_tool_tokens(provider, tools)
         assert expected > 0
+
+
+def test_model6_known_definitions_are_estimated_as_what_was_sent() -> None:
+    """MODEL-6, PERF-2: the offline provider's per-call estimate skips serialising the registry's
+    own definitions, and equals the estimate of exactly what was sent — also when a caller edited
+    its copy, repeated a tool, reordered them or named one the registry does not know."""
+    from novelbus.writers.runner import known_tool_definition_tokens, tool_definition_tokens
+
+    names = tuple(W2_ALLOW_LIST)
+    edited = openai_tool_definitions(names)
+    edited[0]["function"]["description"] += " Read it twice, and slowly, before anything else."
+    unknown = [*openai_tool_definitions(names[:1]),
+               {"type": "function", "function": {"name": "no_such_tool", "parameters": {}}}]
+    for tools in (openai_tool_definitions(names), openai_tool_definitions(names[::-1]), edited,
+                  openai_tool_definitions(names) + openai_tool_definitions(names[:1]), unknown, [{}]):
+        assert known_tool_definition_tokens(tools) == tool_definition_tokens(tools) > 0
+    assert known_tool_definition_tokens(edited) > known_tool_definition_tokens(openai_tool_definitions(names))
+    assert known_tool_definition_tokens(None) == known_tool_definition_tokens([]) == 0
