@@ -71,6 +71,19 @@ def is_cjk(ch: str) -> bool:
     return len(ch) == 1 and _CJK_RE.match(ch) is not None
 
 
+def has_cjk(text: str) -> bool:
+    """True if any code point of ``text`` is CJK (``is_cjk``); ASCII text without a scan."""
+    return not text.isascii() and _CJK_RE.search(text) is not None
+
+
+def has_line(text: str, line: str) -> bool:
+    """``line in text.split("\\n")`` without splitting: some line of ``text`` is exactly ``line``
+    (which holds no newline)."""
+    if text == line or text.startswith(line + "\n") or text.endswith("\n" + line):
+        return True
+    return ("\n" + line + "\n") in text
+
+
 def cjk_count(text: str) -> int:
     """CJK code points in ``text``: the ones ``estimate_tokens`` counts as one token each.
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import hashlib
 import inspect
 import itertools
@@ -36,7 +37,7 @@ from typing import Any
 
 from novelbus.novel.guard import ProseGuardError, guard_prose
 from novelbus.novel.pack import block_fields, parse_pack
-from novelbus.novel.text import effective_characters, estimate_tokens, is_cjk
+from novelbus.novel.text import effective_characters, estimate_tokens, has_cjk, has_line
 from novelbus.writers.compaction import committed_in_context, is_compaction_request, offline_summary
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
 from novelbus.writers.runner import known_tool_definition_tokens
@@ -73,6 +74,12 @@ class UnitBrief:
 
     @classmethod
     def from_pack(cls, pack_text: str) -> UnitBrief:
+        """The brief of a pack; a pure function of its text, so kept for the last packs read
+        (issue 14: a unit's run asks for it twice, and it parsed the whole pack each time)."""
+        return _brief_of(pack_text)
+
+    @classmethod
+    def parse(cls, pack_text: str) -> UnitBrief:
         blocks = parse_pack(pack_text)
         scene = block_fields(blocks.get("scene", []))
         unit = block_fields(blocks.get("unit", []))
@@ -99,13 +106,18 @@ class UnitBrief:
             target_min=lo,
             target_max=hi,
             seed=hashlib.sha256(seed_material.encode()).digest(),
-            chinese=any(is_cjk(ch) for ch in goal),
+            chinese=has_cjk(goal),
             foreshadowing_due=tuple(
                 part.split(":", 1)[0].strip()
                 for part in scene.get("foreshadowingDue", "").split(";")
                 if ":" in part and part.split(":", 1)[0].strip()
             ),
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _brief_of(pack_text: str) -> UnitBrief:  # frozen: shared safely
+    return UnitBrief.parse(pack_text)
 
 
 def _int(value: str | None) -> int | None:
@@ -142,7 +154,7 @@ def _clean(phrase: str, *, chinese: bool) -> str:
     phrase = " ".join(phrase.split()).strip(" .。!！?？;；,，:：—-…")
     if chinese:
         # A Latin phrase inside Chinese prose reads as a slip; the caller falls back to a default.
-        return phrase if any(is_cjk(ch) for ch in phrase) else ""
+        return phrase if has_cjk(phrase) else ""
     words = phrase.split()
     while words and words[-1].lower() in _TRAILING_DANGLERS:
         words.pop()
@@ -447,7 +459,7 @@ def _pack_index(messages: Sequence[ChatMessage]) -> int | None:
         m = messages[i]
         content = m.get("content")
         if m.get("role") in ("system", "user") and isinstance(content, str):
-            if "[[unit]]" in content.split("\n"):
+            if has_line(content, "[[unit]]"):
                 return i
     return None
 

@@ -14,6 +14,8 @@ from novelbus.novel.text import (
     cjk_count,
     effective_characters,
     estimate_tokens,
+    has_cjk,
+    has_line,
     is_cjk,
     keywords,
     one_line,
@@ -141,3 +143,18 @@ def test_keywords_are_unique_and_deterministic(text: str) -> None:
     out = keywords(text)
     assert len(out) == len(set(out))
     assert out == keywords(text)
+
+
+@given(st.text(alphabet=st.sampled_from(["a", "Z", " ", "中", "あ", "한", "，", "…", "\n", "々"]), max_size=30))
+@PURE
+def test_has_cjk_is_any_cjk_code_point(text: str) -> None:
+    """Issue 14: the scan-free test is the per-code-point definition."""
+    assert has_cjk(text) == any(is_cjk(ch) for ch in text)
+
+
+@given(st.lists(st.sampled_from(["[[unit]]", "[[unit]] ", "[[scene]]", "", "\r", "x", "\n"]), max_size=8)
+       .map("".join), st.sampled_from(["[[unit]]", "x", ""]))
+@PURE
+def test_has_line_is_a_line_of_the_split_text(text: str, line: str) -> None:
+    """Issue 14: the split-free test is ``line in text.split("\\n")``."""
+    assert has_line(text, line) == (line in text.split("\n"))
