@@ -202,6 +202,7 @@ def _reference_forbidden_key(value: object, path: str) -> str | None:
 _payloads = st.recursive(
     st.none() | st.integers() | st.text(max_size=3),
     lambda inner: st.lists(inner, max_size=3)
+    | st.lists(inner, max_size=3).map(tuple)
     | st.dictionaries(st.sampled_from(["a", "b", "Text", "token", "x", "paragraphs", "PROMPT"]), inner, max_size=3),
     max_leaves=12,
 )
