@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import Literal
@@ -25,8 +26,19 @@ class TargetRange(msgspec.Struct, frozen=True):
 
 
 def _tolerance(budget: LengthBudget) -> Fraction:
+    return _decimal_fraction(budget.toleranceRatio)
+
+
+@functools.lru_cache(maxsize=64)
+def _decimal_fraction(ratio: float) -> Fraction:
     # str() first: 0.3 must mean 3/10, not the binary float just above it (9000·1.3 = 11700).
-    return Fraction(str(budget.toleranceRatio))
+    # Parsed once per value (a Fraction is immutable): every unit's contract asks for it.
+    return Fraction(str(ratio))
+
+
+@functools.lru_cache(maxsize=64)
+def _pace_tolerance(ratio: float) -> Fraction:
+    return Fraction(ratio).limit_denominator(1000)
 
 
 def book_lower(budget: LengthBudget) -> Fraction:
@@ -74,7 +86,7 @@ def unit_target_range(budget: LengthBudget, committed: int, remaining_scenes: in
     unit_max = max(unit_min, 1, -(-book_max // share))
     pace = Fraction(budget.targetCharacters - committed, share)
     if pace > 0:
-        tol = Fraction(budget.toleranceRatio).limit_denominator(1000)
+        tol = _pace_tolerance(budget.toleranceRatio)
         unit_min = max(unit_min, math.floor(pace * (1 - tol)))
         unit_max = max(unit_min, 1, min(unit_max, math.ceil(pace * (1 + tol))))
     return TargetRange(min=unit_min, max=unit_max)
