@@ -35,6 +35,7 @@ hashes, manifests, outline revisions, attempts, last errors, pause reasons or ve
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 from typing import Literal
@@ -507,6 +508,18 @@ def parse_pack(text: str) -> dict[str, list[str]]:
         while lines and lines[-1] == "":
             lines.pop()
     return blocks
+
+
+def pack_fields(text: str) -> dict[str, dict[str, str]]:
+    """``{block name: block_fields(its lines)}`` of a pack, each call its own dicts; the parse is
+    kept for the last packs seen (issue 14: a writer run asks for the fields of one pack from
+    several places, and each parsed the whole pack)."""
+    return {name: dict(fields) for name, fields in _pack_fields(text)}
+
+
+@functools.lru_cache(maxsize=64)
+def _pack_fields(text: str) -> tuple[tuple[str, dict[str, str]], ...]:  # never handed out
+    return tuple((name, block_fields(lines)) for name, lines in parse_pack(text).items())
 
 
 def block_fields(lines: list[str]) -> dict[str, str]:

@@ -39,10 +39,10 @@ SOURCE_PATTERN = "^(inline(#[0-9]+)?|commit-[1-9][0-9]*(#[0-9]+)?)$"
 
 def unit_target_max(pack_text: str) -> int | None:
     """`targetMax` of the pack's [[unit]] block (characters), when it has one."""
-    from novelbus.novel.pack import block_fields, parse_pack
+    from novelbus.novel.pack import pack_fields
 
     try:
-        fields = block_fields(parse_pack(pack_text).get("unit", []))
+        fields = pack_fields(pack_text).get("unit", {})
         value = int(fields.get("targetMax", ""))
     except (ValueError, TypeError, AttributeError):
         return None

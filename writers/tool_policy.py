@@ -114,10 +114,10 @@ def research_target(pack_blocks: dict[str, dict[str, Any]], allowed: tuple[str, 
 
 def pack_blocks(pack_text: str) -> dict[str, dict[str, Any]]:
     """The pack's blocks as `{name: top-level fields}` (what `research_target` reads)."""
-    from novelbus.novel.pack import block_fields, parse_pack
+    from novelbus.novel.pack import pack_fields
 
     try:
-        return {name: dict(block_fields(lines)) for name, lines in parse_pack(pack_text).items()}
+        return dict(pack_fields(pack_text))
     except (ValueError, TypeError):
         return {}
 

@@ -43,6 +43,7 @@ from novelbus.novel.pack import (
     WriterPack,
     WriterPackError,
     block_fields,
+    pack_fields,
     parse_pack,
     render_pack,
 )
@@ -597,3 +598,17 @@ def test_pack_every_unit_of_the_sample_renders_in_both_shapes() -> None:
     for snapshot, unit_id in BOOK:
         for shape in SHAPES:
             assert_well_formed(render_pack(snapshot, unit_id, shape), snapshot, unit_id)  # type: ignore[arg-type]
+
+
+def test_pack_fields_are_each_blocks_fields_and_each_call_gets_its_own() -> None:
+    """Issue 14: the kept parse gives what parsing gives, for every pack of the sample book in
+    both shapes, and a caller that edits its dicts changes nobody else's."""
+    for snapshot, unit_id in BOOK:
+        for shape in SHAPES:
+            text = render_pack(snapshot, unit_id, shape).text
+            expected = {name: block_fields(lines) for name, lines in parse_pack(text).items()}
+            first = pack_fields(text)
+            assert first == expected and "unit" in first
+            first["unit"]["unitId"] = "edited"
+            first.pop("scene")
+            assert pack_fields(text) == expected
