@@ -9,6 +9,10 @@ read is skipped (a newer actor may publish types an older follower does not know
   (`new_only=True`: from now), so starting late misses nothing.
 
 Either hand `on_event` (called for each event, in order) or iterate the follower.
+
+An event whose ack was late or lost is published again under the same `Nats-Msg-Id` (REL-6,
+REL-7): the stream stores it once, but a live core subscription receives every publish. The
+follower therefore hands on each message id once, among the last `RECENT_IDS` it has seen.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from nats.aio.client import Client as NATS
@@ -31,6 +36,10 @@ from novelbus.messages.subjects import Subjects
 log = logging.getLogger(__name__)
 
 OnEvent = Callable[[NovelEvent], Awaitable[None]]
+
+# Message ids a follower remembers to drop a re-published event: minutes of one novel's events,
+# tens of seconds of a whole loaded server's (a re-publish follows its first within seconds).
+RECENT_IDS = 65_536
 
 
 class EventFollower:
@@ -51,6 +60,8 @@ class EventFollower:
         self.new_only = new_only
         self._subs: list[Subscription] = []
         self._queue: asyncio.Queue[NovelEvent] = asyncio.Queue()
+        self._seen: OrderedDict[str, None] = OrderedDict()  # recent Nats-Msg-Ids, oldest first
+        self.duplicates = 0  # re-published events dropped
 
     def subject_list(self) -> list[str]:
         if self.tags:
@@ -76,7 +87,21 @@ class EventFollower:
                 await sub.unsubscribe()
         self._subs.clear()
 
+    def _first_time(self, msg: Msg) -> bool:
+        msg_id = msg.headers.get("Nats-Msg-Id") if msg.headers else None
+        if msg_id is None:
+            return True
+        if msg_id in self._seen:
+            self.duplicates += 1
+            return False
+        self._seen[msg_id] = None
+        if len(self._seen) > RECENT_IDS:
+            self._seen.popitem(last=False)
+        return True
+
     async def _on_msg(self, msg: Msg) -> None:
+        if not self._first_time(msg):  # a re-publish of an event already handed on
+            return
         try:
             event: NovelEvent = decode(msg.data, NovelEvent, msg.headers)
         except MessageError as e:  # a follower skips what it cannot read
