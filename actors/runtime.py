@@ -81,7 +81,7 @@ def freeze_heap() -> None:
 
 @contextlib.asynccontextmanager
 async def connected(nats_url: str, database_url: str, *, subjects: Subjects, settings: Settings | None = None,
-                    name: str = "novelbus", pool_size: int = 10,
+                    name: str = "novelbus", pool_size: int | None = None,
                     nats_wait: float | None = None) -> AsyncIterator[ActorContext]:
     """Connections + migrations + streams: what every actor process and CLI command needs.
 
@@ -128,7 +128,7 @@ async def running(nats_url: str, database_url: str, *, names: tuple[str, ...] = 
     """Start the named actors in this process; stop them in reverse order on exit."""
     subjects = subjects or Subjects()
     async with connected(nats_url, database_url, subjects=subjects, settings=settings,
-                         name="novelbus-" + "+".join(names), pool_size=max(10, 4 * len(names))) as ctx:
+                         name="novelbus-" + "+".join(names)) as ctx:
         rt = Runtime(ctx=ctx)
         try:
             for n in sorted(names, key=ACTOR_NAMES.index):

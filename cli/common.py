@@ -48,10 +48,30 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
 COMMAND_NATS_WAIT_S = 15.0  # a command (not a service) gives up on an unreachable NATS after this
 
 
+def check_environment() -> None:
+    """Refuse a malformed `NOVELBUS_*` setting before anything starts (exit 2, naming it), rather
+    than with a traceback from deep inside the first connection or actor that reads it."""
+    from novelbus.actors.writer import auto_declined_from_env, output_tokens_from_env
+    from novelbus.bus.streams import stream_replicas
+    from novelbus.store.pool import pool_size
+
+    for check in (pool_size, stream_replicas, output_tokens_from_env, auto_declined_from_env):
+        try:
+            check()
+        except ValueError as e:
+            fail(str(e), code=2)
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; Ctrl-C and SIGTERM cancel it so every `async with` cleans up."""
     from novelbus.actors.runtime import ServerUnreachable
     from novelbus.infra import install_signal_handlers
+
+    try:
+        check_environment()
+    except typer.Exit:
+        coro.close()  # never awaited: no "coroutine was never awaited" warning
+        raise
 
     async def main() -> T:
         task = asyncio.current_task()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+import os
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -76,11 +77,44 @@ def database_name(dsn: str) -> str:
     return f"{u.hostname or 'localhost'}:{u.port or 5432}{u.path or ''}"
 
 
-async def connect(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """A pool whose json/jsonb columns take and return plain Python objects (and msgspec Structs).
+ENV_POOL_SIZE = "NOVELBUS_DB_POOL_SIZE"
+MAX_POOL_SIZE = 200  # the embedded server's max_connections
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def pool_size() -> int:
+    """Connections of a process's pool: `NOVELBUS_DB_POOL_SIZE`, else 2 × cores + 1.
+
+    The default is PostgreSQL's rule of thumb for active connections (cores × 2 + effective
+    spindles, one for an SSD): more statements in flight than the cores can run only make them
+    wait for each other, and on a small machine shared with the actors they crowd out the process
+    that sends them (issue 14: on 2 cores, 5 connections instead of 24 took `bench throughput`
+    from about 140 to about 175 units/s; README, "The database pool"). A flow holds a connection
+    for one statement or transaction, so flows beyond the pool wait in the process, not in the
+    database. Set it when PostgreSQL runs elsewhere: the rule is about the database's cores."""
+    raw = os.environ.get(ENV_POOL_SIZE, "").strip()
+    if not raw:
+        return 2 * cores() + 1
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_POOL_SIZE:
+        raise ValueError(f"{ENV_POOL_SIZE} must be a whole number from 1 to {MAX_POOL_SIZE}, got {raw!r}")
+    return int(raw)
+
+
+async def connect(dsn: str, *, min_size: int = 1, max_size: int | None = None) -> asyncpg.Pool:
+    """A pool whose json/jsonb columns take and return plain Python objects (and msgspec Structs);
+    `max_size` None: `pool_size()`.
 
     Raises `DatabaseUnreachable` if its first connection fails (refused, unknown host, bad
     password, no such database)."""
+    max_size = pool_size() if max_size is None else max_size
+    min_size = min(min_size, max_size)
     try:
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
