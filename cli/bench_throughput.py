@@ -78,6 +78,7 @@ from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file
+from novelbus.store.pool import pool_size
 
 TARGET_RATIO = 3.0  # overhead p50 ≤ 3 × the floor measured in the same run (PERF-2)
 TARGET_P99_MS = 25.0
@@ -499,7 +500,7 @@ def cold_max_ms(warmup: PhaseResult | None) -> float | None:
 def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Floor, counts: Counts,
                  warmup: PhaseResult | None = None) -> None:
     console.print(f"[bold]novelbus bench throughput[/] — writer: offline (no language model), deployment: "
-                  f"[cyan]{deploy}[/]")
+                  f"[cyan]{deploy}[/], database pool: {pool_size()} connections per process")
     target_ups = TARGET_UNITS_PER_S[deploy]
     p50, p99 = latency.overhead(50), latency.overhead(99)
     floor_ms = floor.unit_ms
@@ -700,6 +701,7 @@ def bench_throughput(
         "server_cpu_ms_per_unit": counts.server_cpu_ms_per_unit,
         "nats_messages_per_unit": counts.nats_messages_per_unit,
         "deployment": deploy,
+        "db_pool_size": pool_size(),  # per process (NOVELBUS_DB_POOL_SIZE, else 2 x cores + 1)
         "hops": latency.hop_p50(),
         "load_overhead_p50_ms": round(load.overhead(50), 3),
         "load_overhead_p99_ms": round(load.overhead(99), 3),

@@ -23,6 +23,7 @@ from novelbus.cli import bench_ab
 from novelbus.cli.bench_ab import measure, write_novel
 from novelbus.cli.bench_common import novel_dict
 from novelbus.messages.subjects import Subjects
+from novelbus.store.pool import cores
 from novelbus.writers.compaction import is_compaction_request
 from novelbus.writers.offline import OfflineProvider
 from novelbus.writers.provider import ModelReply
@@ -134,6 +135,7 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
     report = json.loads(out.stdout)
     assert report["novels"] == 3 and report["units"] == 9
     assert report["deployment"] == "one-process"
+    assert report["db_pool_size"] == 2 * cores() + 1  # PERF-2: no NOVELBUS_DB_POOL_SIZE in its env
     assert report["units_per_s"] > 0
     assert 0 < report["overhead_p50_ms"] <= report["overhead_p99_ms"]
     assert set(report["hops"]) == {"claim", "pack", "dispatch", "writer", "finish", "verify+notice", "model"}
