@@ -22,7 +22,6 @@ Chinese prose.
 
 from __future__ import annotations
 
-import collections
 import copy
 import functools
 import hashlib
@@ -503,10 +502,6 @@ class OfflineProvider:
         # False: no usage at all, which exercises the fail-open path (USE-2).
         self.report_usage = report_usage
         self._tool_tokens = 0
-        # A run sends the same list of tool definitions with each of its calls: its estimate is
-        # kept by identity (the list is held, so its id stays its own; nobody edits a sent list).
-        self._tool_tokens_of: collections.OrderedDict[int, tuple[list[dict[str, Any]], int]] = (
-            collections.OrderedDict())
 
     async def aclose(self) -> None:
         return None
@@ -519,8 +514,9 @@ class OfflineProvider:
         max_output_tokens: int,
         **options: Any,  # tool_choice / response_format: it always commits / drafts anyway
     ) -> ModelReply:
-        # MODEL-6: the tool definitions are input like any message (no await below: atomic).
-        self._tool_tokens = self._definition_tokens(tools)
+        # MODEL-6: the tool definitions are input like any message (no await below: atomic); the
+        # registry's own definitions are estimated once per list of names, not serialised per call.
+        self._tool_tokens = known_tool_definition_tokens(tools)
         if not tools and is_compaction_request(messages):
             # A host compaction of an inline session (AB-2): a deterministic summary.
             return self._reply(messages, text=offline_summary(messages), calls=[], stop="completed")
@@ -529,19 +525,6 @@ class OfflineProvider:
             text = json.dumps(compose_draft(pack), ensure_ascii=False)
             return self._reply(messages, text=text, calls=[], stop="completed")
         return self._w2_step(messages, _tool_names(tools), pack)
-
-    def _definition_tokens(self, tools: list[dict[str, Any]] | None) -> int:
-        if not tools:
-            return 0
-        seen = self._tool_tokens_of.get(id(tools))
-        if seen is not None and seen[0] is tools:
-            self._tool_tokens_of.move_to_end(id(tools))
-            return seen[1]
-        tokens = known_tool_definition_tokens(tools)
-        self._tool_tokens_of[id(tools)] = (tools, tokens)
-        if len(self._tool_tokens_of) > 256:  # concurrent runs (40 novels in one process)
-            self._tool_tokens_of.popitem(last=False)
-        return tokens
 
     def _reply(
         self, messages: Sequence[ChatMessage], *, text: str | None, calls: list[ToolCall], stop: Any
