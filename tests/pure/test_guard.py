@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from novelbus.novel.guard import (
+    _RULES,
     RULES,
     ProseGuardError,
     check_paragraph,
-    check_paragraph_ungated,
     guard_prose,
 )
 from tests.pure.strategies import PURE, prose_paragraphs
@@ -134,6 +134,14 @@ def test_store6_bad_pattern_anywhere_is_caught_at_its_index(
     with pytest.raises(ProseGuardError) as err:
         guard_prose(paragraphs)
     assert err.value.paragraph_index == index
+
+
+def check_paragraph_ungated(paragraph: str) -> tuple[str, str] | None:
+    """`check_paragraph` by its definition: every pattern, in order, no gates."""
+    for rule, description, pattern in _RULES:
+        if pattern.search(paragraph):
+            return rule, description
+    return None
 
 
 # Issue 14 (PERF-2): the gated check equals its definition (every pattern, in order). Fragments
