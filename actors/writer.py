@@ -271,7 +271,7 @@ def output_tokens_from_env() -> int:
     if not raw:
         return MAX_OUTPUT_TOKENS
     if not raw.isdigit() or int(raw) < 16:
-        raise ValueError(f"{ENV_MAX_OUTPUT_TOKENS} must be a whole number ≥ 16")
+        raise ValueError(f"{ENV_MAX_OUTPUT_TOKENS} must be a whole number ≥ 16, got {raw!r}")
     return int(raw)
 
 
@@ -283,7 +283,7 @@ def auto_declined_from_env() -> bool:
     (W2 runs then force their research and commit from the first call); auto (default): learn it."""
     raw = os.environ.get(ENV_TOOL_CHOICE, "").strip().lower()
     if raw not in ("", "auto", "forced"):
-        raise ValueError(f"{ENV_TOOL_CHOICE} must be auto or forced")
+        raise ValueError(f"{ENV_TOOL_CHOICE} must be auto or forced, got {raw!r}")
     return raw == "forced"
 
 

@@ -42,8 +42,9 @@ def server_names(url: str) -> str:
     names = []
     for part in url.split(","):
         if part.strip():
-            u = urlsplit(part.strip())
-            names.append(f"{u.hostname or '?'}:{u.port or 4222}")
+            part = part.strip()  # a bare `host:port` (nats-py reads it as nats://) parsed as one
+            host = urlsplit(part if "://" in part else "//" + part).netloc.rpartition("@")[2]  # no credentials
+            names.append(host if ":" in host else f"{host or '?'}:4222")
     return ", ".join(names) or "?"
 
 

@@ -44,14 +44,23 @@ tools_app = typer.Typer(
 )
 
 
-def read_tools_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """`Settings.read_tools_enabled` from NOVELBUS_READ_TOOLS (default on); a bad value is an error."""
+def read_tools_switch(env: Mapping[str, str] | None = None) -> bool:
+    """NOVELBUS_READ_TOOLS (default on); ValueError naming it for anything but a switch."""
     raw = (os.environ if env is None else env).get(ENV_READ_TOOLS, "").strip().lower()
     if not raw or raw in _TRUE:
         return True
     if raw in _FALSE:
         return False
-    fail(f"{ENV_READ_TOOLS}={raw!r} is not a switch", hint="use 1/true/on or 0/false/off", code=2)
+    raise ValueError(f"{ENV_READ_TOOLS} must be a switch (1/true/yes/on or 0/false/no/off), got {raw!r}")
+
+
+def read_tools_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """`Settings.read_tools_enabled` from NOVELBUS_READ_TOOLS (default on); a bad value ends the
+    command (exit 2, naming it)."""
+    try:
+        return read_tools_switch(env)
+    except ValueError as e:
+        fail(str(e), code=2)
 
 
 def model_tool_listing() -> list[dict[str, Any]]:

@@ -31,6 +31,8 @@ __all__ = [
     "ENV_DATABASE_URL",
     "ENV_HOME",
     "ENV_NATS_URL",
+    "NATS_SCHEMES",
+    "POSTGRES_SCHEMES",
     "EmbeddedNats",
     "EmbeddedPostgres",
     "Infrastructure",
@@ -42,6 +44,7 @@ __all__ = [
     "install_signal_handlers",
     "redact_url",
     "stop_all_sync",
+    "url_problem",
 ]
 
 ENV_NATS_URL = "NOVELBUS_NATS_URL"
@@ -62,14 +65,43 @@ def redact_url(url: str) -> str:
     URLs (a NATS cluster's nodes) item by item."""
     if "," in url:
         return ",".join(redact_url(u) for u in url.split(","))
-    parts = urlsplit(url)
-    if parts.password is None:
+    bare = "://" not in url  # `user:password@host:port`, which nats-py reads as a nats:// URL
+    parts = urlsplit("//" + url if bare else url)
+    userinfo, at, host = parts.netloc.rpartition("@")  # host[:port] as written, a bad port too
+    if not at or ":" not in userinfo:
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{parts.username or ''}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    netloc = f"{userinfo.partition(':')[0]}:***@{host}"
+    redacted = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return redacted.removeprefix("//") if bare else redacted
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def url_problem(url: str, schemes: tuple[str, ...], *, host_required: bool = True,
+                default_scheme: str | None = None) -> str | None:
+    """What keeps a server URL (for NATS, a comma-separated list of them) from being used, in
+    words that never repeat its user or password; None when it has the form a client takes.
+    With `default_scheme`, a bare `host[:port]` is read with it, as nats-py reads one."""
+    parts = [p.strip() for p in url.split(",") if p.strip()]
+    if not parts:
+        return "the URL is empty"
+    for part in parts:
+        if default_scheme is not None and "://" not in part:
+            part = f"{default_scheme}://{part}"
+        u = urlsplit(part)
+        if u.scheme not in schemes:
+            got = f"{u.scheme}://" if u.scheme and "://" in part else "no scheme"
+            return f"the URL must start with {' or '.join(s + '://' for s in schemes)}, got {got}"
+        host = u.netloc.rpartition("@")[2]
+        if host_required and not u.hostname:
+            return "the URL names no host"
+        try:
+            u.port  # noqa: B018 - parsing it is the check
+        except ValueError:
+            return f"the port in {host!r} is not a number from 0 to 65535"
+    return None
 
 
 class Infrastructure:

@@ -49,6 +49,20 @@ INSTALL_HINT = (
 )
 
 
+MAX_LOCAL_THREADS = 256
+
+
+def local_threads() -> int | None:
+    """Threads of the embedded model server: `NOVELBUS_LOCAL_THREADS` (1–256), else None
+    (llama.cpp's choice). A malformed value is refused naming the variable."""
+    raw = os.environ.get(ENV_LOCAL_THREADS, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LOCAL_THREADS:
+        raise ValueError(f"{ENV_LOCAL_THREADS} must be a whole number from 1 to {MAX_LOCAL_THREADS}, got {raw!r}")
+    return int(raw)
+
+
 def llama_server_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
@@ -125,9 +139,9 @@ class LocalModelServer(OwnedServer):
             "--n_ctx", str(self.context_window),
             "--verbose", "False",
         ]
-        threads = os.environ.get(ENV_LOCAL_THREADS, "").strip()
-        if threads.isdigit():
-            argv += ["--n_threads", threads]
+        threads = local_threads()
+        if threads is not None:
+            argv += ["--n_threads", str(threads)]
         return argv
 
     async def start(self) -> str:

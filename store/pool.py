@@ -73,8 +73,11 @@ class DatabaseUnreachable(ConnectionError):
 
 def database_name(dsn: str) -> str:
     """``host:port/database`` of a DSN, without credentials: what an error message may name."""
-    u = urlsplit(dsn)
-    return f"{u.hostname or 'localhost'}:{u.port or 5432}{u.path or ''}"
+    u = urlsplit(dsn if "://" in dsn else "//" + dsn)
+    host = u.netloc.rpartition("@")[2] or "localhost"  # as written: a malformed port is named, not raised
+    if ":" not in host.rpartition("]")[2]:
+        host += ":5432"
+    return f"{host}/{u.path.lstrip('/')}"
 
 
 ENV_POOL_SIZE = "NOVELBUS_DB_POOL_SIZE"
@@ -120,7 +123,7 @@ async def connect(dsn: str, *, min_size: int = 1, max_size: int | None = None) -
             dsn, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
             connection_class=CountingConnection,
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+    except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:  # ValueError: a malformed DSN
         raise DatabaseUnreachable(f"PostgreSQL at {database_name(dsn)}: {type(e).__name__}: {e}") from e
     assert pool is not None
     return pool

@@ -57,7 +57,7 @@ def _window_from_env(env: Mapping[str, str]) -> int | None:
         return None
     if not raw.isdigit() or int(raw) < 256:
         raise ProviderError(
-            "provider-config", f"{ENV_CONTEXT_WINDOW} must be a whole number of tokens ≥ 256"
+            "provider-config", f"{ENV_CONTEXT_WINDOW} must be a whole number of tokens ≥ 256, got {raw!r}"
         )
     return int(raw)
 

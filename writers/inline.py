@@ -130,11 +130,9 @@ def compact_threshold(value: int | None = None, env: dict[str, str] | None = Non
     raw = (os.environ if env is None else env).get(ENV_COMPACT_TOKENS, "").strip()
     if not raw:
         return None
-    try:
-        parsed = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_COMPACT_TOKENS} must be a positive integer, got {raw!r}") from None
-    return compact_threshold(parsed)
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ValueError(f"{ENV_COMPACT_TOKENS} must be a positive whole number of tokens, got {raw!r}")
+    return int(raw)
 
 
 # --- what the session is told ----------------------------------------------------------------------

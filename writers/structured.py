@@ -125,7 +125,7 @@ def mechanism_override(env: dict[str, str] | None = None) -> Mechanism | None:
         return None
     if raw not in MECHANISMS:
         raise ProviderError("provider-config",
-                            f"{ENV_STRUCTURED} must be one of {', '.join(MECHANISMS)}")
+                            f"{ENV_STRUCTURED} must be one of {', '.join(MECHANISMS)}, got {raw!r}")
     return raw
 
 

@@ -1,0 +1,136 @@
+"""OPS-4 / OPS-5: every `NOVELBUS_*` setting is either checked before a command starts anything
+(a malformed value: exit 2, one line naming the variable, no traceback, no server started) or
+listed as free-form with the reason, and every one is in the README.
+
+The scan reads the package's sources, so a setting added without a checker or a reason fails
+here rather than with a traceback in a user's first run."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from novelbus.cli.common import FREE_FORM_SETTINGS, check_environment, checked_settings
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = sorted(p.name for p in (REPO / "novelbus").iterdir() if p.is_symlink())
+NAME = re.compile(r"NOVELBUS_[A-Z0-9_]*[A-Z0-9_]")
+# Names in the sources that are not settings.
+NOT_SETTINGS = {
+    "NOVELBUS_WORK": "a stream's name (messages/subjects.py)",
+    "NOVELBUS_EVENTS": "a stream's name",
+    "NOVELBUS_DLQ": "a stream's name",
+    "NOVELBUS_INFRA_READY": "the prefix of the line `python -m novelbus.infra` prints when ready",
+}
+
+# A malformed value of each checked setting, and one the README's tables allow.
+MALFORMED = {
+    "NOVELBUS_DB_POOL_SIZE": "lots",
+    "NOVELBUS_STREAM_REPLICAS": "9",
+    "NOVELBUS_MAX_OUTPUT_TOKENS": "3",
+    "NOVELBUS_MODEL_TOOL_CHOICE": "sometimes",
+    "NOVELBUS_MODEL_CONTEXT_WINDOW": "8k",
+    "NOVELBUS_MODEL_STRUCTURED": "xml",
+    "NOVELBUS_INLINE_COMPACT_TOKENS": "0",
+    "NOVELBUS_READ_TOOLS": "maybe",
+    "NOVELBUS_LOCAL_THREADS": "all",
+}
+WELL_FORMED = {
+    "NOVELBUS_DB_POOL_SIZE": "9",
+    "NOVELBUS_STREAM_REPLICAS": "3",
+    "NOVELBUS_MAX_OUTPUT_TOKENS": "2048",
+    "NOVELBUS_MODEL_TOOL_CHOICE": "forced",
+    "NOVELBUS_MODEL_CONTEXT_WINDOW": "32768",
+    "NOVELBUS_MODEL_STRUCTURED": "json_object",
+    "NOVELBUS_INLINE_COMPACT_TOKENS": "50000",
+    "NOVELBUS_READ_TOOLS": "off",
+    "NOVELBUS_LOCAL_THREADS": "2",
+}
+
+
+def names_in_sources() -> set[str]:
+    found: set[str] = set()
+    for d in PACKAGE_DIRS:
+        for path in (REPO / d).rglob("*.py"):
+            found.update(NAME.findall(path.read_text(encoding="utf-8")))
+    return found - set(NOT_SETTINGS)
+
+
+def test_ops5_every_setting_in_the_sources_is_checked_or_free_form() -> None:
+    found = names_in_sources()
+    checked, free = set(checked_settings()), set(FREE_FORM_SETTINGS)
+    assert not checked & free
+    assert found == checked | free, (
+        f"neither checked nor free-form: {sorted(found - checked - free)}; "
+        f"listed but read nowhere: {sorted((checked | free) - found)}")
+
+
+def test_ops5_every_checked_setting_has_a_malformed_and_a_well_formed_example() -> None:
+    assert set(MALFORMED) == set(checked_settings()) == set(WELL_FORMED)
+
+
+def test_ops4_every_setting_is_in_the_readme() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    missing = [n for n in [*checked_settings(), *FREE_FORM_SETTINGS]
+               if (n + "<ACTOR>" if n.endswith("_") else n) not in readme]
+    assert not missing
+
+
+def test_ops5_well_formed_values_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in WELL_FORMED.items():
+        monkeypatch.setenv(name, value)
+    check_environment()
+    assert checked_settings()["NOVELBUS_LOCAL_THREADS"]() == 2
+    assert checked_settings()["NOVELBUS_READ_TOOLS"]() is False
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_ops5_a_malformed_setting_is_refused_naming_it(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(name, MALFORMED[name])
+    with pytest.raises(Exception) as caught:
+        checked_settings()[name]()
+    assert name in str(caught.value)
+
+
+async def novel_list(home: Path, env: dict[str, str]) -> tuple[int, str, str]:
+    """`novelbus novel list` with only `env`: without server URLs it would start embedded servers."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "novelbus.cli.main", "novel", "list", "--home", str(home),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        cwd=REPO, env={"PATH": "/usr/bin:/bin", "HOME": str(home.parent), "COLUMNS": "200", **env})
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+async def test_ops5_a_malformed_setting_exits_2_before_anything_starts(name: str, tmp_path: Path) -> None:
+    code, out, err = await novel_list(tmp_path / "home", {name: MALFORMED[name]})
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {name} must be"), err
+    assert MALFORMED[name] in lines[0]  # what was given, so the user sees the typo
+    assert not out and not (tmp_path / "home").exists()  # nothing started, nothing written
+
+
+SECRET = "pw-7f3a9c"
+MALFORMED_URLS = {
+    "NOVELBUS_NATS_URL": (f"http://u:{SECRET}@127.0.0.1:4222", "must start with nats://"),
+    "NOVELBUS_DATABASE_URL": (f"postgresql://u:{SECRET}@127.0.0.1:54x2/db", "the port in '127.0.0.1:54x2'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_URLS))
+async def test_ops5_a_malformed_server_url_exits_2_without_its_password(name: str, tmp_path: Path) -> None:
+    """A traceback from inside the client library before (a port that is not a number)."""
+    url, why = MALFORMED_URLS[name]
+    other = {"NOVELBUS_NATS_URL": "nats://127.0.0.1:1", "NOVELBUS_DATABASE_URL": "postgresql://127.0.0.1:1/db"}
+    code, out, err = await novel_list(tmp_path / "home", {**other, name: url})
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --") and name in lines[0] and why in lines[0], err
+    assert SECRET not in err + out and not (tmp_path / "home").exists()
