@@ -33,7 +33,13 @@ from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_common import drop_namespace_streams, ledger, novel_dict, scratch_database
+from novelbus.cli.bench_common import (
+    MIN_UNIT_CHARS,
+    drop_namespace_streams,
+    ledger,
+    novel_dict,
+    scratch_database,
+)
 from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
@@ -564,10 +570,12 @@ def bench_ab(
     database_url: Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL")] = None,
 ) -> None:
     """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio."""
-    for name, value in (("--chapters", chapters), ("--scenes", scenes), ("--unit-chars", unit_chars),
+    for name, value in (("--chapters", chapters), ("--scenes", scenes),
                         ("--compact-tokens", compact_tokens), ("--max-output-tokens", max_output_tokens)):
         if value is not None and value < 1:
             fail(f"{name} must be at least 1, got {value}", code=2)
+    if unit_chars < MIN_UNIT_CHARS:
+        fail(f"--unit-chars must be at least {MIN_UNIT_CHARS}, got {unit_chars}", code=2)
     if window is not None and window < 256:
         fail(f"--window must be at least 256 tokens, got {window}", code=2)
     if not 0 < usage_ratio <= 1:

@@ -163,6 +163,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+# The shortest unit the generated novels ask for: below about 20 characters the offline writer's
+# sentences overshoot the length band and the novels pause (`awaiting-approval`) instead of finishing.
+MIN_UNIT_CHARS = 50
+
+
 def novel_dict(chapters: int, scenes: int, *, seed: int, unit_chars: int, cjk: bool, mode: str,
                label: str, window: int | None = None, ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO
                ) -> dict[str, Any]:

@@ -66,6 +66,7 @@ from novelbus.bus.client import BusUnavailable
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
 from novelbus.cli.bench_common import (
+    MIN_UNIT_CHARS,
     AutovacuumRules,
     drop_namespace_streams,
     ledger,
@@ -275,14 +276,14 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
     ids = [await store.create_novel(ctx.pool, parse_novel_file(json.dumps(data))) for data in datas]
     pending = set(ids)
     done = asyncio.Event()
-    failed: list[str] = []
+    failed: list[str] = []  # "novel-id: reason[: detail]" of each novel that paused
 
     async def on_event(e: ev.NovelEvent) -> None:
         if e.novel_id in pending:
             pending.discard(e.novel_id)
             bar.update(len(ids) - len(pending))
             if isinstance(e, ev.NovelPaused):
-                failed.append(e.novel_id)
+                failed.append(": ".join(filter(None, (e.novel_id, e.reason, e.detail))))
             if not pending:
                 done.set()
 
@@ -662,9 +663,11 @@ def bench_throughput(
 ) -> None:
     """Units per second with many novels at once; orchestration overhead per unit, hop by hop."""
     for name, value in (("--novels", novels), ("--chapters", chapters), ("--scenes", scenes),
-                        ("--unit-chars", unit_chars), ("--latency-units", latency_units)):
+                        ("--latency-units", latency_units)):
         if value < 1:
             fail(f"{name} must be at least 1, got {value}", code=2)
+    if unit_chars < MIN_UNIT_CHARS:
+        fail(f"--unit-chars must be at least {MIN_UNIT_CHARS}, got {unit_chars}", code=2)
     if timeout <= 0:
         fail(f"--timeout must be positive, got {timeout}", code=2)
     if warmup_units < 0:

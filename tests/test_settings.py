@@ -1,6 +1,7 @@
 """OPS-4 / OPS-5: every `NOVELBUS_*` setting is either checked before a command starts anything
 (a malformed value: exit 2, one line naming the variable, no traceback, no server started) or
-listed as free-form with the reason, and every one is in the README.
+listed as free-form with the reason, and every one is in the README. The benchmarks' flags are
+refused the same way.
 
 The scan reads the package's sources, so a setting added without a checker or a reason fails
 here rather than with a traceback in a user's first run."""
@@ -96,10 +97,11 @@ def test_ops5_a_malformed_setting_is_refused_naming_it(name: str, monkeypatch: p
     assert name in str(caught.value)
 
 
-async def novel_list(home: Path, env: dict[str, str]) -> tuple[int, str, str]:
-    """`novelbus novel list` with only `env`: without server URLs it would start embedded servers."""
+async def novel_list(home: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """`novelbus novel list` (or `args`) with only `env`: without server URLs it would start
+    embedded servers."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "novelbus.cli.main", "novel", "list", "--home", str(home),
+        sys.executable, "-m", "novelbus.cli.main", *(args or ("novel", "list")), "--home", str(home),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
         cwd=REPO, env={"PATH": "/usr/bin:/bin", "HOME": str(home.parent), "COLUMNS": "200", **env})
     out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -134,3 +136,23 @@ async def test_ops5_a_malformed_server_url_exits_2_without_its_password(name: st
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --") and name in lines[0] and why in lines[0], err
     assert SECRET not in err + out and not (tmp_path / "home").exists()
+
+
+BAD_BENCH_FLAGS = [
+    (("bench", "throughput", "--novels", "0"), "--novels must be at least 1, got 0"),
+    (("bench", "throughput", "--timeout", "0"), "--timeout must be positive, got 0.0"),
+    # Below about 20 characters the offline writer overshoots the length band: novels paused
+    # `awaiting-approval` and the bench failed after starting its servers.
+    (("bench", "throughput", "--unit-chars", "10"), "--unit-chars must be at least 50, got 10"),
+    (("bench", "ab", "--unit-chars", "10"), "--unit-chars must be at least 50, got 10"),
+    (("bench", "ab", "--usage-threshold-ratio", "1.5"), "--usage-threshold-ratio must be in (0, 1], got 1.5"),
+]
+
+
+@pytest.mark.parametrize(("args", "said"), BAD_BENCH_FLAGS, ids=[" ".join(a[1:]) for a, _ in BAD_BENCH_FLAGS])
+async def test_ops5_a_bad_bench_flag_exits_2_before_anything_starts(args: tuple[str, ...], said: str,
+                                                                   tmp_path: Path) -> None:
+    code, out, err = await novel_list(tmp_path / "home", {}, *args)
+    assert code == 2, err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [f"error: {said}"]
+    assert not (tmp_path / "home").exists()
