@@ -90,7 +90,7 @@ def parse_layers(raw: bytes | str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise OutlineError(f"not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     except UnicodeDecodeError as e:
-        raise OutlineError(f"not UTF-8 text ({e.reason})") from None
+        raise OutlineError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     if isinstance(data, dict) and set(data) == {"outline"}:
         data = data["outline"]  # wrapped like a novel file
     if not isinstance(data, dict) or not data:

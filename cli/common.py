@@ -53,6 +53,19 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def read_input(file: Path) -> bytes:
+    """The bytes of a file the user named, or exit 2 saying why it cannot be read (missing, a
+    directory, no permission) instead of a traceback."""
+    try:
+        return file.read_bytes()
+    except FileNotFoundError:
+        fail(f"no such file: {file}", code=2)
+    except IsADirectoryError:
+        fail(f"{file} is a directory, not a file", code=2)
+    except OSError as e:
+        fail(f"cannot read {file}: {e.strerror or type(e).__name__}", code=2)
+
+
 COMMAND_NATS_WAIT_S = 15.0  # a command (not a service) gives up on an unreachable NATS after this
 
 

@@ -29,6 +29,7 @@ from novelbus.cli.common import (
     home_dir,
     print_json,
     progress,
+    read_input,
     run,
     servers,
     started_servers,
@@ -280,9 +281,7 @@ def novel_create(
     The writer model (--model) must pass the probes of the novel's writer shape (MODEL-4): W2 and
     inline need P1–P3, W1 needs P6 (SPEC §13)."""
     try:
-        nf = parse_novel_file(file.read_bytes())
-    except FileNotFoundError:
-        fail(f"no such file: {file}", code=2)
+        nf = parse_novel_file(read_input(file))
     except OutlineError as e:
         fail(f"{file}: {e}", code=2)
     shape = "inline" if nf.config.writerMode == "inline" else nf.config.writerShape

@@ -17,7 +17,7 @@ import typer
 from novelbus.app import actions
 from novelbus.bus.client import BusUnavailable, RemoteError, connect
 from novelbus.bus.steering import SteeringClient
-from novelbus.cli.common import console, err_console, fail, print_json, run, servers
+from novelbus.cli.common import console, err_console, fail, print_json, read_input, run, servers
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import OutlineError
 
@@ -83,11 +83,7 @@ def outline(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, datab
 
 def _read_layers(file: Path) -> dict[str, Any]:
     try:
-        raw = file.read_bytes()
-    except FileNotFoundError:
-        fail(f"no such file: {file}", code=2)
-    try:
-        return actions.parse_layers(raw)  # the panel reads pasted/uploaded layers the same way
+        return actions.parse_layers(read_input(file))  # the panel reads pasted/uploaded layers the same way
     except OutlineError as e:
         fail(f"{file}: {e}", code=2)
 

@@ -347,6 +347,8 @@ def parse_novel_file(raw: bytes | str) -> NovelFile:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
         raise OutlineError(f"not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise OutlineError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     if not isinstance(data, dict):
         raise OutlineError(f'a novel file is one JSON object {{"title": …, "config": …, "outline": …}}, '
                            f"not {_KIND.get(type(data), 'something else')}")

@@ -60,8 +60,14 @@ def _sample(**changes: Any) -> dict[str, Any]:
 
 
 def _write(tmp_path: Path, name: str, data: Any) -> Path:
+    """`data` as a file: text, bytes, JSON of anything else; None: a directory of that name."""
     path = tmp_path / name
-    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    if data is None:
+        path.mkdir()
+    elif isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
     return path
 
 
@@ -280,11 +286,14 @@ def _bad_chapter_id() -> dict[str, Any]:
     (lambda: " \n", ["the file is empty"], ["line 1 column 1"]),
     (_bad_chapter_id, ["outline.chapters[0].chapterId: 'chapter one' is not a valid id"], []),
     (lambda: [1, 2], ["a novel file is one JSON object", "not a list"], []),
+    (lambda: b'{"title": "Caf\xe9"}', ["not UTF-8 text (invalid continuation byte at byte 14)"], ["Traceback"]),
+    (lambda: None, ["is a directory, not a file"], ["Traceback"]),  # a directory where the file was
 ])
 async def test_ops5_novel_file_errors_say_what_is_expected(tmp_path: Path, content: Any, expected: list[str],
                                                           not_expected: list[str]) -> None:
     """Relations as strings, outline layers at the top level, an empty file, an id failing its
-    pattern: each error says what shape is expected (and shows the id)."""
+    pattern, bytes that are not UTF-8, a directory: each error says what shape is expected (and
+    shows the id), never with a traceback."""
     path = _write(tmp_path, "novel.json", content())
     code, _, err = await novelbus("novel", "create", str(path), env=_env(
         {"NOVELBUS_NATS_URL": "nats://127.0.0.1:1", "NOVELBUS_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"},
