@@ -40,7 +40,17 @@ from novelbus.cli.bench_common import (
     novel_dict,
     scratch_database,
 )
-from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
+from novelbus.cli.common import (
+    Bar,
+    check_output,
+    err_console,
+    fail,
+    home_dir,
+    print_json,
+    progress,
+    run,
+    servers,
+)
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
@@ -582,6 +592,7 @@ def bench_ab(
         fail(f"--usage-threshold-ratio must be in (0, 1], got {usage_ratio}", code=2)
     if timeout <= 0:
         fail(f"--timeout must be positive, got {timeout}", code=2)
+    check_output(out, "--out", directory=True)
     try:
         report = run(bench(chapters=chapters, scenes=scenes, unit_chars=unit_chars, seed=seed, cjk=cjk,
                            model=model, compact_tokens=compact_tokens, check_flat=check_flat,

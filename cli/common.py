@@ -66,6 +66,44 @@ def read_input(file: Path) -> bytes:
         fail(f"cannot read {file}: {e.strerror or type(e).__name__}", code=2)
 
 
+def output_problem(path: Path, *, directory: bool = False) -> str | None:
+    """Why `path` cannot be written as a file (`directory`: used as a directory), or None when it
+    can (missing parent directories are created). Checked before a long run, not after it."""
+    if directory and path.exists() and not path.is_dir():
+        return f"{path} is a file, not a directory"
+    if not directory and path.is_dir():
+        return f"{path} is a directory, not a file"
+    nearest = path if directory else path.parent
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        return f"{nearest} is a file, not a directory"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return f"{nearest} is not writable"
+    return None
+
+
+def check_output(path: Path | None, flag: str, *, directory: bool = False) -> None:
+    """Exit 2 before anything starts when `path` (given with `flag`) cannot be written."""
+    problem = None if path is None else output_problem(path, directory=directory)
+    if problem is not None:
+        fail(f"{flag}: {problem}", code=2)
+
+
+def write_output(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all (a temporary file renamed over it), creating
+    missing parent directories; exit 2 naming what went wrong."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        fail(f"cannot write {path}: {e.strerror or type(e).__name__}", code=2)
+
+
 COMMAND_NATS_WAIT_S = 15.0  # a command (not a service) gives up on an unreachable NATS after this
 
 

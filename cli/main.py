@@ -23,6 +23,7 @@ from novelbus.cli.bench import bench_app
 from novelbus.cli.common import (
     COMMAND_NATS_WAIT_S,
     Bar,
+    check_output,
     console,
     err_console,
     fail,
@@ -33,6 +34,7 @@ from novelbus.cli.common import (
     run,
     servers,
     started_servers,
+    write_output,
 )
 from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
@@ -85,6 +87,7 @@ def demo(
 
     if timeout is None:  # a real model on a small machine takes minutes per unit
         timeout = 600.0 if model.strip() == "offline" else 7200.0
+    check_output(out, "--out", directory=True)
 
     async def main() -> None:
         started = time.monotonic()
@@ -155,9 +158,8 @@ async def _summary(pool: Any, novel_id: str, wall: float, out_dir: Path, finishe
     snap = await store.load_snapshot(pool, novel_id)
     samples = await store.recent_usage(pool, novel_id)
     per_unit = [int(s.get("inputChars", 0)) for s in samples]
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{novel_id}.md"
-    path.write_text(export_markdown(snap), encoding="utf-8")
+    write_output(path, export_markdown(snap))
     console.print()
     console.print(f"[bold]{'finished' if finished else 'NOT finished'}[/] in {wall:.1f} s")
     console.print(f"  units:            {len([u for u in snap.units if u.state != 'superseded'])}")
@@ -461,6 +463,7 @@ def export(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
            namespace: NsOpt = "",
            out: Annotated[Path | None, typer.Option("--out", help="File to write (default: stdout)")] = None) -> None:
     """Export a novel's committed prose as Markdown."""
+    check_output(out, "--out")
     async def go(ctx: Any) -> tuple[str, int]:
         snap = await store.load_snapshot(ctx.pool, novel_id)
         return export_markdown(snap), len(snap.commits)
@@ -473,7 +476,7 @@ def export(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
         err_console.print(f"[yellow]note:[/] {novel_id} has no committed prose yet; the export holds only "
                           f"its title (`novelbus status {novel_id}` shows its progress)")
     if out:
-        out.write_text(text, encoding="utf-8")
+        write_output(out, text)
         console.print(str(out))
     else:
         typer.echo(text)
@@ -561,6 +564,7 @@ def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
 @app.command()
 def schema(as_file: Annotated[Path | None, typer.Option("--out", help="Write to this file")] = None) -> None:
     """Print the public schema (work notices, events, steering commands) as JSON Schema (BUS-5)."""
+    check_output(as_file, "--out")
     from novelbus.messages import steer as sm
     from novelbus.messages.errors import ErrorReply
     from novelbus.messages.work import WorkNotice
@@ -586,7 +590,7 @@ def schema(as_file: Annotated[Path | None, typer.Option("--out", help="Write to 
                                                    for t in replies.__args__]}}}
     text = json.dumps(doc, indent=2)
     if as_file:
-        as_file.write_text(text)
+        write_output(as_file, text)
         console.print(str(as_file))
     else:
         typer.echo(text)
