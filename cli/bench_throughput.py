@@ -37,7 +37,9 @@ connection). A unit needs at least (`FLOOR_COUNTS`):
 every request, store transaction and JetStream publish increments a per-actor counter
 (`novelbus.bus.tally`) and the latency phase's totals are divided by its units (one-process
 deployment; with `--processes` the actors count in their own processes and only the stream's
-message count is reported).
+message count is reported). The floor's formula at those counts (`counted_floor_ms`) splits the
+ratio in two: how far the unit's round trips alone put it above the floor, at the raw clients'
+latencies (`counted_floor_ratio`), and what it costs beyond them (`overhead_vs_counted_floor`).
 """
 
 from __future__ import annotations
@@ -393,6 +395,18 @@ class Floor:
         p50 = self.p50()
         return sum(FLOOR_COUNTS[k] * p50[k] for k in FLOOR_COUNTS)
 
+    def at_counts(self, per_unit: dict[str, dict[str, float]] | None) -> float | None:
+        """The floor's formula at the counts a unit really made: its request/reply hops, database
+        round trips (BEGIN and COMMIT included, each at a one-statement transaction's p50) and
+        publish waits. What the unit would cost if each of its round trips cost no more than the
+        raw client's; None without counts (`--processes`)."""
+        if not per_unit:
+            return None
+        p50 = self.p50()
+        return (per_unit["request_reply"]["total"] * p50["request_reply"]
+                + per_unit["db_round_trips"]["total"] * p50["transactions"]
+                + per_unit["publish_waits"]["total"] * p50["publish_waits"])
+
 
 async def measure_floor(ctx: ActorContext, floor: Floor, samples: int = FLOOR_SAMPLES) -> None:
     """Raw nats-py request/reply, acked JetStream publish and asyncpg single-statement transaction,
@@ -543,6 +557,12 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
         console.print(f"{label:30} {fp[key]:>8.3f} {FLOOR_COUNTS[key]:>11} "
                       f"{'n/a' if got is None else f'{got:.1f}':>17}")
     console.print(f"{'unit floor, ms':30} {floor_ms:>8.2f}")
+    counted = floor.at_counts(counts.per_unit)
+    if counted is not None and floor_ms > 0 and counted > 0:
+        rt = measured["db_round_trips"]["total"]
+        console.print(f"at the counts a unit made (database round trips {rt:.1f} at the transaction's p50): "
+                      f"{counted:.2f} ms = {counted / floor_ms:.2f} × the floor; overhead p50 = "
+                      f"{p50 / counted:.2f} × that (CPU per round trip and the work between them)")
     if counts.cpu_ms_per_unit is not None and counts.load_cpu_ms_per_unit:
         console.print(f"CPU of this process per unit: {counts.cpu_ms_per_unit:.2f} ms alone, "
                       f"{counts.load_cpu_ms_per_unit:.2f} ms under load — at most "
@@ -685,6 +705,7 @@ def bench_throughput(
         return
     floor_ms = floor.unit_ms
     fp = floor.p50()
+    counted = floor.at_counts(counts.per_unit)
     print_json({
         "novels": load.novels,
         "units": load.units,
@@ -693,6 +714,11 @@ def bench_throughput(
         "overhead_p99_ms": round(latency.overhead(99), 3),
         "floor_p50_ms": round(floor_ms, 3),
         "overhead_ratio": round(latency.overhead(50) / floor_ms, 3) if floor_ms > 0 else None,
+        # the ratio in two factors: the round trips a unit makes, at the floor's primitive
+        # latencies (counted_floor_ratio), and what it costs beyond them (overhead_vs_counted_floor)
+        "counted_floor_ms": None if counted is None else round(counted, 3),
+        "counted_floor_ratio": round(counted / floor_ms, 3) if counted and floor_ms > 0 else None,
+        "overhead_vs_counted_floor": round(latency.overhead(50) / counted, 3) if counted else None,
         "floor": {"request_reply_p50_ms": round(fp["request_reply"], 3),
                   "publish_p50_ms": round(fp["publish_waits"], 3),
                   "transaction_p50_ms": round(fp["transactions"], 3),

@@ -167,6 +167,17 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
     assert report["cpu_ms_per_unit"] > 0 and report["load_cpu_ms_per_unit"] > 0
     assert report["server_cpu_ms_per_unit"] is None  # the session's servers are not the bench's own
     per_unit = report["per_unit"]
+    # PERF-1: the ratio in two factors: the floor's formula at the counts the unit made (its
+    # round trips at the raw clients' latencies), and what the unit costs beyond that
+    counted = report["counted_floor_ms"]
+    assert counted == pytest.approx(
+        per_unit["request_reply"]["total"] * floor["request_reply_p50_ms"]
+        + per_unit["db_round_trips"]["total"] * floor["transaction_p50_ms"]
+        + per_unit["publish_waits"]["total"] * floor["publish_p50_ms"], rel=0.02)
+    assert counted > report["floor_p50_ms"]  # more round trips than the minimum the floor assumes
+    assert report["counted_floor_ratio"] == pytest.approx(counted / report["floor_p50_ms"], rel=0.01)
+    assert report["counted_floor_ratio"] * report["overhead_vs_counted_floor"] == pytest.approx(
+        report["overhead_ratio"], rel=0.02)
     for kind in ("request_reply", "transactions", "publishes", "publish_waits"):
         assert per_unit[kind]["total"] == pytest.approx(
             sum(v for a, v in per_unit[kind].items() if a != "total"), abs=0.05
