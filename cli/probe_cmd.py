@@ -34,6 +34,7 @@ from novelbus.app.window_fit import fit_error, w2_floor
 from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
 from novelbus.infra.llama import open_local_server
 from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider, window_from_env
+from novelbus.writers.local_provider import LocalProvider
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ProviderError
 
@@ -76,6 +77,13 @@ def probe_model(model: str, *, timeout: float = 600.0, live: bool = True) -> Pro
 
     async def go() -> ProbeReport:
         try:
+            if isinstance(provider, LocalProvider):
+                # A server that cannot load its weights is said once, with its log, not as six
+                # probes failing with `provider-unavailable`.
+                try:
+                    await provider.start()
+                except ProviderError as e:
+                    fail(f"{provider.label}: {e.message}", hint="is it a GGUF model file llama.cpp can load?")
             with progress(f"probing {escape(provider.label)}", enabled=live) as bar:
                 if bar.live:
                     _count_model_calls(provider, bar)

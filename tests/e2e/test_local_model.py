@@ -439,3 +439,17 @@ async def test_model1_the_embedded_server_is_owned_like_nats_and_postgres(local_
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+async def test_model1_weights_the_server_cannot_load_are_said_once_with_its_log(tmp_path: Path) -> None:
+    """A .gguf file llama.cpp cannot load: `novelbus probe` says the server exited during start-up,
+    with the tail of its log, and exits 1 — not six probes failing with `provider-unavailable`."""
+    _need_local_model()
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    code, out, err = await novelbus("probe", "--model", f"local:{broken}", "--home", str(tmp_path / "home"),
+                                    env={}, timeout=120)
+    assert code == 1, err
+    assert "error: local model broken" in err and "exited during start-up" in err
+    assert "Failed to load model" in err  # the server's own words, from its log
+    assert "P1" not in out + err and "provider-unavailable" not in out + err
