@@ -1,0 +1,115 @@
+"""The W1 run (RUN-2, MODEL-2): no tools, one JSON draft, one repair round."""
+
+from __future__ import annotations
+
+from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
+from novelbus.writers.chat import (
+    assistant_message,
+    system_message,
+    user_message,
+)
+from novelbus.writers.provider import (
+    ModelProvider,
+    ProviderError,
+    complete,
+    context_window,
+)
+from novelbus.writers.runner._metering import (
+    Meter,
+    split_input,
+)
+from novelbus.writers.runner._records import (
+    RunOutcome,
+)
+from novelbus.writers.runner._window import (
+    PromptMark,
+    WindowError,
+    fit_output_tokens,
+    projected_tokens,
+    prompt_mark,
+)
+from novelbus.writers.structured import unit_target_max
+
+W1_INSTRUCTION = (
+    "Write the unit described in [[unit]] now. Reply with one JSON object only, no Markdown "
+    'fence: {"paragraphs": [...], "sceneCompletion": {"completed": ..., "basis": ..., '
+    '"outstandingGoals": [...], "nextAnchor": ...}, "canonChanges": [...]}.'
+)
+
+
+W1_REPAIR = (
+    "That reply is not a valid draft: {error}. Reply again with the corrected JSON object only."
+)
+
+
+async def run_w1(
+    provider: ModelProvider,
+    pack_text: str,
+    *,
+    max_output_tokens: int,
+    mechanism: str = "prompt",
+    window: int | None = None,
+) -> RunOutcome:
+    """RUN-2: no tools; the reply must be a commit-schema JSON draft, else the dispatch fails.
+
+    MODEL-2: the draft is requested through `mechanism` (P6's choice: json_schema,
+    json_object+schema, json_object or prompt), parsed leniently, validated strictly; an invalid
+    draft gets one repair round with the validation error before the dispatch fails.
+    """
+    from novelbus.writers.structured import draft_schema, response_format
+
+    window = window if window is not None else context_window(provider)
+    messages = [system_message(pack_text), user_message(W1_INSTRUCTION)]
+    fmt = response_format(mechanism, draft_schema(target_max=unit_target_max(pack_text)))
+    meter = Meter()
+
+    def fail(reason: str, detail: str | None = None) -> RunOutcome:
+        return RunOutcome(
+            ok=False,
+            reason=reason,
+            usage=meter.calls,
+            output_chars=meter.output_chars,
+            detail=detail,
+        )
+
+    mark: PromptMark | None = None
+    for attempt in (1, 2):
+        split = split_input(messages, preamble=2, new_from=2)
+        try:
+            max_tokens = fit_output_tokens(
+                messages,
+                None,
+                max_output_tokens,
+                window,
+                prompt_tokens=projected_tokens(messages, None, mark),
+            )
+        except WindowError as e:
+            return fail("window-exceeded", str(e))
+        try:
+            reply = await complete(
+                provider, messages, None, max_output_tokens=max_tokens, response_format=fmt
+            )
+        except ProviderError as e:
+            meter.record(messages, split, None)
+            return fail(f"provider-error:{e.code}", e.message)
+        meter.record(messages, split, reply)
+        mark = prompt_mark(messages, None, reply)
+        if reply.stop_reason != "completed":
+            return fail(f"stop-reason:{reply.stop_reason}")
+        if not (reply.text or "").strip():
+            return fail("empty-output")
+        try:
+            draft = parse_draft_lenient(reply.text or "")
+        except BodyError as e:
+            if attempt == 2:
+                return fail("invalid-draft", str(e))
+            messages = [
+                *messages,
+                assistant_message(reply),
+                user_message(W1_REPAIR.format(error=str(e)[:400])),
+            ]
+            continue
+        return RunOutcome(
+            ok=True, reason=None, draft=draft, usage=meter.calls, output_chars=meter.output_chars
+        )
+    raise AssertionError("unreachable")

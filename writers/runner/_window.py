@@ -1,0 +1,110 @@
+"""Window fitting (MODEL-5): a request's projected prompt tokens and the reply it leaves room for;
+a request the window cannot hold is never sent."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from novelbus.novel.text import estimate_tokens
+from novelbus.writers.provider import (
+    ChatMessage,
+    ModelReply,
+)
+from novelbus.writers.runner._metering import (
+    input_text,
+    tool_definition_tokens,
+)
+
+WINDOW_MARGIN_TOKENS = 64  # chat-template tokens around the messages
+MIN_OUTPUT_TOKENS = 32
+
+
+class WindowError(Exception):
+    """A request the provider's window cannot hold: never sent (MODEL-5)."""
+
+
+def request_tokens(
+    messages: list[ChatMessage], tools: list[dict[str, Any]] | None, tool_tokens: int | None = None
+) -> int:
+    """Estimated tokens of one request: every message and the tool definitions (MODEL-6) —
+    `tool_tokens` when the provider measured what its server puts in the prompt for them."""
+    tools_part = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
+    return estimate_tokens(input_text(messages)) + tools_part + WINDOW_MARGIN_TOKENS
+
+
+class PromptMark(msgspec.Struct, frozen=True):
+    """The provider-reported prompt tokens of the last call, how many messages that call sent,
+    and reported ÷ estimated for it: the base the §16 gate and the window fit project from."""
+
+    prompt_tokens: int
+    messages: int
+    ratio: float = 1.0
+
+
+def reported_prompt_tokens(reply: ModelReply) -> int | None:
+    """§16: input + cache read + cache write. OpenAI-style `prompt_tokens` already include the
+    cached reads; a separately reported cache write is added."""
+    usage = reply.usage
+    if usage is None or usage.input_tokens is None:
+        return None
+    return usage.input_tokens + (usage.cache_write_tokens or 0)
+
+
+def prompt_mark(
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    reply: ModelReply,
+    tool_tokens: int | None = None,
+) -> PromptMark | None:
+    reported = reported_prompt_tokens(reply)
+    if reported is None:
+        return None
+    estimated = max(1, request_tokens(messages, tools, tool_tokens) - WINDOW_MARGIN_TOKENS)
+    return PromptMark(reported, len(messages), max(1.0, reported / estimated))
+
+
+def projected_tokens(
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    mark: PromptMark | None,
+    tool_tokens: int | None = None,
+) -> int:
+    """The next request's prompt tokens (MODEL-5): the last reported figure plus what was added
+    since, estimated and scaled by how much the estimate under-counted that last call; the
+    estimate alone only where no usage was reported (§16: never trust an estimate where usage is
+    reported)."""
+    if mark is None:
+        return request_tokens(messages, tools, tool_tokens)
+    if mark.messages > len(messages):  # another prefix (a compaction request): scale the estimate
+        return math.ceil(request_tokens(messages, tools, tool_tokens) * mark.ratio)
+    added = estimate_tokens(input_text(messages[mark.messages :]))
+    return mark.prompt_tokens + math.ceil(added * mark.ratio) + WINDOW_MARGIN_TOKENS
+
+
+def fit_output_tokens(
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    max_output_tokens: int,
+    window: int | None,
+    *,
+    prompt_tokens: int | None = None,
+    tool_tokens: int | None = None,
+) -> int:
+    """`max_tokens` for a request that fits `window`: what remains after the prompt, at most
+    `max_output_tokens`. Raises WindowError when not even MIN_OUTPUT_TOKENS remain."""
+    if window is None:
+        return max_output_tokens
+    prompt = (
+        prompt_tokens if prompt_tokens is not None else request_tokens(messages, tools, tool_tokens)
+    )
+    remaining = window - prompt
+    if remaining < MIN_OUTPUT_TOKENS:
+        raise WindowError(
+            f"the request needs about {prompt:,} prompt tokens; the model's window is "
+            f"{window:,} tokens, leaving {max(remaining, 0)} for the reply (at least "
+            f"{MIN_OUTPUT_TOKENS} needed)"
+        )
+    return min(max_output_tokens, remaining)
