@@ -180,7 +180,8 @@ async def pause_novel(pool: Db, novel_id: str, reason: str) -> bool:
     async with transaction(pool) as conn:
         current = await lock_novel(conn, novel_id)
         if current["status"] == "finished":
-            raise NovelNotActive(f"novel {novel_id!r} is finished; it cannot be paused")
+            verb = "stopped" if reason == "stopped" else "paused"  # a stop is a pause that releases claims
+            raise NovelNotActive(f"novel {novel_id!r} is finished; it cannot be {verb}")
         if current["status"] == "paused":
             return False
         await conn.execute(

@@ -74,9 +74,11 @@ async def test_pause_resume_finish(pool: asyncpg.Pool, novel_id: str) -> None:
     assert await store.finish_novel(pool, novel_id) is False
     finished = await store.get_novel(pool, novel_id)
     assert finished.status == "finished" and finished.finished_at is not None
-    with pytest.raises(store.NovelNotActive):
+    with pytest.raises(store.NovelNotActive, match="is finished; it cannot be paused"):
         await store.pause_novel(pool, novel_id, "user-request")
-    with pytest.raises(store.NovelNotActive):
+    with pytest.raises(store.NovelNotActive, match="is finished; it cannot be stopped"):  # `novel stop`
+        await store.pause_novel(pool, novel_id, "stopped")
+    with pytest.raises(store.NovelNotActive, match="is finished; it cannot be resumed"):
         await store.resume_novel(pool, novel_id)
 
 
