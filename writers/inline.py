@@ -67,8 +67,10 @@ from novelbus.writers.runner import (
     RunOutcome,
     ToolRecord,
     WindowError,
+    executed_call,
     fit_output_tokens,
     forced_tools,
+    input_text,
     projected_tokens,
     prompt_mark,
     run_tool_tokens,
@@ -170,20 +172,8 @@ class InlineCallUsage(CallUsage, frozen=True):
     compaction: bool = False
 
 
-def _wire_text(messages: Sequence[ChatMessage]) -> str:
-    parts: list[str] = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        for call in message.get("tool_calls") or ():
-            fn = call.get("function", {})
-            parts.append(fn.get("name", "") + fn.get("arguments", ""))
-    return "".join(parts)
-
-
 def estimate_input_tokens(messages: Sequence[ChatMessage]) -> int:
-    return estimate_tokens(_wire_text(messages))
+    return estimate_tokens(input_text(messages))
 
 
 def inline_split(messages: list[ChatMessage], brief_at: int, new_from: int) -> InputSplit:
@@ -421,18 +411,8 @@ async def run_inline_unit(
         for call in reply.tool_calls:
             result, code, committed = await execute_tool_call(call, allowed, read_tool, commit)
             content = result_text(result)
-            records.append(
-                ToolRecord(
-                    seq=len(records) + 1,
-                    tool=record_tool_name(call.name),
-                    args_truncated=truncate_args(call.arguments),
-                    is_error=code is not None,
-                    result_bytes=len(content.encode()),
-                    error_code=code,
-                    refused=code == "tool-not-allowed",
-                    forced=forced,
-                )
-            )
+            records.append(executed_call(len(records) + 1, record_tool_name(call.name),
+                                         truncate_args(call.arguments), code, content, forced))
             if call.name in READ_TOOLS and code != "tool-not-allowed":
                 state = replace(state, researched=True)
             messages.append(tool_message(call.id, content))

@@ -16,6 +16,7 @@ usage, the tool definitions' tokens), ``_window`` (MODEL-5 window fitting), ``_w
 from __future__ import annotations
 
 from novelbus.writers.runner._metering import (
+    input_text,
     known_tool_definition_tokens,
     run_tool_tokens,
     split_input,
@@ -30,18 +31,10 @@ from novelbus.writers.runner._records import (
     ToolRecord,
     ToolStart,
     ToolStartedFn,
+    executed_call,
 )
-from novelbus.writers.runner._w1 import (
-    W1_INSTRUCTION,
-    W1_REPAIR,
-    run_w1,
-)
-from novelbus.writers.runner._w2 import (
-    W2_INSTRUCTION,
-    forced_commit_tools,
-    forced_tools,
-    run_w2,
-)
+from novelbus.writers.runner._w1 import W1_INSTRUCTION, W1_REPAIR, run_w1
+from novelbus.writers.runner._w2 import W2_INSTRUCTION, forced_commit_tools, forced_tools, run_w2
 from novelbus.writers.runner._window import (
     MIN_OUTPUT_TOKENS,
     WINDOW_MARGIN_TOKENS,
@@ -70,8 +63,10 @@ __all__ = [
     "WINDOW_MARGIN_TOKENS",
     "WindowError",
     "fit_output_tokens",
+    "executed_call",
     "forced_commit_tools",
     "forced_tools",
+    "input_text",
     "known_tool_definition_tokens",
     "projected_tokens",
     "prompt_mark",

@@ -5,31 +5,16 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from novelbus.novel.text import estimate_tokens
-from novelbus.writers.chat import (
-    message_chars,
-)
-from novelbus.writers.loop import (
-    reply_output_chars,
-)
-from novelbus.writers.provider import (
-    ChatMessage,
-    ModelProvider,
-    ModelReply,
-    measured_tool_tokens,
-)
+from novelbus.writers.chat import message_chars
+from novelbus.writers.loop import reply_output_chars
+from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, measured_tool_tokens
 from novelbus.writers.record import record_args
-from novelbus.writers.runner._records import (
-    CallUsage,
-    InputSplit,
-)
-from novelbus.writers.tools import (
-    COMMIT_TOOL,
-    TOOL_REGISTRY,
-    openai_tool_definitions,
-)
+from novelbus.writers.runner._records import CallUsage, InputSplit
+from novelbus.writers.tools import COMMIT_TOOL, TOOL_REGISTRY, openai_tool_definitions
 
 
 def truncate_args(raw: str) -> str:
@@ -124,7 +109,8 @@ async def run_tool_tokens(
     return _registry_tool_tokens(names) if names is not None else tool_definition_tokens(tools)
 
 
-def input_text(messages: list[ChatMessage]) -> str:
+def input_text(messages: Sequence[ChatMessage]) -> str:
+    """The text a request sends: every message content and tool call (name and arguments)."""
     parts: list[str] = []
     for message in messages:
         content = message.get("content")

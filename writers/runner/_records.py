@@ -10,9 +10,7 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.body import CommitBody
-from novelbus.writers.provider import (
-    Usage,
-)
+from novelbus.writers.provider import Usage
 from novelbus.writers.sessions import SessionStore
 
 
@@ -37,6 +35,23 @@ class ToolRecord(msgspec.Struct, frozen=True):
     error_code: str | None = None  # "tool-not-allowed", "tool-contract", or the commit's code
     refused: bool = False  # RUN-3 / REL-5: outside the allow-list, refused by the host
     forced: bool = False  # MODEL-3: the host forced this call by name (tool_choice)
+
+
+def executed_call(
+    seq: int, tool: str, args_truncated: str, code: str | None, content: str, forced: bool
+) -> ToolRecord:
+    """The record of a call that ran (or was refused): `code` its error code, `content` the
+    result text the model was given; RUN-3 / REL-5: a refusal is recorded as one."""
+    return ToolRecord(
+        seq=seq,
+        tool=tool,
+        args_truncated=args_truncated,
+        is_error=code is not None,
+        result_bytes=len(content.encode()),
+        error_code=code,
+        refused=code == "tool-not-allowed",
+        forced=forced,
+    )
 
 
 class InputSplit(msgspec.Struct, frozen=True):

@@ -3,24 +3,10 @@
 from __future__ import annotations
 
 from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
-from novelbus.writers.chat import (
-    assistant_message,
-    system_message,
-    user_message,
-)
-from novelbus.writers.provider import (
-    ModelProvider,
-    ProviderError,
-    complete,
-    context_window,
-)
-from novelbus.writers.runner._metering import (
-    Meter,
-    split_input,
-)
-from novelbus.writers.runner._records import (
-    RunOutcome,
-)
+from novelbus.writers.chat import assistant_message, system_message, user_message
+from novelbus.writers.provider import ModelProvider, ProviderError, complete, context_window
+from novelbus.writers.runner._metering import Meter, split_input
+from novelbus.writers.runner._records import RunOutcome
 from novelbus.writers.runner._window import (
     PromptMark,
     WindowError,

@@ -8,18 +8,8 @@ from typing import Any
 
 import msgspec
 
-from novelbus.writers.chat import (
-    assistant_message,
-    system_message,
-    tool_message,
-    user_message,
-)
-from novelbus.writers.loop import (
-    CommitFn,
-    ReadTool,
-    execute_tool_call,
-    result_text,
-)
+from novelbus.writers.chat import assistant_message, system_message, tool_message, user_message
+from novelbus.writers.loop import CommitFn, ReadTool, execute_tool_call, result_text
 from novelbus.writers.provider import (
     ChatMessage,
     ModelProvider,
@@ -29,18 +19,14 @@ from novelbus.writers.provider import (
     forced_tool_choice,
 )
 from novelbus.writers.record import record_tool_name
-from novelbus.writers.runner._metering import (
-    Meter,
-    run_tool_tokens,
-    split_input,
-    truncate_args,
-)
+from novelbus.writers.runner._metering import Meter, run_tool_tokens, split_input, truncate_args
 from novelbus.writers.runner._records import (
     ExecutionPolicy,
     RunOutcome,
     ToolRecord,
     ToolStart,
     ToolStartedFn,
+    executed_call,
 )
 from novelbus.writers.runner._window import (
     PromptMark,
@@ -59,11 +45,7 @@ from novelbus.writers.tool_policy import (
     pinned_parameters,
     research_target,
 )
-from novelbus.writers.tools import (
-    COMMIT_TOOL,
-    READ_TOOLS,
-    openai_tool_definitions,
-)
+from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS, openai_tool_definitions
 
 W2_INSTRUCTION = (
     "Write the unit described in [[unit]] now. Research with the read tools first, then call "
@@ -313,18 +295,7 @@ async def _w2_loop(
                 )
             result, code, committed = await execute_tool_call(call, allowed, read_tool, commit)
             content = result_text(result)
-            records.append(
-                ToolRecord(
-                    seq=seq,
-                    tool=tool_name,
-                    args_truncated=args_recorded,
-                    is_error=code is not None,
-                    result_bytes=len(content.encode()),
-                    error_code=code,
-                    refused=code == "tool-not-allowed",
-                    forced=forced,
-                )
-            )
+            records.append(executed_call(seq, tool_name, args_recorded, code, content, forced))
             if call.name in READ_TOOLS and code != "tool-not-allowed":
                 state = replace(state, researched=True)
             messages.append(tool_message(call.id, content))

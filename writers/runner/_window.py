@@ -9,14 +9,8 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.text import estimate_tokens
-from novelbus.writers.provider import (
-    ChatMessage,
-    ModelReply,
-)
-from novelbus.writers.runner._metering import (
-    input_text,
-    tool_definition_tokens,
-)
+from novelbus.writers.provider import ChatMessage, ModelReply
+from novelbus.writers.runner._metering import input_text, tool_definition_tokens
 
 WINDOW_MARGIN_TOKENS = 64  # chat-template tokens around the messages
 MIN_OUTPUT_TOKENS = 32
