@@ -46,7 +46,6 @@ from novelbus.writers.loop import (
     CommitFn,
     ReadTool,
     execute_tool_call,
-    reply_output_chars,
     result_text,
 )
 from novelbus.writers.provider import (
@@ -67,6 +66,7 @@ from novelbus.writers.runner import (
     RunOutcome,
     ToolRecord,
     WindowError,
+    call_usage,
     executed_call,
     fit_output_tokens,
     forced_tools,
@@ -75,7 +75,6 @@ from novelbus.writers.runner import (
     prompt_mark,
     run_tool_tokens,
     split_input,
-    tool_definition_tokens,
     truncate_args,
 )
 from novelbus.writers.structured import unit_target_max
@@ -220,20 +219,8 @@ def _call_usage(
     forced: bool = False,
     tool_tokens: int | None = None,
 ) -> InlineCallUsage:
-    tool_tokens = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
-    return InlineCallUsage(
-        input_chars=split.total,
-        output_chars=0 if reply is None else reply_output_chars(reply),
-        tool_result_chars=split.tool_result_chars,
-        pack_chars=split.pack_chars,
-        history_chars=split.history_chars,
-        prose_echo_chars=split.prose_echo_chars,
-        est_input_tokens=estimate_input_tokens(messages) + tool_tokens,
-        usage=None if reply is None else reply.usage,
-        compaction=compaction,
-        forced=forced,
-        tool_definition_tokens=tool_tokens,
-    )
+    return call_usage(messages, split, reply, tools=tools, forced=forced, tool_tokens=tool_tokens,
+                      kind=InlineCallUsage, compaction=compaction)
 
 
 # --- compaction ---------------------------------------------------------------------------------

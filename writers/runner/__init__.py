@@ -16,6 +16,7 @@ usage, the tool definitions' tokens), ``_window`` (MODEL-5 window fitting), ``_w
 from __future__ import annotations
 
 from novelbus.writers.runner._metering import (
+    call_usage,
     input_text,
     known_tool_definition_tokens,
     run_tool_tokens,
@@ -63,6 +64,7 @@ __all__ = [
     "WINDOW_MARGIN_TOKENS",
     "WindowError",
     "fit_output_tokens",
+    "call_usage",
     "executed_call",
     "forced_commit_tools",
     "forced_tools",

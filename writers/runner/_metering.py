@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from novelbus.novel.text import estimate_tokens
 from novelbus.writers.chat import message_chars
@@ -122,6 +122,38 @@ def input_text(messages: Sequence[ChatMessage]) -> str:
     return "".join(parts)
 
 
+U = TypeVar("U", bound=CallUsage)
+
+
+def call_usage(
+    messages: Sequence[ChatMessage],
+    split: InputSplit,
+    reply: ModelReply | None,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    forced: bool = False,
+    tool_tokens: int | None = None,
+    kind: type[U] = CallUsage,  # type: ignore[assignment]
+    **extra: Any,
+) -> U:
+    """One model call as the service built it (USE-1), as `kind` (a CallUsage, or a subclass
+    given its `extra` fields): `tool_tokens` as measured for the run, else the estimate of `tools`."""
+    tool_tokens = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
+    return kind(
+        input_chars=split.total,
+        output_chars=0 if reply is None else reply_output_chars(reply),
+        tool_result_chars=split.tool_result_chars,
+        pack_chars=split.pack_chars,
+        history_chars=split.history_chars,
+        prose_echo_chars=split.prose_echo_chars,
+        est_input_tokens=estimate_tokens(input_text(messages)) + tool_tokens,
+        usage=None if reply is None else reply.usage,
+        forced=forced,
+        tool_definition_tokens=tool_tokens,
+        **extra,
+    )
+
+
 class Meter:
     """Per-call usage of one run."""
 
@@ -138,20 +170,8 @@ class Meter:
         forced: bool = False,
         tool_tokens: int | None = None,
     ) -> None:
-        tool_tokens = tool_definition_tokens(tools) if tool_tokens is None else tool_tokens
         self.calls.append(
-            CallUsage(
-                input_chars=split.total,
-                output_chars=0 if reply is None else reply_output_chars(reply),
-                tool_result_chars=split.tool_result_chars,
-                pack_chars=split.pack_chars,
-                history_chars=split.history_chars,
-                prose_echo_chars=split.prose_echo_chars,
-                est_input_tokens=estimate_tokens(input_text(messages)) + tool_tokens,
-                usage=None if reply is None else reply.usage,
-                forced=forced,
-                tool_definition_tokens=tool_tokens,
-            )
+            call_usage(messages, split, reply, tools=tools, forced=forced, tool_tokens=tool_tokens)
         )
 
     @property
