@@ -137,12 +137,13 @@ def checked_settings() -> dict[str, Callable[[], object]]:
 # (tests/test_settings.py fails on a name that is in neither table).
 FREE_FORM_SETTINGS = {
     "NOVELBUS_HOME": "a directory, created when missing",
-    "NOVELBUS_NATS_URL": "checked by connecting: an unreachable or malformed server is named, never its credentials",
+    "NOVELBUS_NATS_URL": "its form checked by `servers` (scheme, host, port), the rest by connecting; "
+                         "errors name the server, never its credentials",
     "NOVELBUS_NATS_URL_": "NOVELBUS_NATS_URL_<ACTOR>, an actor's own NATS user under `up`: as NOVELBUS_NATS_URL",
     "NOVELBUS_DATABASE_URL": "checked by connecting, as NOVELBUS_NATS_URL",
     "NOVELBUS_MODEL": "the --model option: the provider factory says what is wrong with it",
     "NOVELBUS_MODEL_BASE_URL": "checked by the openai provider when it is built",
-    "NOVELBUS_MODEL_API_KEY": "a secret: never read back, never echoed",
+    "NOVELBUS_MODEL_API_KEY": "a secret of any form: never echoed",
     "NOVELBUS_PANEL_TOKEN": "a secret, checked (16 characters or more) by `novelbus panel` when it starts",
 }
 
