@@ -188,6 +188,23 @@ async def test_ops2_the_novels_api_says_why_a_novel_paused(panel: Panel) -> None
     assert len(detail["usage"]["recent"]) == 2 and detail["counters"]["turns"] == 2
 
 
+async def test_ops2_an_uploaded_file_that_is_not_utf8_is_refused_by_name(panel: Panel) -> None:
+    """A Latin-1 file uploaded to create: a 422 saying so (it was a 500 from the decoder), nothing
+    created — the CLI's message, since both read a novel file the same way."""
+    csrf = await csrf_of(panel.url)
+    boundary = "novelbus-test-boundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"novel.json\"\r\n"
+            f"Content-Type: application/json\r\n\r\n").encode() + b'{"title": "Caf\xe9"}' + \
+        f"\r\n--{boundary}--\r\n".encode()
+    before = await store.list_novels(panel.rt.ctx.pool)
+    status, _, answer = await http(f"{panel.url}api/novels", "POST", body, {
+        "X-CSRF-Token": csrf, "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 422, answer
+    assert json.loads(answer) == {"created": False, "errors": [
+        {"field": None, "message": "not UTF-8 text (invalid continuation byte at byte 14)"}]}
+    assert await store.list_novels(panel.rt.ctx.pool) == before
+
+
 def test_ops2_create_errors_name_the_field() -> None:
     assert field_errors("outline: Value error, scenes[0].participants: unknown character 'x'") == [
         {"field": "outline.scenes[0].participants", "message": "unknown character 'x'"}]
