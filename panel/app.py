@@ -497,7 +497,9 @@ async def api_direct(request: Request) -> Response:
         return got
     novel_id, body = got
     text = body.get("text")
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        return _invalid([{"field": "text", "message": "directive text must be a string"}])
+    if not text.strip():
         return _invalid([{"field": "text", "message": "directive text must not be empty"}])
     message_id = body.get("messageId") or actions.new_message_id("panel")
     if not isinstance(message_id, str):
@@ -521,7 +523,9 @@ async def api_config(request: Request) -> Response:
         return got
     novel_id, body = got
     changes = body.get("set")
-    if not isinstance(changes, dict) or not changes:
+    if changes is not None and not isinstance(changes, dict):
+        return _invalid([{"field": "set", "message": 'must be an object of field paths: {"set": {"budgets.maxTurns": 400}}'}])
+    if not changes:
         return _invalid([{"field": None, "message": 'nothing to change: send {"set": {"budgets.maxTurns": 400}}'}])
     parsed = {str(k): actions.parse_config_value(v) if isinstance(v, str) else v for k, v in changes.items()}
     try:

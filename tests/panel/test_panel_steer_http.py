@@ -107,9 +107,12 @@ async def test_ops2_plan4_plan5_directives_and_config_from_the_panel(panel: Pane
         status, _, raw = await http(base + path, "POST", json.dumps(body).encode(), csrf)
         return status, json.loads(raw)
 
-    for body, field in (({"text": "  "}, "text"), ({"text": text, "messageId": "bad id!"}, "messageId")):
+    for body, field, said in (({"text": "  "}, "text", "must not be empty"),
+                              ({"text": 5}, "text", "must be a string"),
+                              ({"text": text, "messageId": "bad id!"}, "messageId", "")):
         status, reply = await post("/direct", body)
         assert status == 422 and [e["field"] for e in reply["errors"]] == [field], reply
+        assert said in reply["errors"][0]["message"]
     for _ in range(2):  # the same message twice: one requirement
         status, reply = await post("/direct", {"text": text, "messageId": "m-panel-1"})
         assert status == 200 and (reply["requirementId"], reply["status"]) == ("req-1", "pending"), reply
@@ -135,6 +138,8 @@ async def test_ops2_plan4_plan5_directives_and_config_from_the_panel(panel: Pane
         assert status == 422 and field in [e["field"] for e in reply["errors"]], reply
     status, reply = await post("/config", {"set": {}})
     assert status == 422 and "nothing to change" in reply["errors"][0]["message"]
+    status, reply = await post("/config", {"set": 5})  # not "nothing to change": the wrong shape
+    assert status == 422 and reply["errors"][0]["field"] == "set" and "must be an object" in reply["errors"][0]["message"]
     assert (await store.get_novel(pool, novel_id)).config.budgets.maxTurns == 200
     status, reply = await post("/config", {"set": {"budgets.maxTurns": "400", "writerShape": "W1"}})
     assert status == 200 and reply["changed"] == ["budgets.maxTurns", "writerShape"], reply
