@@ -538,13 +538,17 @@ async def api_config(request: Request) -> Response:
 
 
 # --- live events -----------------------------------------------------------------------------
+MAX_STREAM_SEQ = 2**63 - 1  # JetStream sequences are uint64; a start past int64 is refused by the server
 async def _event_source(request: Request, novel_id: str | None) -> Response:
     """Server-sent events from the JetStream event stream (BUS-3). Each SSE id is the stream
     sequence, so a reconnecting browser (Last-Event-ID) resumes right after the last one it saw.
     A novel's stream starts from its first event; the all-novels stream from now."""
     ctx = _state(request).ctx
-    last = request.headers.get("last-event-id", "")
-    if last.isdigit():
+    last = request.headers.get("last-event-id", "").strip()
+    if last and not (last.isascii() and last.isdigit() and int(last) < MAX_STREAM_SEQ):
+        return JSONResponse({"error": "Last-Event-ID must be an event id this panel sent (a stream sequence)"},
+                            status_code=400)
+    if last:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=int(last) + 1)
     else:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL if novel_id else DeliverPolicy.NEW)

@@ -131,6 +131,10 @@ async def test_ops2_events_resume_after_a_reconnect_from_last_event_id(panel: Pa
     # The all-novels stream starts from now, and resumes the same way.
     everything = f"{panel.url}api/events"
     assert await sse_ids(everything, 2, last_event_id=str(first[2])) == first[3:5]
+    # An id the panel never sent is refused by name (a number past int64 was a 500 from JetStream).
+    for bad in ("abc", "99999999999999999999", "-1", "1.5", "²"):
+        status, _, body = await http(url, headers={"Last-Event-ID": bad, "Accept": "text/event-stream"})
+        assert status == 400 and b"Last-Event-ID" in body, (bad, status)
 
 
 async def test_ops2_a_token_guards_the_panel_and_logs_in_by_post(panel: Panel) -> None:
