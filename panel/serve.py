@@ -14,6 +14,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,15 @@ async def panel_server(ctx: Any, options: PanelOptions) -> AsyncIterator[str]:
                             access_log=False, lifespan="off", server_header=False,
                             timeout_graceful_shutdown=1, timeout_keep_alive=5)
     server = _Server(config)
-    task = asyncio.create_task(server.serve(), name="novelbus-panel")
+    # Bound here, not by uvicorn: its bind failure is a SystemExit(3) that escapes the event loop
+    # past every handler (a port in use ended `novelbus panel` with uvicorn's bare log line).
+    try:
+        sock = socket.create_server((options.host, options.port),
+                                    family=socket.AF_INET6 if ":" in options.host else socket.AF_INET)
+    except OSError as e:
+        raise PanelError(f"the panel could not listen on {options.host}:{options.port}: "
+                         f"{os.strerror(e.errno) if e.errno else e}") from None
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="novelbus-panel")
     try:
         while not server.started:
             if task.done():
@@ -98,9 +107,8 @@ async def panel_server(ctx: Any, options: PanelOptions) -> AsyncIterator[str]:
             await asyncio.sleep(0.02)
         if not server.started:
             exc = None if task.cancelled() else task.exception()
-            raise PanelError(f"the panel could not listen on {options.host}:{options.port}"
-                             + (f" ({exc})" if exc and not isinstance(exc, SystemExit) else
-                                " (address in use, or not allowed)"))
+            raise PanelError(f"the panel could not start on {options.host}:{options.port}"
+                             + (f" ({exc})" if exc and not isinstance(exc, SystemExit) else ""))
         port = server.servers[0].sockets[0].getsockname()[1]
         host = f"[{options.host}]" if ":" in options.host else options.host
         yield f"http://{host}:{port}/"

@@ -137,6 +137,21 @@ async def test_ops2_events_resume_after_a_reconnect_from_last_event_id(panel: Pa
         assert status == 400 and b"Last-Event-ID" in body, (bad, status)
 
 
+async def test_ops2_a_port_in_use_is_a_panel_error_naming_it(panel: Panel) -> None:
+    """uvicorn's own bind failure is a SystemExit(3) that escaped the event loop: `novelbus panel`
+    on a busy port printed uvicorn's bare log line and no error of ours. The panel binds first."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(PanelError, match=rf"^the panel could not listen on 127\.0\.0\.1:{port}: "
+                                             "Address already in use$"):
+            async with panel_server(panel.rt.ctx, PanelOptions(port=port)):
+                raise AssertionError("served on a port in use")
+    async with panel_server(panel.rt.ctx, PanelOptions(port=port)) as url:  # free again: it serves
+        assert (await http(url))[0] == 200
+
+
 async def test_ops2_a_token_guards_the_panel_and_logs_in_by_post(panel: Panel) -> None:
     with pytest.raises(PanelError, match="needs a token"):
         resolve_token("0.0.0.0", None)
