@@ -56,7 +56,7 @@ from typing import Any, Literal
 from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import running
-from novelbus.bus.client import RemoteError, request
+from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.infra import Infrastructure, home_dir
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
@@ -360,6 +360,9 @@ async def _write_unit(ctx: ActorContext, probe: ProbeProvider, novel_id: str, un
                                       vm.Verified, timeout=timeout)
     except RemoteError as e:
         unit.error = f"{e.code}"
+    except BusUnavailable:  # no reply in time: a model slower than the run's time limit, usually
+        unit.error = (f"no writer result within {ctx.settings.writer_timeout_s:g} s (`probe --timeout`)"
+                      if unit.finished is None and probe.run is not None else "no reply from an actor")
     finally:
         probe.run = None
     if unit.claim is not None and (unit.verified is None or not unit.verified.ok):

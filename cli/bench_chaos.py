@@ -513,7 +513,7 @@ def chaos(
     seed: Annotated[int, typer.Option(help="Random seed: the novel, the victims, the moments")] = 1,
     claims_instances: Annotated[int, typer.Option("--claims-instances", min=1, max=8,
                                                   help="Claim-manager instances (CLM-5)")] = 2,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds")] = 600.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Give up after this many seconds")] = 600.0,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory for embedded servers")] = None,
     nats_url: Annotated[str | None, typer.Option("--nats-url", help="Your NATS (env NOVELBUS_NATS_URL)")] = None,
     database_url: Annotated[str | None, typer.Option("--database-url",

@@ -182,7 +182,7 @@ async def _run(ctx: Any, cluster: NatsCluster, dsn: str, subjects: Subjects, uni
 def cluster(
     units: Annotated[int, typer.Option(min=4, max=500, help="Scenes in the generated novel")] = 40,
     seed: Annotated[int, typer.Option(help="Random seed of the novel")] = 1,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds")] = 600.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Give up after this many seconds")] = 600.0,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory (default: a temporary one)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout")] = False,
 ) -> None:

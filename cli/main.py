@@ -79,7 +79,7 @@ def demo(
     home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None, model: ModelOpt = "offline",
     out: Annotated[Path | None, typer.Option("--out", help="Where to write the novel as Markdown")] = None,
     timeout: Annotated[float | None, typer.Option(
-        help="Give up after this many seconds (default 600 offline, 7200 with a model)")] = None,
+        min=0.1, help="Give up after this many seconds (default 600 offline, 7200 with a model)")] = None,
     namespace: NsOpt = "",
 ) -> None:
     """Write the bundled sample novel end to end on embedded NATS + PostgreSQL, then print a summary."""

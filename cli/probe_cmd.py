@@ -244,7 +244,7 @@ def probe(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object keyed P1…P6 on stdout")] = False,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory for the result cache "
                                                               "(env NOVELBUS_HOME)")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds one writer run may take")] = 600.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds one writer run may take")] = 600.0,
 ) -> None:
     """Probe a writer model: P1–P6 with evidence (SPEC §13, MODEL-2); exit 1 unless P1–P3 pass."""
     started = time.monotonic()

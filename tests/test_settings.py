@@ -156,3 +156,16 @@ async def test_ops5_a_bad_bench_flag_exits_2_before_anything_starts(args: tuple[
     assert code == 2, err
     assert [ln for ln in err.splitlines() if ln.strip()] == [f"error: {said}"]
     assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("args", [("demo",), ("bench", "chaos"), ("bench", "cluster"), ("probe", "--model", "offline")],
+                         ids=["demo", "bench chaos", "bench cluster", "probe"])
+async def test_ops5_a_timeout_that_is_not_positive_exits_2_before_anything_starts(args: tuple[str, ...],
+                                                                                 tmp_path: Path) -> None:
+    """`--timeout 0` ran a whole demo or chaos run that could only fail, and made `probe` end in a
+    traceback; typer now refuses it (its usage box, exit 2)."""
+    home = tmp_path / "home"
+    code, _, err = await novel_list(home, {}, *args, "--timeout", "0")
+    assert code == 2, err
+    assert "Invalid value for '--timeout'" in err and "greater than or equal to 0.1" in err
+    assert not home.exists()

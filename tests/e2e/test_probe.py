@@ -97,6 +97,26 @@ async def test_probe_an_unreachable_server_fails_with_the_provider_reason(nats_u
     assert all("provider-unavailable" in report.results[p].evidence for p in PROBE_IDS)
 
 
+class SlowerThanTheTimeout(OfflineProvider):
+    """The offline writer, one second per call: slower than the probe's writer time limit."""
+
+    async def complete(self, *args: Any, **kwargs: Any) -> ModelReply:
+        await asyncio.sleep(1.0)
+        return await super().complete(*args, **kwargs)
+
+
+async def test_probe_a_model_slower_than_the_timeout_fails_saying_so(nats_url: str, new_database: Any,
+                                                                   namespace: str) -> None:
+    """`probe --timeout` shorter than a writer run: every run-based probe fails naming the time limit
+    (the request's BusUnavailable ended `novelbus probe` in a traceback)."""
+    dsn = await new_database()
+    report = await run_probes(SlowerThanTheTimeout(), model="offline", nats_url=nats_url, database_url=dsn,
+                              namespace=namespace, writer_timeout_s=0.3)
+    assert [statuses(report)[p] for p in ("P1", "P2", "P3")] == ["fail", "fail", "fail"]
+    for p in ("P1", "P2", "P3"):
+        assert "no writer result within 0.3 s (`probe --timeout`)" in report.results[p].evidence, p
+
+
 class CommitsAtOnce:
     """A writer that commits on its first call, without any research."""
 
