@@ -539,6 +539,8 @@ async def api_config(request: Request) -> Response:
 
 # --- live events -----------------------------------------------------------------------------
 MAX_STREAM_SEQ = 2**63 - 1  # JetStream sequences are uint64; a start past int64 is refused by the server
+
+
 async def _event_source(request: Request, novel_id: str | None) -> Response:
     """Server-sent events from the JetStream event stream (BUS-3). Each SSE id is the stream
     sequence, so a reconnecting browser (Last-Event-ID) resumes right after the last one it saw.

@@ -209,18 +209,10 @@ def _fit_compaction(
 MIN_SUMMARY_TOKENS = 256
 
 
-def _call_usage(
-    messages: list[ChatMessage],
-    split: InputSplit,
-    reply: ModelReply | None,
-    *,
-    compaction: bool,
-    tools: list[dict[str, Any]] | None = None,
-    forced: bool = False,
-    tool_tokens: int | None = None,
-) -> InlineCallUsage:
-    return call_usage(messages, split, reply, tools=tools, forced=forced, tool_tokens=tool_tokens,
-                      kind=InlineCallUsage, compaction=compaction)
+def _call_usage(messages: list[ChatMessage], split: InputSplit, reply: ModelReply | None, *,
+                compaction: bool, **options: Any) -> InlineCallUsage:
+    """`call_usage` of a call of the inline session (`tools`, `forced`, `tool_tokens` as there)."""
+    return call_usage(messages, split, reply, kind=InlineCallUsage, compaction=compaction, **options)
 
 
 # --- compaction ---------------------------------------------------------------------------------

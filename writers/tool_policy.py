@@ -117,7 +117,7 @@ def pack_blocks(pack_text: str) -> dict[str, dict[str, Any]]:
     from novelbus.novel.pack import pack_fields
 
     try:
-        return dict(pack_fields(pack_text))
+        return pack_fields(pack_text)  # its own dicts: the caller may keep them
     except (ValueError, TypeError):
         return {}
 
