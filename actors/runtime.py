@@ -26,7 +26,7 @@ from novelbus.actors.verifier import CommitVerifier
 from novelbus.actors.writer import WriterRunner
 from novelbus.bus.client import NatsUnreachable, connect
 from novelbus.bus.streams import ensure_streams
-from novelbus.messages.subjects import Subjects
+from novelbus.messages.subjects import ACTOR_NAMES, Subjects
 
 log = logging.getLogger(__name__)
 CLOSE_GRACE_S = 10.0  # how long closing the database pool may wait for connections in use
@@ -37,7 +37,6 @@ class ServerUnreachable(ConnectionError):
     the server (host and port, never credentials) and the error."""
 
 # Start order: servers of commands first, the driver (their client) last.
-ACTOR_NAMES = ("claims", "packer", "writer", "verifier", "usage", "driver")
 
 
 class Actor(Protocol):

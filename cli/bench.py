@@ -6,11 +6,11 @@ Every bench is registered here, explicitly: a new bench is a module with one com
 
 import typer
 
-from novelbus.cli.bench_ab import bench_ab
-from novelbus.cli.bench_chaos import chaos
-from novelbus.cli.bench_cluster import cluster
-from novelbus.cli.bench_pack import pack
-from novelbus.cli.bench_throughput import bench_throughput
+from novelbus.bench.ab import bench_ab
+from novelbus.bench.chaos import chaos
+from novelbus.bench.cluster import cluster
+from novelbus.bench.pack import pack
+from novelbus.bench.throughput import bench_throughput
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: pack, ab, throughput, chaos, cluster.")
 bench_app.command("pack")(pack)

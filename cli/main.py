@@ -197,7 +197,7 @@ def up(
     except PanelError as e:
         fail(str(e), code=2)
     if processes:
-        from novelbus.cli.supervise import supervise
+        from novelbus.cli.up_processes import supervise
 
         run(supervise(home, nats_url, database_url, model=model, namespace=namespace,
                       claims_instances=claims_instances, request_timeout_s=request_timeout,

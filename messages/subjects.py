@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 _SAFE = re.compile(r"[^A-Za-z0-9_-]")
 
+# The six actors (ARCH-1), in start order; their names key their subjects, NATS users and processes.
+ACTOR_NAMES = ("claims", "packer", "writer", "verifier", "usage", "driver")
+
 
 @dataclass(frozen=True)
 class Subjects:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from novelbus.bus import tally
-from novelbus.cli.bench_throughput import _exclusive, trace_breakdown
+from novelbus.bench.throughput import _exclusive, trace_breakdown
 
 
 def test_perf1_spans_are_recorded_only_while_tracing_and_for_a_traced_task() -> None:

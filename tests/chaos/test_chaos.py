@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from novelbus.cli.bench_chaos import ACTOR_KINDS, run_chaos
+from novelbus.bench.chaos import ACTOR_KINDS, run_chaos
 
 
 async def test_rel1_rel8_chaos_40_units_14_sigkills_every_actor_kind(nats_url: str, new_database: Any) -> None:

@@ -5,7 +5,7 @@ that guards it fails."""
 from __future__ import annotations
 
 from novelbus.actors.runtime import Runtime
-from novelbus.cli.bench_chaos import ChaosResult, check_novel, kill_plan
+from novelbus.bench.chaos import ChaosResult, check_novel, kill_plan
 from novelbus.messages import events as ev
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novelbus.cli.bench_chaos import KILL_SPAN, ChaosResult, check_kills, kill_schedule, kill_window
-from novelbus.cli.supervise import ActorProcess, Supervisor
+from novelbus.bench.chaos import KILL_SPAN, ChaosResult, check_kills, kill_schedule, kill_window
+from novelbus.infra.supervise import ActorProcess, Supervisor
 
 
 @given(units=st.integers(1, 500), kills=st.integers(0, 300))
@@ -93,7 +93,7 @@ async def test_rel1_a_killed_child_is_not_up_until_restarted_and_never_killed_tw
 def test_rel8_fewer_kills_than_two_rounds_still_kill_every_kind(kills: int, seed: int) -> None:
     import random
 
-    from novelbus.cli.bench_chaos import ACTOR_KINDS, kill_plan
+    from novelbus.bench.chaos import ACTOR_KINDS, kill_plan
     plan = kill_plan(kills, random.Random(seed))
     assert len(plan) == kills and set(plan) == set(ACTOR_KINDS)  # the driver too, not cut off by order
 
@@ -104,7 +104,7 @@ async def test_rel1_rel8_the_driver_is_held_back_so_every_kill_lands_before_the_
     outruns its restarts and each late kill must hold the driver back (SIGSTOP) until the sampler
     is up again. All six kills land before the novel finishes, every victim is up again, and every
     guarantee holds."""
-    from novelbus.cli.bench_chaos import run_chaos
+    from novelbus.bench.chaos import run_chaos
     dsn = await new_database()  # type: ignore[operator]
     lines: list[str] = []
     r = await run_chaos(nats_url, dsn, units=10, kills=6, seed=4, timeout=150, kinds=("usage",),

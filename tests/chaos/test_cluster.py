@@ -16,7 +16,7 @@ from nats.js.errors import BadRequestError
 
 from novelbus.bus.client import connect
 from novelbus.bus.streams import NO_PEERS_FOR_PLACEMENT, ensure_streams
-from novelbus.cli.bench_cluster import run_cluster
+from novelbus.bench.cluster import run_cluster
 from novelbus.infra.cluster import NatsCluster
 from novelbus.messages.subjects import Subjects
 

@@ -34,7 +34,7 @@ from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.commitcheck import parse_draft_lenient
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import parse_novel_file
 from novelbus.writers.compaction import COMPACT_MARKER
 from novelbus.writers.provider import ChatMessage, ModelReply, complete, measured_tool_tokens

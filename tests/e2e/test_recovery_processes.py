@@ -18,8 +18,8 @@ import psutil
 from novelbus import store
 from novelbus.actors.runtime import connected
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_chaos import chaos_novel
-from novelbus.cli.supervise import Supervisor
+from novelbus.bench.chaos import chaos_novel
+from novelbus.infra.supervise import Supervisor
 from novelbus.messages.subjects import Subjects
 
 REPO = Path(__file__).resolve().parents[2]

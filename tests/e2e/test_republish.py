@@ -141,7 +141,7 @@ async def test_rel7_an_interrupted_flow_publishes_its_ledger_only_unit_committed
 
 async def _once_only_in_stream(rt: Runtime, novel_id: str) -> list[str]:
     """The once-only events of the novel in stream order: `type:subject`."""
-    from novelbus.cli.bench_chaos import stream_events
+    from novelbus.bench.chaos import stream_events
     out = []
     for kind, payload in await stream_events(rt.ctx, rt.ctx.subjects, novel_id):
         if kind == "unit.committed":
@@ -160,7 +160,7 @@ async def test_rel7_chapter_completed_and_novel_finished_left_ledger_only_are_pu
     after the chapter's commits and chapter before finish (per-novel order); reconciling again
     (a redelivered restart, the periodic sweep) adds nothing."""
     from novelbus.actors.accounting import Accounting
-    from novelbus.cli.bench_chaos import chaos_novel
+    from novelbus.bench.chaos import chaos_novel
     ctx = stack.ctx
     nf = chaos_novel(2, seed=5).model_copy(update={"novelId": None})  # one chapter of two scenes
     novel_id = await store.create_novel(ctx.pool, nf)

@@ -13,7 +13,7 @@ from novelbus import store
 from novelbus.actors.runtime import Runtime
 from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from tests.e2e.test_cli import _flags, novelbus
 from tests.e2e.test_steering import chapter, scene, watch

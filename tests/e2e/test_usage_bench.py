@@ -19,9 +19,9 @@ import pytest
 
 from novelbus import store
 from novelbus.actors.runtime import running
-from novelbus.cli import bench_ab
-from novelbus.cli.bench_ab import measure, write_novel
-from novelbus.cli.bench_common import novel_dict
+from novelbus.bench import ab as bench_ab
+from novelbus.bench.ab import measure, write_novel
+from novelbus.bench.common import novel_dict
 from novelbus.messages.subjects import Subjects
 from novelbus.store.pool import cores
 from novelbus.writers.compaction import is_compaction_request

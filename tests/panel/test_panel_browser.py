@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from novelbus import store
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.panel.conftest import Panel
 

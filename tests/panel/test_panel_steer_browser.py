@@ -18,7 +18,7 @@ import pytest
 
 from novelbus import store
 from novelbus.app import actions
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from tests.panel.conftest import Panel
 

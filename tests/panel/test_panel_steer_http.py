@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 from novelbus import store
 from novelbus.app import actions
 from novelbus.messages.subjects import Subjects
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from novelbus.panel.serve import PanelOptions, panel_server
 from tests.e2e.test_steering import chapter, scene

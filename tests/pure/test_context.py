@@ -38,7 +38,7 @@ from novelbus.novel.context import (
     sources_from_snapshot,
     validate_request,
 )
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.next_work import WriteUnit, next_work
 from novelbus.novel.outline import LengthBudget, NovelFile, Outline, parse_novel_file
 from novelbus.novel.pack import (

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novelbus.cli.bench_common import percentile
+from novelbus.bench.common import percentile
 from tests.pure.strategies import PURE
 
 samples = st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=200)

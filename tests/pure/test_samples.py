@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.next_work import Blocked, Finish, next_work
 from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.novel.pack import render_pack

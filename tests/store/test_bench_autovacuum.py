@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from novelbus import store
-from novelbus.cli.bench_common import analyze_due, maintain_due_tables, vacuum_due
+from novelbus.bench.common import analyze_due, maintain_due_tables, vacuum_due
 from tests.store.helpers import make_body, novel_file
 
 

@@ -33,7 +33,7 @@ from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_common import (
+from novelbus.bench.common import (
     MIN_UNIT_CHARS,
     drop_namespace_streams,
     ledger,

@@ -31,20 +31,20 @@ from novelbus import store
 from novelbus.actors.runtime import connected
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_chaos import (
+from novelbus.bench.chaos import (
     ChaosResult,
     chaos_novel,
     check_novel,
     settle_accounting,
 )
-from novelbus.cli.bench_common import (
+from novelbus.bench.common import (
     drop_namespace_streams,
     settle_work_consumer,
     stop_supervised,
     when_jetstream_answers,
 )
 from novelbus.cli.common import err_console, fail, run
-from novelbus.cli.supervise import Supervisor
+from novelbus.infra.supervise import Supervisor
 from novelbus.infra import Infrastructure
 from novelbus.infra.cluster import NatsCluster
 from novelbus.messages import events as ev

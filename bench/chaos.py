@@ -1,7 +1,7 @@
 """`novelbus bench chaos`: kill any actor at any moment, lose nothing, write nothing twice (REL-1).
 
 A novel of `--units` scenes is written by the six actors, each in its own OS process (two
-claim-manager instances, CLM-5), supervised and restarted by `cli.supervise.Supervisor`, while
+claim-manager instances, CLM-5), supervised and restarted by `infra.supervise.Supervisor`, while
 the benchmark SIGKILLs actors at random moments — `--kills` times, every actor kind at least twice
 (then random kinds), half of them just after a unit was claimed, so they land inside its flow —
 and publishes an extra work notice after every kill.
@@ -59,7 +59,7 @@ from novelbus import store
 from novelbus.actors.runtime import connected
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_common import (
+from novelbus.bench.common import (
     drop_namespace_streams,
     scratch_database,
     settle_work_consumer,
@@ -68,11 +68,11 @@ from novelbus.cli.bench_common import (
 )
 from novelbus.cli.common import err_console, fail, run, servers
 from novelbus.cli.common import progress as progress_bar
-from novelbus.cli.supervise import Supervisor
+from novelbus.infra.supervise import Supervisor
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.next_work import completed_chapters
 from novelbus.novel.outline import NovelFile
 

@@ -67,7 +67,7 @@ from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.bench_common import (
+from novelbus.bench.common import (
     MIN_UNIT_CHARS,
     AutovacuumRules,
     drop_namespace_streams,
@@ -330,7 +330,7 @@ async def deployment(processes: bool, nats_url: str, database_url: str, subjects
             freeze_heap()  # as `novelbus up` does
             yield rt.ctx
         return
-    from novelbus.cli.supervise import Supervisor
+    from novelbus.infra.supervise import Supervisor
 
     log_dir.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(nats_url, database_url, model="offline", namespace=subjects.namespace, log_dir=log_dir)

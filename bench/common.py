@@ -23,11 +23,11 @@ import nats.js.errors
 
 from novelbus import store
 from novelbus.actors.context import ActorContext
-from novelbus.novel.generate import generate_novel_file
+from novelbus.bench.generate import generate_novel_file
 from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO
 
 if TYPE_CHECKING:
-    from novelbus.cli.supervise import Supervisor
+    from novelbus.infra.supervise import Supervisor
     from novelbus.messages.subjects import Subjects
 
 
