@@ -31,8 +31,6 @@ from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
-from novelbus.bus.events import EventFollower
-from novelbus.bus.notices import publish_notice
 from novelbus.bench.common import (
     MIN_UNIT_CHARS,
     drop_namespace_streams,
@@ -40,6 +38,8 @@ from novelbus.bench.common import (
     novel_dict,
     scratch_database,
 )
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.common import (
     Bar,
     check_output,

@@ -57,8 +57,6 @@ import typer
 
 from novelbus import store
 from novelbus.actors.runtime import connected
-from novelbus.bus.events import EventFollower
-from novelbus.bus.notices import publish_notice
 from novelbus.bench.common import (
     drop_namespace_streams,
     scratch_database,
@@ -66,13 +64,15 @@ from novelbus.bench.common import (
     stop_supervised,
     when_jetstream_answers,
 )
+from novelbus.bench.generate import generate_novel_file
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.common import err_console, fail, run, servers
 from novelbus.cli.common import progress as progress_bar
 from novelbus.infra.supervise import Supervisor
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.next_work import completed_chapters
 from novelbus.novel.outline import NovelFile
 

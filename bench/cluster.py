@@ -29,8 +29,6 @@ import typer
 
 from novelbus import store
 from novelbus.actors.runtime import connected
-from novelbus.bus.events import EventFollower
-from novelbus.bus.notices import publish_notice
 from novelbus.bench.chaos import (
     ChaosResult,
     chaos_novel,
@@ -43,10 +41,12 @@ from novelbus.bench.common import (
     stop_supervised,
     when_jetstream_answers,
 )
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.common import err_console, fail, run
-from novelbus.infra.supervise import Supervisor
 from novelbus.infra import Infrastructure
 from novelbus.infra.cluster import NatsCluster
+from novelbus.infra.supervise import Supervisor
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 

@@ -39,11 +39,11 @@ import typer
 
 from novelbus import store
 from novelbus.bench.common import ScratchRefused, percentile, scratch_database
+from novelbus.bench.generate import generate_novel_file
 from novelbus.cli.common import Bar, err_console, fail, print_json, run
 from novelbus.cli.common import progress as progress_bar
 from novelbus.novel.body import CommitBody
 from novelbus.novel.context import assemble_context
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from novelbus.novel.pack import render_writer_pack
 from novelbus.writers.offline import compose_draft

@@ -63,10 +63,6 @@ from rich.console import Console
 from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import connected, freeze_heap, running
-from novelbus.bus import tally
-from novelbus.bus.client import BusUnavailable
-from novelbus.bus.events import EventFollower
-from novelbus.bus.notices import publish_notice
 from novelbus.bench.common import (
     MIN_UNIT_CHARS,
     AutovacuumRules,
@@ -76,6 +72,10 @@ from novelbus.bench.common import (
     percentile,
     scratch_database,
 )
+from novelbus.bus import tally
+from novelbus.bus.client import BusUnavailable
+from novelbus.bus.events import EventFollower
+from novelbus.bus.notices import publish_notice
 from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of

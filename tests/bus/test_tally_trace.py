@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from novelbus.bus import tally
 from novelbus.bench.throughput import _exclusive, trace_breakdown
+from novelbus.bus import tally
 
 
 def test_perf1_spans_are_recorded_only_while_tracing_and_for_a_traced_task() -> None:

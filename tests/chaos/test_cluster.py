@@ -14,9 +14,9 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import BadRequestError
 
+from novelbus.bench.cluster import run_cluster
 from novelbus.bus.client import connect
 from novelbus.bus.streams import NO_PEERS_FOR_PLACEMENT, ensure_streams
-from novelbus.bench.cluster import run_cluster
 from novelbus.infra.cluster import NatsCluster
 from novelbus.messages.subjects import Subjects
 

@@ -21,13 +21,13 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.runtime import connected
+from novelbus.bench.common import settle_work_consumer, stop_supervised
+from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.client import BusUnavailable, RemoteError
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
-from novelbus.bench.common import settle_work_consumer, stop_supervised
 from novelbus.infra.supervise import Supervisor
 from novelbus.messages.subjects import Subjects
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from novelbus.novel.requirements import RequirementUpdate
 

@@ -9,11 +9,11 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime, running
+from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.codec import decode
 from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.compaction import SUMMARY_HEADER

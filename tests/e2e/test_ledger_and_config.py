@@ -13,12 +13,12 @@ import pytest
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime, running
+from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.client import RemoteError
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from novelbus.novel.requirements import RequirementUpdate, ResolvedBy
 from tests.e2e.test_steering import watch

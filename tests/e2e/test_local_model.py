@@ -29,12 +29,12 @@ import pytest_asyncio
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime, running
+from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.codec import decode
 from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.commitcheck import parse_draft_lenient
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import parse_novel_file
 from novelbus.writers.compaction import COMPACT_MARKER
 from novelbus.writers.provider import ChatMessage, ModelReply, complete, measured_tool_tokens

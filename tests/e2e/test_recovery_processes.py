@@ -17,8 +17,8 @@ import psutil
 
 from novelbus import store
 from novelbus.actors.runtime import connected
-from novelbus.bus.notices import publish_notice
 from novelbus.bench.chaos import chaos_novel
+from novelbus.bus.notices import publish_notice
 from novelbus.infra.supervise import Supervisor
 from novelbus.messages.subjects import Subjects
 

@@ -13,13 +13,13 @@ import pytest
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime, running
+from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.client import RemoteError
 from novelbus.bus.codec import decode
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.steering import SteeringClient
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from tests.store.helpers import make_body
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime
+from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import NovelFile
 from tests.e2e.test_cli import _flags, novelbus
 from tests.e2e.test_steering import chapter, scene, watch

@@ -8,12 +8,12 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime, running
+from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.client import request
 from novelbus.messages import events as ev
 from novelbus.messages import usage as um
 from novelbus.messages.runs import CallSample
 from novelbus.messages.subjects import Subjects
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.offline import OfflineProvider

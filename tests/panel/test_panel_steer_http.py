@@ -14,8 +14,8 @@ from urllib.parse import urlencode
 
 from novelbus import store
 from novelbus.app import actions
-from novelbus.messages.subjects import Subjects
 from novelbus.bench.generate import generate_novel_file
+from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile
 from novelbus.panel.serve import PanelOptions, panel_server
 from tests.e2e.test_steering import chapter, scene

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.body import CanonChange
 from novelbus.novel.context import (
     BUDGETS,
@@ -38,7 +39,6 @@ from novelbus.novel.context import (
     sources_from_snapshot,
     validate_request,
 )
-from novelbus.bench.generate import generate_novel_file
 from novelbus.novel.next_work import WriteUnit, next_work
 from novelbus.novel.outline import LengthBudget, NovelFile, Outline, parse_novel_file
 from novelbus.novel.pack import (
