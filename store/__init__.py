@@ -113,6 +113,8 @@ from novelbus.store.recovery import (
     unannounced_superseded_units,
 )
 from novelbus.store.requirements import RequirementRecord, list_requirements, receive_requirement
+from novelbus.store.roles import load_role_inputs as load_role_inputs
+from novelbus.store.roles import unit_commit_view as unit_commit_view
 from novelbus.store.runs import (
     WriterRunRow,
     finish_writer_run,

@@ -1,0 +1,90 @@
+"""The trusted reader of the role projections (CTX-8, ROLE-1): a role's inputs from the store.
+
+`load_role_inputs` freezes the unit's context under the role's scenario (`store.load_context`:
+one REPEATABLE READ READ ONLY read-back, CTX-4) and adds what the role needs beside it — the
+candidate under review (the unit's committed body unless one is given), the commit whose prose
+the extractor reads, the planner's structural snapshot at asOf. The projection itself is pure
+(`novel.roles.project`). Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from novelbus.novel.roles import (
+    CANDIDATE_ROLES,
+    SCENARIO_OF,
+    Candidate,
+    RoleInputError,
+    RoleInputs,
+    check_role,
+    planner_snapshot,
+    role_inputs,
+)
+from novelbus.novel.snapshot import CommitView
+from novelbus.store._db import Db
+from novelbus.store.commits import get_commit_for_unit
+from novelbus.store.context import load_context
+from novelbus.store.snapshots import load_snapshot
+
+
+def rewrite_inline(source: str, commit_id: str) -> str:
+    """A writer's own source ``inline[#p]`` as the stored pointer ``commit-N[#p]`` (STORE-3)."""
+    return commit_id + source[len("inline"):] if source.startswith("inline") else source
+
+
+async def unit_commit_view(pool: Db, novel_id: str, unit_id: str) -> CommitView | None:
+    """The unit's commit with its prose and its writer's canon facts (pointers rewritten), or None."""
+    row = await get_commit_for_unit(pool, novel_id, unit_id)
+    if row is None or row.body is None:
+        return None
+    body = row.body
+    changes = [msgspec.structs.replace(ch, sources=[rewrite_inline(s, row.commit_id) for s in ch.sources])
+               for ch in body.canon_changes]
+    return CommitView(
+        commit_id=row.commit_id, seq=row.seq, unit_id=row.unit_id, chapter_id=row.chapter_id,
+        scene_id=row.scene_id, paragraphs=list(body.paragraphs), scene_completion=body.scene_completion,
+        canon_changes=changes, effective_characters=row.effective_chars, body_hash=row.body_hash,
+        paragraph_count=len(body.paragraphs),
+    )
+
+
+async def load_role_inputs(
+    pool: Db,
+    *,
+    novel_id: str,
+    unit_id: str,
+    role: str,
+    purpose: str,
+    profile: str,
+    as_of: int | None = None,
+    candidate: Candidate | None = None,
+    shape: Literal["full", "trimmed"] = "full",
+) -> RoleInputs:
+    """A role's inputs for a unit (module docstring). The extractor reads the unit's commit, so
+    its asOf is the commit before it (an ``as_of`` given for it is refused). Raises
+    RoleInputError (unknown role, missing commit or candidate) and what `load_context` raises."""
+    name = check_role(role)
+    commit = None
+    if name == "extractor":
+        if as_of is not None:
+            raise RoleInputError("the extractor reads the unit's commit: its asOf is fixed, drop --as-of")
+        commit = await unit_commit_view(pool, novel_id, unit_id)
+        if commit is None:
+            raise RoleInputError(f"unit {unit_id!r} has no commit for the extractor to read")
+        as_of = commit.seq - 1
+    frozen = await load_context(pool, novel_id=novel_id, unit_id=unit_id, scenario=SCENARIO_OF[name],
+                                purpose=purpose, profile=profile, as_of=as_of)
+    if name in CANDIDATE_ROLES and candidate is None:
+        own = await unit_commit_view(pool, novel_id, unit_id)
+        if own is None:
+            raise RoleInputError(
+                f"unit {unit_id!r} has no committed body: give the candidate to review (--candidate FILE)")
+        candidate = Candidate(paragraphs=own.paragraphs)
+    snapshot = None
+    if name == "planner":
+        at = frozen.context.request.as_of
+        snapshot = planner_snapshot(await load_snapshot(pool, novel_id, as_of_seq=at, prose=False), at)
+    return role_inputs(name, frozen, candidate=candidate, commit=commit, snapshot=snapshot, shape=shape)
