@@ -26,11 +26,15 @@ is not there yet fails with `RoleInputError` naming it, and the others still wor
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Literal
 
 import msgspec
 
+from novelbus.novel.body import CanonChange, CommitBody, SceneCompletion
 from novelbus.novel.context import ContextInputError, FrozenContext, freeze_from_snapshot
+from novelbus.novel.next_work import live_commits
+from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot
 
 Role = Literal["writer", "detector", "judge", "planner", "extractor"]
@@ -53,10 +57,44 @@ class RoleInputError(ContextInputError):
 
 
 class Candidate(msgspec.Struct, frozen=True, rename="camel"):
-    """The text under review (detector, judge): its paragraphs only. No version, hash, run or
-    arm: the adapter binds those outside the projection (CTX-9, seed 002 "trusted binding")."""
+    """The body under review (detector, judge): its paragraphs and the claims it declares. No
+    version, hash, run or arm: the adapter binds those outside the projection (CTX-9, seed 002
+    "trusted binding")."""
 
     paragraphs: list[str]
+    canon_changes: list[CanonChange] = []
+    scene_completion: SceneCompletion | None = None
+
+
+def candidate_body(candidate: Candidate) -> CommitBody:
+    """The candidate as a commit body (a missing scene completion reads as not completed)."""
+    completion = candidate.scene_completion or SceneCompletion(completed=False, basis="not declared")
+    return CommitBody(paragraphs=list(candidate.paragraphs), scene_completion=completion,
+                      canon_changes=list(candidate.canon_changes))
+
+
+def parse_candidate(data: bytes) -> Candidate:
+    """A candidate file: a JSON commit body (``{"paragraphs": [...], ...}``) or plain text whose
+    paragraphs are separated by blank lines. Raises RoleInputError naming what is wrong."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RoleInputError("the candidate file is not UTF-8 text") from None
+    if text.lstrip().startswith("{"):
+        try:
+            body = msgspec.json.decode(text, type=CommitBody)
+        except msgspec.ValidationError as e:
+            raise RoleInputError(f"the candidate file is JSON but not a commit body: {e}") from None
+        except msgspec.DecodeError:
+            body = None
+        if body is not None:
+            return Candidate(paragraphs=body.paragraphs, canon_changes=body.canon_changes,
+                             scene_completion=body.scene_completion)
+    paragraphs = [" ".join(p.split()) for p in text.replace("\r\n", "\n").split("\n\n")]
+    paragraphs = [p for p in paragraphs if p]
+    if not paragraphs:
+        raise RoleInputError("the candidate file holds no paragraph")
+    return Candidate(paragraphs=paragraphs)
 
 
 class RoleInputs(msgspec.Struct, frozen=True):
@@ -75,6 +113,12 @@ class RoleInputs(msgspec.Struct, frozen=True):
     commit: CommitView | None = None
     snapshot: NovelSnapshot | None = None
     shape: Literal["full", "trimmed"] = "full"  # writer: the pack shape (W1 full, W2 trimmed)
+    # extractor: the canon already recorded for the commit's chapter at or before asOf (events
+    # included; the context's canon cards hold participants' states only), for de-duplication
+    known_canon: list[CanonChange] = []
+    # judge: the outline the candidates were written against, and the second anonymous text
+    outline: Outline | None = None
+    other: Candidate | None = None
 
     @property
     def as_of(self) -> int:
@@ -96,6 +140,9 @@ def role_inputs(
     commit: CommitView | None = None,
     snapshot: NovelSnapshot | None = None,
     shape: Literal["full", "trimmed"] = "full",
+    known_canon: list[CanonChange] | None = None,
+    outline: Outline | None = None,
+    other: Candidate | None = None,
 ) -> RoleInputs:
     """Check and bundle a role's inputs (pure): the context's scenario is the role's, and what
     the role needs is there — fail closed, never a projection from the wrong inputs."""
@@ -107,6 +154,8 @@ def role_inputs(
         )
     if name in CANDIDATE_ROLES and candidate is None:
         raise RoleInputError(f"the {name} projection needs a candidate (the body under review)")
+    if name == "judge" and outline is None:
+        raise RoleInputError("the judge projection needs the outline the candidates were written against")
     if name == "extractor":
         if commit is None:
             raise RoleInputError("the extractor projection needs the commit whose prose it reads")
@@ -124,7 +173,7 @@ def role_inputs(
                 f"{frozen.context.request.as_of}"
             )
     return RoleInputs(role=name, frozen=frozen, candidate=candidate, commit=commit, snapshot=snapshot,
-                      shape=shape)
+                      shape=shape, known_canon=list(known_canon or []), outline=outline, other=other)
 
 
 def planner_snapshot(snapshot: NovelSnapshot, as_of: int) -> NovelSnapshot:
@@ -139,7 +188,8 @@ def committed_candidate(snapshot: NovelSnapshot, unit_id: str) -> Candidate:
         if c.unit_id == unit_id:
             if not c.paragraphs and c.paragraph_count:
                 raise RoleInputError(f"the commit of unit {unit_id!r} was read without its prose")
-            return Candidate(paragraphs=list(c.paragraphs))
+            return Candidate(paragraphs=list(c.paragraphs), canon_changes=list(c.canon_changes),
+                             scene_completion=c.scene_completion)
     raise RoleInputError(
         f"unit {unit_id!r} has no committed body: give the candidate to review (--candidate FILE)"
     )
@@ -155,6 +205,7 @@ def role_inputs_from_snapshot(
     as_of: int | None = None,
     candidate: Candidate | None = None,
     shape: Literal["full", "trimmed"] = "full",
+    other: Candidate | None = None,
 ) -> RoleInputs:
     """Build a role's inputs over an in-memory snapshot with prose (pure; tests, benchmarks).
 
@@ -175,11 +226,21 @@ def role_inputs_from_snapshot(
     if name in CANDIDATE_ROLES and candidate is None:
         candidate = committed_candidate(snapshot, unit_id)
     view = planner_snapshot(snapshot, frozen.context.request.as_of) if name == "planner" else None
-    return role_inputs(name, frozen, candidate=candidate, commit=commit, snapshot=view, shape=shape)
+    known = None
+    if commit is not None:
+        known = chapter_canon(live_commits(snapshot), commit.chapter_id, commit.seq - 1)
+    return role_inputs(name, frozen, candidate=candidate, commit=commit, snapshot=view, shape=shape,
+                       known_canon=known, outline=snapshot.outline if name == "judge" else None, other=other)
+
+
+def chapter_canon(commits: list[CommitView], chapter_id: str, as_of: int) -> list[CanonChange]:
+    """The canon of a chapter's commits at or before ``as_of``, oldest first (pure)."""
+    return [ch for c in commits if c.chapter_id == chapter_id and c.seq <= as_of for ch in c.canon_changes]
 
 
 def project(role: str, inputs: RoleInputs) -> dict[str, Any]:
-    """The role's projection: `novelbus.novel.roles.<role>.project(inputs)` (pure)."""
+    """The role's projection (pure): ``novelbus.novel.roles.<role>``'s ``project_role(inputs)``
+    or ``project(inputs)``, else its ``project`` called with what that role takes (`_call`)."""
     name = check_role(role)
     if inputs.role != name:
         raise RoleInputError(f"inputs built for role {inputs.role!r} handed to the {name} projection")
@@ -189,18 +250,42 @@ def project(role: str, inputs: RoleInputs) -> dict[str, Any]:
         if e.name != f"novelbus.novel.roles.{name}":
             raise
         raise RoleInputError(f"the {name} projection is not available in this build") from None
-    out: dict[str, Any] = module.project(inputs)
+    direct = getattr(module, "project_role", None)
+    if direct is None and len(inspect.signature(module.project).parameters) == 1:
+        direct = module.project  # the convention: project(inputs)
+    out: dict[str, Any] = direct(inputs) if direct is not None else _call(name, module.project, inputs)
     return out
+
+
+def _call(name: Role, fn: Any, inputs: RoleInputs) -> Any:
+    """Each role module's own ``project`` signature, fed from the inputs."""
+    if name == "detector":
+        assert inputs.candidate is not None  # role_inputs checked it
+        return fn(inputs.frozen, candidate_body(inputs.candidate))
+    if name == "judge":
+        # The blind judge compares two anonymous texts; a pack shows the candidate as "A" and,
+        # when one was given beside it, the other as "B" (else B is empty).
+        assert inputs.candidate is not None
+        l0 = inputs.frozen.context.l0
+        outline = inputs.outline
+        if outline is None:
+            raise RoleInputError("the judge projection needs the outline")
+        other = "\n\n".join(inputs.other.paragraphs) if inputs.other is not None else ""
+        return fn(outline, l0.chapter.chapterId, l0.scene.sceneId, "\n\n".join(inputs.candidate.paragraphs), other)
+    return fn(inputs)
 
 
 __all__ = [
     "CANDIDATE_ROLES",
     "Candidate",
+    "candidate_body",
+    "parse_candidate",
     "ROLES",
     "Role",
     "RoleInputError",
     "RoleInputs",
     "SCENARIO_OF",
+    "chapter_canon",
     "check_role",
     "committed_candidate",
     "planner_snapshot",
