@@ -46,8 +46,10 @@ from novelbus.cli.common import (
     err_console,
     fail,
     home_dir,
+    model_extra,
     print_json,
     progress,
+    require_extra,
     run,
     servers,
 )
@@ -557,7 +559,7 @@ def bench_ab(
     unit_chars: Annotated[int, typer.Option("--unit-chars", help="Target characters per unit")] = 1_500,
     seed: Annotated[int, typer.Option(help="Seed of the generated novel (the same for both modes)")] = 7,
     cjk: Annotated[bool, typer.Option("--cjk", help="Generate the novel in Chinese")] = False,
-    model: Annotated[str, typer.Option("--model", help="Writer provider: offline | local[:PATH.gguf] | "
+    model: Annotated[str, typer.Option("--model", callback=model_extra, help="Writer provider: offline | local[:PATH.gguf] | "
                                                        "openai:<model>")] = "offline",
     compact_tokens: Annotated[int | None, typer.Option(
         "--compact-tokens", help="Fixed inline compaction threshold in tokens (default: the §16 gate at "
@@ -575,11 +577,15 @@ def bench_ab(
     = None,
     timeout: Annotated[float, typer.Option(help="Give up on a novel after this many seconds")] = 3_600.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")] = False,
+    png: Annotated[bool, typer.Option("--png", help="Require the PNG curve (the plot extra); without "
+                                                    "this flag it is drawn when matplotlib is installed")] = False,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME)")] = None,
     nats_url: Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server")] = None,
     database_url: Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL")] = None,
 ) -> None:
     """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio."""
+    if png:
+        require_extra("plot", "bench ab --png")
     for name, value in (("--chapters", chapters), ("--scenes", scenes),
                         ("--compact-tokens", compact_tokens), ("--max-output-tokens", max_output_tokens)):
         if value is not None and value < 1:

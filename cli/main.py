@@ -28,9 +28,11 @@ from novelbus.cli.common import (
     err_console,
     fail,
     home_dir,
+    model_extra,
     print_json,
     progress,
     read_input,
+    require_extra,
     run,
     servers,
     started_servers,
@@ -65,7 +67,7 @@ HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (en
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]
 DbOpt = Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL (env NOVELBUS_DATABASE_URL)")]
 NsOpt = Annotated[str, typer.Option("--namespace", hidden=True, help="Subject namespace prefix (tests)")]
-ModelOpt = Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
+ModelOpt = Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL", callback=model_extra,
                                        help="Writer provider: offline | local[:PATH.gguf] | openai:<model>")]
 
 
@@ -188,14 +190,16 @@ def up(
     namespace: NsOpt = "",
 ) -> None:
     """Run all six actors and keep serving until Ctrl-C or SIGTERM."""
-    from novelbus.panel.serve import PanelError, PanelOptions, resolve_token
+    panel_options = None
+    if panel:
+        require_extra("panel", "up --panel")
+        from novelbus.panel.serve import PanelError, PanelOptions, resolve_token
 
-    panel_options = PanelOptions(host=panel_host, port=panel_port, model=model, home=home) if panel else None
-    try:
-        if panel:
+        panel_options = PanelOptions(host=panel_host, port=panel_port, model=model, home=home)
+        try:
             resolve_token(panel_host, None)  # refuse a bad bind before starting anything
-    except PanelError as e:
-        fail(str(e), code=2)
+        except PanelError as e:
+            fail(str(e), code=2)
     if processes:
         from novelbus.cli.up_processes import supervise
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from novelbus.cli.common import console, err_console, fail, home_dir, run, servers
+from novelbus.cli.common import console, err_console, fail, home_dir, require_extra, run, servers
 from novelbus.messages.subjects import Subjects
 
 if TYPE_CHECKING:  # the panel is an optional extra, imported where it is served
@@ -38,6 +38,7 @@ def panel(
 
     It serves the servers of a running `novelbus up` under --home (or those given); started alone it
     starts embedded ones, and novels created there wait until `novelbus up` runs the actors."""
+    require_extra("panel", "novelbus panel")
     from novelbus.actors.runtime import connected
     from novelbus.cli.common import running_endpoints
     from novelbus.panel.serve import PanelError, PanelOptions, panel_server, resolve_token

@@ -31,7 +31,16 @@ from novelbus.app.probe import (
     save_report,
 )
 from novelbus.app.window_fit import fit_error, w2_floor
-from novelbus.cli.common import Bar, console, err_console, fail, print_json, progress, run
+from novelbus.cli.common import (
+    Bar,
+    console,
+    err_console,
+    fail,
+    model_extra,
+    print_json,
+    progress,
+    run,
+)
 from novelbus.infra.llama import open_local_server
 from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider, window_from_env
 from novelbus.writers.local_provider import LocalProvider
@@ -239,7 +248,7 @@ def window_summary(model: str) -> str | None:
 
 
 def probe(
-    model: Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
+    model: Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL", callback=model_extra,
                                        help="Writer provider: offline | local[:PATH.gguf] | openai:<model>")] = "offline",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object keyed P1…P6 on stdout")] = False,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory for the result cache "

