@@ -34,10 +34,12 @@ from novelbus.novel.context import (
     validate_request,
 )
 from novelbus.novel.outline import Outline
+from novelbus.novel.roles.extractor import merge_canon
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
 from novelbus.store.commit_index import CACHE, NOVEL_MARK_SQL, UNITS
 from novelbus.store.errors import NovelNotFound
+from novelbus.store.extraction import decode_extracted, extracted_json
 from novelbus.store.novels import fetch_outline, parse_config
 from novelbus.store.snapshots import (
     commits_json,
@@ -74,6 +76,7 @@ async def read_context_sources(
     profile: str,
     as_of: int | None = None,
     budget: ProfileBudget | None = None,
+    evidence: tuple[str, ...] = (),
     _before_sources: Hook | None = None,
 ) -> ContextSources:
     """Read a unit's context sources by pointer in one REPEATABLE READ READ ONLY transaction.
@@ -91,6 +94,7 @@ async def read_context_sources(
         scenario=scenario,
         purpose=purpose,
         profile=profile,
+        evidence=evidence,
     )
     known, known_units = CACHE.known(novel_id), UNITS.known(novel_id)
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
@@ -111,7 +115,10 @@ async def read_context_sources(
             f" {units_known('$6::text', '$7::text')} AS units_known,"
             f" pg_current_snapshot()::text AS units_snapshot, {NOVEL_MARK_SQL} AS novel_mark,"
             f" {_INDEX_COMMITS}::text AS commits, {_KNOWN_AFTER} AS commits_after,"
-            f" {latest_mark('a.as_of')} AS mark"
+            f" {latest_mark('a.as_of')} AS mark,"
+            # ROLE-3: the extractor's facts at or before asOf, when the novel's canon uses them.
+            " CASE WHEN coalesce(n.config ->> 'canonSource', 'writer') = 'writer' THEN NULL"
+            f" ELSE {extracted_json('n.novel_id', 'a.as_of')} END AS extracted"
             " FROM novels n, k, a WHERE n.novel_id = $1",
             novel_id,
             unit_id,
@@ -139,6 +146,7 @@ async def read_context_sources(
             scenario=scenario,
             purpose=purpose,
             profile=profile,
+            evidence=evidence,
         )
         check_as_of(request, latest, own)
         if int(novel["as_of"]) != request.as_of:  # the index was read at another asOf: fail closed
@@ -159,12 +167,17 @@ async def read_context_sources(
         # Prose is read by pointer below, never in bulk; the index after the commits known.
         commits = CACHE.read(novel_id, known, novel["commits_after"], _commits.decode(novel["commits"]),
                              request.as_of, novel["mark"])
+        config = parse_config(novel["config"])
+        if config.canonSource != "writer":  # ROLE-3: the canon the packs see (new views, cache untouched)
+            extracted = decode_extracted(novel["extracted"])
+            commits = [msgspec.structs.replace(c, canon_changes=merge_canon(
+                c.canon_changes, extracted.get(c.commit_id, []), config.canonSource)) for c in commits]
         index = NovelSnapshot(
             novel_id=novel_id,
             title=novel["title"],
             status=novel["status"],
             pause_reason=novel["pause_reason"],
-            config=parse_config(novel["config"]),
+            config=config,
             outline=outline,
             outline_revision=novel["outline_revision"],
             units=units,
@@ -202,9 +215,11 @@ async def load_context(
     profile: str,
     as_of: int | None = None,
     budget: ProfileBudget | None = None,
+    evidence: tuple[str, ...] = (),
 ) -> FrozenContext:
     """Read the sources (one REPEATABLE READ READ ONLY transaction) and assemble the frozen
-    context (pure). The caller persists the freeze (CTX-6)."""
+    context (pure). The caller persists the freeze (CTX-6). ``evidence``: what a detector's
+    gaps asked to recall (ROLE-2, ``character:<id>``)."""
     sources = await read_context_sources(
         pool,
         novel_id=novel_id,
@@ -214,5 +229,6 @@ async def load_context(
         profile=profile,
         as_of=as_of,
         budget=budget,
+        evidence=evidence,
     )
     return assemble_context(sources)

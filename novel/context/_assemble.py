@@ -275,6 +275,7 @@ def freeze_from_snapshot(
     profile: str = "bounded",
     as_of: int | None = None,
     budget: ProfileBudget | None = None,
+    evidence: tuple[str, ...] = (),
 ) -> FrozenContext:
     """Read back over an in-memory snapshot and assemble (pure callers, tests, benchmarks)."""
     sources = sources_from_snapshot(
@@ -285,6 +286,7 @@ def freeze_from_snapshot(
         profile=profile,
         as_of=as_of,
         budget=budget,
+        evidence=evidence,
     )
     return assemble_context(sources)
 

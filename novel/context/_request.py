@@ -69,17 +69,25 @@ HEADER_RE = re.compile(r"^\[\[([a-z-]+)\]\]$")
 _POINTER_RE = re.compile(r"^(commit-\d+)(?:#(\d+))?$")
 
 
-class ContextRequest(msgspec.Struct, frozen=True, rename="camel"):
+class ContextRequest(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
     novel_id: str
     unit_id: str
     as_of: int
     scenario: str
     purpose: str
     profile: str
+    # ROLE-2: evidence recalled for a detector's gaps (`character:<id>`): those characters' cards,
+    # canon facts and pointed prose join the plan. Empty (and then not encoded, so the hashes of
+    # every other context stay as they were) for a unit's first freeze.
+    evidence: tuple[str, ...] = ()
+
+
+EVIDENCE_PREFIXES: tuple[str, ...] = ("character:",)
 
 
 def validate_request(
-    *, novel_id: str, unit_id: str, as_of: int, scenario: str, purpose: str, profile: str
+    *, novel_id: str, unit_id: str, as_of: int, scenario: str, purpose: str, profile: str,
+    evidence: Iterable[str] = (),
 ) -> ContextRequest:
     """CTX-1: every input checked; an unknown value is an error naming it, never a default."""
     problems: list[str] = []
@@ -96,6 +104,12 @@ def validate_request(
     ):
         if value not in allowed:
             problems.append(f"unknown {name} {value!r} (one of: {', '.join(allowed)})")
+    recalled = tuple(sorted(set(evidence)))
+    for item in recalled:
+        kind = next((p for p in EVIDENCE_PREFIXES if isinstance(item, str) and item.startswith(p)), None)
+        if kind is None or not is_valid_id(item[len(kind):]):
+            shown = repr(item) if len(repr(item)) <= 80 else repr(item)[:77] + "..."
+            problems.append(f"evidence {shown} is not one of {', '.join(p + '<id>' for p in EVIDENCE_PREFIXES)}")
     if problems:
         raise ContextInputError("; ".join(problems))
     return ContextRequest(
@@ -105,6 +119,7 @@ def validate_request(
         scenario=scenario,
         purpose=purpose,
         profile=profile,
+        evidence=recalled,
     )
 
 
@@ -205,6 +220,11 @@ def plan_retrieval(
         )
     budget = budget or BUDGETS[request.profile]
     candidates = list(character_candidates(outline))
+    known = {c.characterId for c in outline.characters}
+    # ROLE-2: characters recalled for a detector's gaps join the participants' facts and the cards.
+    recalled = [e.split(":", 1)[1] for e in request.evidence if e.startswith("character:")]
+    recalled = [c for c in recalled if c in known and c not in scene.participants]
+    candidates += [c for c in recalled if c not in candidates]
     text, kws = scene_keywords(outline, scene)
     earlier = [c for c in outline.ordered_chapters() if c.order < chapter.order]
     earlier = earlier[len(earlier) - budget.earlier_chapters :] if budget.earlier_chapters else []
@@ -214,7 +234,7 @@ def plan_retrieval(
         chapter_id=chapter.chapterId,
         scene_id=scene.sceneId,
         fragment=unit.fragment,
-        participants=list(scene.participants),
+        participants=[*scene.participants, *recalled],
         character_candidates=candidates,
         lore_text=text,
         lore_keywords=sorted(kws),

@@ -75,6 +75,7 @@ def sources_from_snapshot(
     profile: str,
     as_of: int | None = None,
     budget: ProfileBudget | None = None,
+    evidence: tuple[str, ...] = (),
 ) -> ContextSources:
     """The in-memory read-back: the same plan and pointers as the store, over a snapshot."""
     unit_commit = next((c.seq for c in snapshot.commits if c.unit_id == unit_id), None)
@@ -86,6 +87,7 @@ def sources_from_snapshot(
         scenario=scenario,
         purpose=purpose,
         profile=profile,
+        evidence=evidence,
     )
     latest = max((c.seq for c in snapshot.commits), default=0)
     check_as_of(request, latest, unit_commit)
