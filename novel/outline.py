@@ -198,6 +198,30 @@ class Budgets(_Model):
     writerDispatchLimit: int = Field(default=3, ge=1, le=20)
 
 
+class SamplingConfig(_Model):
+    """QUAL-4: the sampling settings sent on every writer call of the novel; None: the server's
+    default. Strict types: `"0.5"` or `true` is refused naming the field, never coerced."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
+    topP: float | None = Field(default=None, gt=0, le=1, strict=True)
+    seed: int | None = Field(default=None, ge=0, le=4_294_967_295, strict=True)
+    frequencyPenalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    presencePenalty: float | None = Field(default=None, ge=-2, le=2, strict=True)
+    maxOutputTokens: int | None = Field(default=None, ge=16, le=1_000_000, strict=True)
+
+    def is_set(self) -> bool:
+        return any(v is not None for v in self.model_dump().values())
+
+
+class RawVaultConfig(_Model):
+    """QUAL-5 / CTX-10: keep this novel's raw writer requests, replies and refused candidates in
+    the deployment's raw vault (which must be enabled too: `up --raw-vault DIR`), for
+    `retentionDays` days."""
+
+    enabled: bool = Field(default=False, strict=True)
+    retentionDays: int = Field(default=7, ge=1, le=3650, strict=True)
+
+
 class ModelConfig(_Model):
     """The writer model's window (MODEL-5, SPEC §16 Compaction gate).
 
@@ -208,6 +232,26 @@ class ModelConfig(_Model):
 
     contextWindow: int | None = Field(default=None, ge=256)
     usageThresholdRatio: float = Field(default=0.7, gt=0, le=1)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)  # QUAL-4
+
+
+class QualityConfig(_Model):
+    """The content gate's thresholds (QUAL-2, `novel.quality`). Run lengths are in words; in a
+    story written in a CJK script two characters count as one word."""
+
+    enabled: bool = Field(default=True, strict=True)
+    minLetterShare: float = Field(default=0.5, strict=True, ge=0, le=1)  # letters+digits among visible chars
+    minScriptShare: float = Field(default=0.7, strict=True, ge=0, le=1)  # the story's script among letters
+    repeatWindow: int = Field(default=200, strict=True, ge=10, le=100_000)  # words a repeat is looked back
+    maxSentenceRepeats: int = Field(default=2, strict=True, ge=1, le=100)  # times one sentence may occur there
+    repeatNgram: int = Field(default=4, strict=True, ge=2, le=12)
+    maxRepeatedShare: float = Field(default=0.5, strict=True, gt=0, le=1)  # of n-grams seen there before
+    outlineRun: int = Field(default=6, strict=True, ge=3, le=50)
+    maxOutlineCopyShare: float = Field(default=0.5, strict=True, gt=0, le=1)
+    proseRun: int = Field(default=40, strict=True, ge=4, le=400)
+    maxProseCopyShare: float = Field(default=0.5, strict=True, gt=0, le=1)
+    proseWindow: int = Field(default=8, strict=True, ge=0, le=100)  # earlier commits compared
+    minLengthRatio: float = Field(default=0.5, strict=True, ge=0, le=1)  # of the unit's targetMin
 
 
 class NovelConfig(_Model):
@@ -221,6 +265,17 @@ class NovelConfig(_Model):
     # (`outline.requested`, why `next-chapter`). None: the outline is the whole book.
     plannedChapters: int | None = Field(default=None, gt=0, le=10_000)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    # ROLE-2: the semantic detector that gates canon (`novel.detection`): `offline` (default; the
+    # deterministic checks, no model call), `model` (the deployment's writer model, structured
+    # output, its usage recorded under the mode `detector`) or `off`.
+    detector: Literal["off", "offline", "model"] = "offline"
+    rawVault: RawVaultConfig = Field(default_factory=RawVaultConfig)  # QUAL-5
+    quality: QualityConfig = Field(default_factory=QualityConfig)  # QUAL-2
+    # ROLE-3: where the packs' canon comes from (the writer's declarations, the extractor's
+    # facts, or both) and the extractor that reads each commit after it lands. Defaults keep the
+    # writer's canon alone and no extractor (docs/roles.md).
+    canonSource: Literal["writer", "extractor", "both"] = "writer"
+    extractor: Literal["off", "offline", "model"] = "off"
 
 
 class NovelFile(_Model):
