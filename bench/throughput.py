@@ -612,6 +612,7 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 autovacuum: bool = True,
                 ) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts, PhaseResult | None]:
     deploy = "processes" if processes else "one-process"
+    store.set_round_trip_hook(tally)  # PERF-1: the store's transactions and statements, counted per actor
     async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn, \
             (AutovacuumRules(dsn) if autovacuum else contextlib.nullcontext()) as keeper:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")

@@ -4,7 +4,7 @@ Every function takes a pool (or a connection) first and runs as one transaction;
 are typed `StoreError`s with stable codes. Usage: `import store; await store.claim_unit(...)`.
 """
 
-from novelbus.store._db import transaction
+from novelbus.store._db import RoundTripHook, set_round_trip_hook, transaction
 from novelbus.store.commits import (
     CommitRow,
     Receipt,
@@ -156,6 +156,8 @@ from novelbus.store.usage import (
 
 __all__ = [
     "transaction",
+    "RoundTripHook",
+    "set_round_trip_hook",
     "DatabaseUnreachable",
     "AbandonedRun",
     "CommitEventMissing",

@@ -3,19 +3,51 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any, Literal, TypeAlias
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from typing import Any, Literal, Protocol, TypeAlias
 
 import asyncpg  # type: ignore[import-untyped]
 from asyncpg.pool import PoolConnectionProxy  # type: ignore[import-untyped]
-
-from novelbus.bus import tally
 
 # Every store function accepts a pool or a connection (for callers composing a larger transaction).
 Db: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 Isolation = Literal["read_committed", "repeatable_read", "serializable"]
+
+
+class RoundTripHook(Protocol):
+    """Whoever measures the store's round trips (PERF-1): `count("transactions")`,
+    `count("db_round_trips")`, and `span("db")` around each statement. The store counts nothing
+    itself; `novelbus.bus.tally` fits, and the benchmark installs it."""
+
+    def count(self, kind: str, n: int = 1) -> None: ...
+
+    def span(self, label: str) -> AbstractContextManager[object]: ...
+
+
+class _Unmeasured:
+    def count(self, kind: str, n: int = 1) -> None:
+        pass
+
+    def span(self, label: str) -> AbstractContextManager[object]:
+        return nullcontext()
+
+
+_UNMEASURED = _Unmeasured()
+round_trips: RoundTripHook = _UNMEASURED
+
+
+def set_round_trip_hook(hook: RoundTripHook | None) -> None:
+    """Install what counts the store's round trips in this process (None: count nothing)."""
+    global round_trips
+    round_trips = hook if hook is not None else _UNMEASURED
+
+
+def measured_statement() -> AbstractContextManager[object]:
+    """Count one statement sent as a database round trip, and time it (a `db` span)."""
+    round_trips.count("db_round_trips")
+    return round_trips.span("db")
 
 
 @asynccontextmanager
@@ -36,7 +68,7 @@ async def statement(db: Db) -> AsyncIterator[Conn]:
     decides no write."""
     async with acquire(db) as conn:
         if not conn.is_in_transaction():
-            tally.count("transactions")
+            round_trips.count("transactions")
         yield conn
 
 
@@ -49,7 +81,7 @@ async def joined(db: Db) -> AsyncIterator[Conn]:
         if conn.is_in_transaction():
             yield conn
             return
-        tally.count("transactions")
+        round_trips.count("transactions")
         async with conn.transaction():
             yield conn
 
@@ -61,7 +93,7 @@ async def transaction(
     """One transaction (a savepoint when `db` is a connection already inside one)."""
     async with acquire(db) as conn:
         if not conn.is_in_transaction():
-            tally.count("transactions")
+            round_trips.count("transactions")
         async with conn.transaction(isolation=isolation, readonly=readonly):
             yield conn
 

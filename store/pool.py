@@ -10,8 +10,7 @@ from urllib.parse import urlsplit
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novelbus.bus import tally
-from novelbus.store._db import Db, acquire
+from novelbus.store._db import Db, acquire, measured_statement
 
 # Arbitrary but fixed: every novelbus process serialises migrations on this key.
 MIGRATION_LOCK_KEY = 0x6E6F76656C627573  # "novelbus"
@@ -36,26 +35,22 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 class CountingConnection(asyncpg.Connection):  # type: ignore[misc]
     """Counts every statement sent — BEGIN, COMMIT and reset queries included — as one database
-    round trip of the actor running (bus.tally kind `db_round_trips`, PERF-1)."""
+    round trip (kind `db_round_trips`, PERF-1) to the installed hook (`set_round_trip_hook`)."""
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> Any:
-        tally.count("db_round_trips")
-        with tally.span("db"):
+        with measured_statement():
             return await super().execute(query, *args, timeout=timeout)
 
     async def fetch(self, query: str, *args: Any, timeout: float | None = None, record_class: Any = None) -> Any:
-        tally.count("db_round_trips")
-        with tally.span("db"):
+        with measured_statement():
             return await super().fetch(query, *args, timeout=timeout, record_class=record_class)
 
     async def fetchval(self, query: str, *args: Any, column: int = 0, timeout: float | None = None) -> Any:
-        tally.count("db_round_trips")
-        with tally.span("db"):
+        with measured_statement():
             return await super().fetchval(query, *args, column=column, timeout=timeout)
 
     async def fetchrow(self, query: str, *args: Any, timeout: float | None = None, record_class: Any = None) -> Any:
-        tally.count("db_round_trips")
-        with tally.span("db"):
+        with measured_statement():
             return await super().fetchrow(query, *args, timeout=timeout, record_class=record_class)
 
 

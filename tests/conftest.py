@@ -97,6 +97,18 @@ async def infra(server_tracker: ServerTracker) -> AsyncIterator[Infrastructure]:
         yield servers
 
 
+@pytest.fixture(scope="session", autouse=True)
+def count_store_round_trips() -> Iterator[None]:
+    """PERF-1: the store's round trips are counted in `bus.tally` for every test, as the
+    benchmark counts them (the store itself counts nothing unless a hook is installed)."""
+    from novelbus import store
+    from novelbus.bus import tally
+
+    store.set_round_trip_hook(tally)
+    yield
+    store.set_round_trip_hook(None)
+
+
 @pytest.fixture(scope="session")
 def nats_url(infra: Infrastructure) -> str:
     return infra.nats_url

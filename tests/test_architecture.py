@@ -26,11 +26,6 @@ ACTOR_HELPERS = ["context", "runtime", "unit_flow", "writer_sessions", "accounti
 # The rooms, by layer: a room may import only rooms of a lower layer.
 LAYER = {"messages": 0, "novel": 1, "writers": 2, "store": 2, "bus": 2, "infra": 2, "actors": 3, "app": 4,
          "panel": 5, "cli": 6}
-# The one sideways import, by name: round-trip counting (PERF-1, `bus.tally`, a module importing
-# nothing of ours) is counted by the store's transaction helper too.
-# MODEL-1 (landed while issue 9 ran): the embedded local model's provider starts its own server
-# (`infra.llama`); it should move behind the factory's caller — until then, named here.
-SIDEWAYS_ALLOWED = {("store", "bus.tally")}
 
 
 def _imports(path: Path) -> set[str]:
@@ -113,15 +108,9 @@ def room_graph() -> dict[str, set[str]]:
     for room, path in _room_modules():
         for module in _imports(path):
             other = _room_of(module)
-            if other is not None and other != room and (room, module) not in SIDEWAYS_ALLOWED:
-                if not any((room, m) in SIDEWAYS_ALLOWED for m in _imports(path) if m.startswith(f"{module}.")):
-                    graph[room].add(other)
+            if other is not None and other != room:
+                graph[room].add(other)
     return graph
-
-
-def test_arch_the_allowed_sideways_imports_are_leaves() -> None:
-    for _room, module in SIDEWAYS_ALLOWED:
-        assert not {m for m in _imports(REPO / (module.replace(".", "/") + ".py")) if _room_of(m)}, module
 
 
 def test_arch_writers_import_no_actors_bus_store_or_infra() -> None:
