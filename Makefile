@@ -16,7 +16,9 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FM
 LLAMA_KEY        := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEELS     := .wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_KEY)
 
-.PHONY: demo demo-model test lint bench clean llama-wheel
+DOCS_STAMP := $(VENV)/.installed-docs
+
+.PHONY: demo demo-model test docs lint bench clean llama-wheel
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,8 +87,18 @@ $(CHROMIUM):
 	  echo "make test needs Debian's chromium at $(CHROMIUM): run 'apt-get install chromium' as root" >&2; exit 1; fi; \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
+# The docs site (MkDocs, material theme) into site/: strict, so a broken link, a page missing from
+# the nav or a nav entry without its page fails. The CLI, configuration and novel-file references
+# are generated from the code at build time (docs/hooks/reference.py). Installs the `docs` extra.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .novelbus .pytest_cache .hypothesis .wheels
+	rm -rf $(VENV) .novelbus .pytest_cache .hypothesis .wheels site
