@@ -1,0 +1,147 @@
+"""The extractor's canon (ROLE-3): which commits were extracted, and the facts each one gave.
+
+`extracted_commits` is the ledger (migration 015): one row per processed commit, written in the
+same statement as its facts and its `canon.extracted` event row, so a commit is extracted once
+whoever dies when — a replay after a crash finds the row and writes nothing (`save_extraction`
+returns None). `pending_extractions` is what a sweep still has to do: commits of novels whose
+`config.extractor` is not `off` that have no ledger row, oldest first per novel.
+
+The facts are read back with the commit index by the context read (`EXTRACTED_JSON`, merged
+under `config.canonSource` by `novel.roles.extractor.merge_canon`); they never change the
+writer's own `canon_facts`, which the commit index caches as written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from novelbus.novel.body import CanonChange
+from novelbus.store._db import Db, statement
+from novelbus.store.events import check_event
+
+
+class PendingExtraction(msgspec.Struct, frozen=True):
+    novel_id: str
+    unit_id: str
+    commit_id: str
+    seq: int
+    mode: str  # the novel's config.extractor: offline | model
+
+
+class ExtractionRecord(msgspec.Struct, frozen=True):
+    novel_id: str
+    commit_id: str
+    seq: int
+    mode: str
+    outcome: str
+    proposed: int
+    accepted: int
+
+
+def extracted_json(novel: str, up_to: str) -> str:
+    """SQL: ``{commit id: [CanonChange JSON, …]}`` of the extractor's facts of novel `novel` at
+    or before seq `up_to`, in fact order (text)."""
+    return (
+        "(SELECT coalesce(json_object_agg(x.commit_id, x.facts), '{}'::json)::text FROM"
+        " (SELECT e.commit_id, json_agg(json_build_object('kind', e.kind, 'summary', e.summary,"
+        " 'sources', e.sources, 'detail', e.detail, 'characterIds', e.character_ids,"
+        " 'foreshadowingId', e.foreshadowing_id,"
+        " 'foreshadowingStatus', coalesce(e.foreshadowing_status, 'resolved')) ORDER BY e.idx) AS facts"
+        f" FROM extracted_canon e WHERE e.novel_id = {novel} AND e.seq <= {up_to} GROUP BY e.commit_id) x)"
+    )
+
+
+_extracted = msgspec.json.Decoder(dict[str, list[CanonChange]])
+
+
+def decode_extracted(text: str | None) -> dict[str, list[CanonChange]]:
+    return {} if not text else _extracted.decode(text)
+
+
+async def pending_extractions(pool: Db, *, novel_id: str | None = None, limit: int = 200) -> list[PendingExtraction]:
+    """Commits not extracted yet, of novels whose extractor is on, in (novel, seq) order."""
+    async with statement(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT c.novel_id, c.unit_id, c.commit_id, c.seq, n.config ->> 'extractor' AS mode"
+            " FROM novels n JOIN commits c ON c.novel_id = n.novel_id"
+            " WHERE coalesce(n.config ->> 'extractor', 'off') IN ('offline', 'model')"
+            " AND ($1::text IS NULL OR n.novel_id = $1)"
+            " AND NOT EXISTS (SELECT 1 FROM extracted_commits e"
+            "  WHERE e.novel_id = c.novel_id AND e.commit_id = c.commit_id)"
+            " ORDER BY c.novel_id, c.seq LIMIT $2",
+            novel_id, limit)
+    return [PendingExtraction(**dict(r)) for r in rows]
+
+
+async def save_extraction(
+    pool: Db,
+    event: tuple[str, dict[str, Any]],
+    *,
+    once_key: str,
+    novel_id: str,
+    commit_id: str,
+    seq: int,
+    mode: str,
+    outcome: str,
+    proposed: int,
+    facts: list[CanonChange],
+) -> int | None:
+    """The commit's ledger row, its facts and its event row, (type, payload), in ONE statement:
+    the event's seq, or None when the commit was extracted already (nothing written)."""
+    check_event(*event)
+    payload = msgspec.to_builtins(facts)
+    async with statement(pool) as conn:
+        seq_out = await conn.fetchval(
+            "WITH led AS (INSERT INTO extracted_commits (novel_id, commit_id, seq, mode, outcome, proposed, accepted)"
+            "  VALUES ($1, $2, $3, $4, $5, $6, jsonb_array_length($7::jsonb))"
+            "  ON CONFLICT (novel_id, commit_id) DO NOTHING RETURNING commit_id),"
+            " facts AS (INSERT INTO extracted_canon (novel_id, commit_id, seq, idx, kind, summary, detail, sources,"
+            "  character_ids, foreshadowing_id, foreshadowing_status)"
+            "  SELECT $1, $2, $3, (f.ord - 1)::integer, f.e ->> 'kind', f.e ->> 'summary', f.e ->> 'detail',"
+            "  coalesce(f.e -> 'sources', '[]'::jsonb), coalesce(f.e -> 'characterIds', '[]'::jsonb),"
+            "  f.e ->> 'foreshadowingId', f.e ->> 'foreshadowingStatus'"
+            "  FROM jsonb_array_elements($7::jsonb) WITH ORDINALITY AS f(e, ord) WHERE EXISTS (SELECT 1 FROM led)"
+            "  RETURNING 1),"
+            " ev AS (INSERT INTO events (novel_id, type, payload, once_key)"
+            "  SELECT $1, $8, $9, $10 WHERE EXISTS (SELECT 1 FROM led)"
+            "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq)"
+            " SELECT (SELECT seq FROM ev) + 0 * (SELECT count(*) FROM facts)",
+            novel_id, commit_id, seq, mode, outcome, proposed, payload, event[0], event[1], once_key)
+    return None if seq_out is None else int(seq_out)
+
+
+async def list_extractions(pool: Db, novel_id: str) -> list[ExtractionRecord]:
+    """The novel's extraction ledger in commit order."""
+    async with statement(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT novel_id, commit_id, seq, mode, outcome, proposed, accepted FROM extracted_commits"
+            " WHERE novel_id = $1 ORDER BY seq", novel_id)
+    return [ExtractionRecord(**dict(r)) for r in rows]
+
+
+async def extracted_canon(pool: Db, novel_id: str, *, up_to: int | None = None) -> dict[str, list[CanonChange]]:
+    """The extractor's facts per commit id, at or before seq `up_to` (None: all)."""
+    async with statement(pool) as conn:
+        text = await conn.fetchval(f"SELECT {extracted_json('$1', '$2')}", novel_id,
+                                   (1 << 31) - 1 if up_to is None else up_to)
+    return decode_extracted(text)
+
+
+async def chapter_canon(pool: Db, novel_id: str, chapter_id: str, up_to: int) -> list[CanonChange]:
+    """Every canon fact of the chapter's commits at or before seq `up_to`, the writer's and the
+    extractor's, oldest first: the extractor's de-duplication knowledge (events included)."""
+    async with statement(pool) as conn:
+        text = await conn.fetchval(
+            "SELECT coalesce(json_agg(f.fact ORDER BY f.seq, f.src, f.idx), '[]'::json)::text FROM ("
+            " SELECT c.seq, 0 AS src, cf.idx, json_build_object('kind', cf.kind, 'summary', cf.summary,"
+            "  'sources', cf.sources, 'detail', cf.detail, 'characterIds', cf.character_ids) AS fact"
+            " FROM commits c JOIN canon_facts cf ON cf.novel_id = c.novel_id AND cf.commit_id = c.commit_id"
+            " WHERE c.novel_id = $1 AND c.chapter_id = $2 AND c.seq <= $3"
+            " UNION ALL SELECT c.seq, 1, e.idx, json_build_object('kind', e.kind, 'summary', e.summary,"
+            "  'sources', e.sources, 'detail', e.detail, 'characterIds', e.character_ids)"
+            " FROM commits c JOIN extracted_canon e ON e.novel_id = c.novel_id AND e.commit_id = c.commit_id"
+            " WHERE c.novel_id = $1 AND c.chapter_id = $2 AND c.seq <= $3) f",
+            novel_id, chapter_id, up_to)
+    return msgspec.json.decode(text, type=list[CanonChange])
