@@ -78,6 +78,17 @@ class VerificationFailed(Event, tag="verify.failed", frozen=True):
     failure: str
 
 
+class UnitRefused(Event, tag="unit.refused", frozen=True):
+    """QUAL-3: the content gate refused a candidate (`novel.quality` code); counts only, never
+    the candidate's text."""
+
+    unit_id: str
+    code: str  # no-letters | wrong-script | copies-outline | copies-prose | repetition | too-short
+    shape: str  # W1 | W2 | inline
+    paragraphs: int
+    characters: int  # effective characters of the refused candidate
+
+
 class UnitFailed(Event, tag="unit.failed", frozen=True):
     unit_id: str
     reason: str
@@ -246,6 +257,29 @@ class RequirementSuperseded(Event, tag="requirement.superseded", frozen=True):
     resolved_message_id: str | None = None
 
 
+class CanonExtracted(Event, tag="canon.extracted", frozen=True):
+    """ROLE-3: the extractor read a commit's prose: counts and an outcome code only."""
+
+    unit_id: str
+    commit_id: str
+    mode: str  # offline | model
+    outcome: str  # extracted | bad-reply | provider-error
+    proposed: int
+    accepted: int  # new facts kept after the source check and de-duplication
+
+
+class CandidateDetected(Event, tag="candidate.detected", frozen=True):
+    """ROLE-2: the semantic detector checked a candidate: its claims' counts by verdict and the
+    outcome code (pass | contradicted | evidence-gap | detector-unparsed), never a claim's text."""
+
+    unit_id: str
+    detector: str  # offline | model
+    outcome: str
+    supported: int
+    contradicted: int
+    unknown: int
+
+
 NovelEvent = (
     NovelCreated | UnitPrepared | UnitClaimed | PackRendered | WriterDispatched | ToolStarted
     | WriterFinished | UnitCommitted | VerificationFailed | UnitFailed | UnitSuperseded | ClaimReleased
@@ -254,4 +288,5 @@ NovelEvent = (
     | ChapterCompleted | NovelPaused | NovelResumed | ModeSwitched | NovelFinished
     | OutlineRevised | OutlineRequested | ConfigChanged | RequirementReceived | RequirementApplied
     | RequirementBlocked | RequirementSuperseded
+    | CanonExtracted | CandidateDetected
 )

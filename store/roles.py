@@ -3,8 +3,9 @@
 `load_role_inputs` freezes the unit's context under the role's scenario (`store.load_context`:
 one REPEATABLE READ READ ONLY read-back, CTX-4) and adds what the role needs beside it — the
 candidate under review (the unit's committed body unless one is given), the commit whose prose
-the extractor reads, the planner's structural snapshot at asOf. The projection itself is pure
-(`novel.roles.project`). Nothing here writes.
+the extractor reads with its chapter's canon so far (the writer's and the extractor's, for
+de-duplication), the planner's structural snapshot at asOf, the judge's outline. The projection
+itself is pure (`novel.roles.project`). Nothing here writes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from novelbus.novel.snapshot import CommitView
 from novelbus.store._db import Db
 from novelbus.store.commits import get_commit_for_unit
 from novelbus.store.context import load_context
+from novelbus.store.extraction import chapter_canon
 from novelbus.store.snapshots import load_snapshot
 
 
@@ -62,6 +64,7 @@ async def load_role_inputs(
     as_of: int | None = None,
     candidate: Candidate | None = None,
     shape: Literal["full", "trimmed"] = "full",
+    other: Candidate | None = None,
 ) -> RoleInputs:
     """A role's inputs for a unit (module docstring). The extractor reads the unit's commit, so
     its asOf is the commit before it (an ``as_of`` given for it is refused). Raises
@@ -83,8 +86,13 @@ async def load_role_inputs(
             raise RoleInputError(
                 f"unit {unit_id!r} has no committed body: give the candidate to review (--candidate FILE)")
         candidate = Candidate(paragraphs=own.paragraphs)
-    snapshot = None
+    snapshot, known, outline = None, None, None
+    at = frozen.context.request.as_of
     if name == "planner":
-        at = frozen.context.request.as_of
         snapshot = planner_snapshot(await load_snapshot(pool, novel_id, as_of_seq=at, prose=False), at)
-    return role_inputs(name, frozen, candidate=candidate, commit=commit, snapshot=snapshot, shape=shape)
+    if name == "judge":
+        outline = (await load_snapshot(pool, novel_id, as_of_seq=at, prose=False)).outline
+    if commit is not None:  # the extractor de-duplicates against the chapter's canon so far
+        known = await chapter_canon(pool, novel_id, commit.chapter_id, at)
+    return role_inputs(name, frozen, candidate=candidate, commit=commit, snapshot=snapshot, shape=shape,
+                       known_canon=known, outline=outline, other=other)
