@@ -36,10 +36,12 @@ from novelbus.bus.tasks import cancel_and_wait
 from novelbus.messages import events as ev
 from novelbus.messages import usage as um
 from novelbus.novel.next_work import completed_chapters
+from novelbus.novel.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 USAGE_RETRY_S = 30.0  # a sample is retried this long, then its turn is marked usage.missing
+USAGE_RETRY = RetryPolicy(initial_interval_s=0.4, maximum_interval_s=5.0)  # within USAGE_RETRY_S
 USAGE_GRACE_S = 60.0  # reconciliation marks a turn's usage missing this long after it (> retry)
 COMMIT_EVENT_GRACE_S = 10.0  # a commit this old without `unit.committed`: its claim manager died
 SWEEP_WINDOW_S = 3600.0  # a periodic sweep looks at commits and finishes this recent; a starting driver at all
@@ -104,7 +106,7 @@ class Accounting:
             attempt += 1
             if time.monotonic() >= deadline:
                 break
-            await asyncio.sleep(min(5.0, 0.2 * 2 ** min(attempt, 5)))
+            await asyncio.sleep(USAGE_RETRY.delay_s(attempt))
         log.warning("usage of %s turn %s not recorded (%s); marked missing", record.unit_id, record.turn, reason)
         with contextlib.suppress(Exception):  # the store away too: reconciliation marks it later
             await self.mark_missing(record.novel_id, record.unit_id, record.claim_id, record.turn, reason)

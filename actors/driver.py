@@ -73,6 +73,7 @@ from novelbus.novel.next_work import (
     next_work,
 )
 from novelbus.novel.planning import outline_request
+from novelbus.novel.retry import RetryPolicy
 from novelbus.novel.snapshot import NovelSnapshot
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,10 @@ LEASE_S = 12.0  # a flow's lease on its unit; renewed every LEASE_RENEW_S while 
 LEASE_RENEW_S = 3.0
 SWEEP_S = 2.0  # how often a driver looks for claims nobody drives any more
 INTERNAL_RETRY_S = 30.0  # an actor answering `internal` is retried in place this long, then the notice naks
+# REL-6: a notice waits out NATS or PostgreSQL being away (no attempt bound: the error class decides)
+NOTICE_RETRY = RetryPolicy(initial_interval_s=0.5, maximum_interval_s=5.0)
+# REL-6 inside a flow that holds a claim: shorter waits, so the unit resumes soon after the outage
+STEP_RETRY = RetryPolicy(initial_interval_s=0.2, maximum_interval_s=2.0)
 
 
 STOP_GRACE_S = 10.0  # how long a stopping driver waits for its cancelled continuations
@@ -262,7 +267,7 @@ class Driver:
                         is_infrastructure_error(e) or (internal and time.monotonic() - started < INTERNAL_RETRY_S)):
                     raise
                 attempt += 1
-                delay = min(5.0, 0.25 * 2 ** min(attempt, 5))
+                delay = NOTICE_RETRY.delay_s(attempt)
                 log.warning("notice for %s delayed (%s); retry %s in %.1f s", notice.novel_id, error_code(e),
                             attempt, delay)
                 await asyncio.sleep(delay)
@@ -463,7 +468,7 @@ class Driver:
                 if not (self.state.running and is_infrastructure_error(e)) or time.monotonic() - started > limit_s:
                     raise
                 attempt += 1
-                await asyncio.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
+                await asyncio.sleep(STEP_RETRY.delay_s(attempt))
 
     async def _keep_lease(self, novel_id: str, unit_id: str, intent_id: str) -> None:
         while True:

@@ -17,9 +17,11 @@ from nats.errors import TimeoutError as NatsTimeout
 from novelbus.bus import outbox, tally
 from novelbus.bus.codec import decode_reply, encode
 from novelbus.messages.errors import BUS_UNAVAILABLE, ErrorReply
+from novelbus.novel.retry import RetryPolicy
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+REQUEST_RETRY = RetryPolicy(initial_interval_s=0.5, maximum_interval_s=5.0)  # a command without a reply
 
 
 class RemoteError(Exception):
@@ -99,9 +101,10 @@ async def connect(url: str, *, name: str, user: str | None = None, password: str
 
 async def request(
     nc: NATS, subject: str, msg: msgspec.Struct, reply: type[T], *,
-    timeout: float = 30.0, retries: int = 0, retry_delay: float = 0.5,
+    timeout: float = 30.0, retries: int = 0, retry: RetryPolicy | None = None,
 ) -> T:
-    """Send a command and decode its reply; an ErrorReply raises RemoteError.
+    """Send a command and decode its reply; an ErrorReply raises RemoteError. No reply (a
+    timeout, no responders) is tried again `retries` times, waiting as `retry` says.
 
     The calling task's events are stored first (bus.outbox): the command cannot overtake them."""
     await outbox.settle()
@@ -117,7 +120,7 @@ async def request(
             if attempt >= retries:
                 raise BusUnavailable(f"no reply on {subject} ({type(e).__name__})") from None
             attempt += 1
-            await asyncio.sleep(retry_delay * attempt)
+            await asyncio.sleep((retry or REQUEST_RETRY).delay_s(attempt))
     answer = decode_reply(raw.data, reply)
     if isinstance(answer, ErrorReply):
         raise RemoteError(answer.code, answer.message, missing_blocks=answer.missing_blocks)

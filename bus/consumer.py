@@ -48,6 +48,7 @@ from nats.js.api import ConsumerConfig
 from novelbus.bus import tally
 from novelbus.bus.codec import MessageError, decode
 from novelbus.bus.tasks import cancel_and_wait
+from novelbus.novel.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,9 @@ class DurablePullConsumer(Generic[M]):
         self.dead_letter_subject = dead_letter_subject
         self.max_deliver = max_deliver
         self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        # a failed delivery n comes back after backoff_s × 2^n, at most max_backoff_s
+        self.redelivery = RetryPolicy(initial_interval_s=min(2 * backoff_s, max_backoff_s),
+                                      maximum_interval_s=max_backoff_s)
         self.heartbeat_s = heartbeat_s
         self.batch = batch
         self.fetch_timeout_s = fetch_timeout_s  # the longest one wait for a message lasts (stop checks)
@@ -215,7 +218,7 @@ class DurablePullConsumer(Generic[M]):
                 await self._dead_letter(msg, code, str(e))
             else:
                 with contextlib.suppress(Exception):
-                    await msg.nak(delay=min(self.max_backoff_s, self.backoff_s * 2**delivered))
+                    await msg.nak(delay=self.redelivery.delay_s(delivered))
             return
         finally:
             heartbeat.cancel()

@@ -29,11 +29,12 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from novelbus.bus import tally
+from novelbus.novel.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 5.0
-REPUBLISH_ATTEMPTS = 4
+REPUBLISH = RetryPolicy(initial_interval_s=0.2, maximum_interval_s=1.0, maximum_attempts=4)
 MAX_IN_FLIGHT = 4096  # unacked events per connection before `publish` waits (nats-py's bound was 4000)
 
 
@@ -196,13 +197,15 @@ async def settle() -> None:
 async def _republish(js: JetStreamContext, event: _Event) -> None:
     """The ack did not come (or said no): publish again under the same message id, waiting for
     the ack each time; after the last attempt the event is in the ledger only (logged)."""
-    for attempt in range(REPUBLISH_ATTEMPTS):
+    attempts = 0
+    while True:
         try:
             await js.publish(event.subject, event.data, headers=event.headers, timeout=ACK_TIMEOUT_S)
             return
         except Exception as e:  # noqa: BLE001 - NATS away: retry, then keep the ledger row
-            if attempt == REPUBLISH_ATTEMPTS - 1:
+            attempts += 1
+            if not REPUBLISH.allows(attempts):
                 log.warning("%s %s kept in the ledger only (%s)", event.what,
                             event.headers.get("Nats-Msg-Id", ""), type(e).__name__)
-            else:
-                await asyncio.sleep(0.2 * (attempt + 1))
+                return
+            await asyncio.sleep(REPUBLISH.delay_s(attempts))

@@ -22,8 +22,11 @@ from typing import IO
 
 from novelbus.infra import deathsig_preexec
 from novelbus.messages.subjects import ACTOR_NAMES
+from novelbus.novel.retry import RetryPolicy
 
 STOP_GRACE_S = 10.0
+QUICK_RESTARTS = 3  # a child that dies before it is ready is restarted at once this often
+RESTART_BACKOFF = RetryPolicy(initial_interval_s=0.8, maximum_interval_s=5.0)  # then waits grow
 
 
 @dataclass
@@ -151,8 +154,8 @@ class Supervisor:
                 if child.proc.returncode is not None:
                     quick = child.ready_at is None  # died before it was ever ready
                     child.restarts += 1
-                    if quick and child.restarts > 3:
-                        await asyncio.sleep(min(5.0, 0.2 * child.restarts))
+                    if quick and child.restarts > QUICK_RESTARTS:
+                        await asyncio.sleep(RESTART_BACKOFF.delay_s(child.restarts - QUICK_RESTARTS))
                     await child.spawn()
             await asyncio.sleep(0.05)
 

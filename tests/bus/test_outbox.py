@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import nats
@@ -102,7 +103,7 @@ async def test_rel6_an_ack_that_says_no_is_retried_then_left_to_the_ledger(
         bus: tuple[NATS, JetStreamContext, Subjects], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     nc, js, s = bus
-    monkeypatch.setattr(outbox, "REPUBLISH_ATTEMPTS", 2)
+    monkeypatch.setattr(outbox, "REPUBLISH", replace(outbox.REPUBLISH, maximum_attempts=2))
     monkeypatch.setattr(outbox, "ACK_TIMEOUT_S", 0.5)
     with caplog.at_level(logging.WARNING, logger="novelbus.bus.outbox"):
         # no stream stores this subject: the server answers 503 (no responders) at once
