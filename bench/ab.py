@@ -31,6 +31,7 @@ from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
+from novelbus.bench import ab_quality
 from novelbus.bench.common import (
     MIN_UNIT_CHARS,
     drop_namespace_streams,
@@ -56,6 +57,7 @@ from novelbus.cli.common import (
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
+from novelbus.novel.judge import w3
 from novelbus.novel.outline import OutlineError, parse_novel_file
 from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO, gate_tokens
 from novelbus.writers.provider import ProviderError
@@ -78,11 +80,13 @@ SLOW_UNIT_S = 5.0  # ... and one per committed unit once units take longer than 
 
 
 async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float, label: str,
-                      quiet: bool = False, live: bool = True) -> tuple[str, float]:
+                      quiet: bool = False, live: bool = True, measure_paused: bool = False) -> tuple[str, float]:
     """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds).
     Progress: a live bar on a terminal (`live`); else lines on stderr (not `quiet`): every 10 units,
     every unit once units are slow (a real model), a failed unit's reason code, the end, and a heartbeat
-    with the writer runs so far at least every minute — a long real-model job is never silent."""
+    with the writer runs so far at least every minute — a long real-model job is never silent.
+    `measure_paused` (JUDGE-4): a novel that pauses or runs out of time is stopped and measured as
+    far as it got (a note on stderr says so) instead of failing the whole A/B."""
     try:
         nf = parse_novel_file(json.dumps(data, ensure_ascii=False))
     except OutlineError as e:
@@ -138,6 +142,10 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
         except TimeoutError:
             with contextlib.suppress(Exception):
                 await store.pause_novel(ctx.pool, novel_id, "stopped")
+            if measure_paused:
+                err_console.print(f"[yellow]note:[/] {label}: stopped after {timeout:.0f} s, measured as far as "
+                                  f"it got ({units()})")
+                return novel_id, time.monotonic() - started
             raise RuntimeError(f"{label}: novel {novel_id} did not finish within {timeout:.0f} s "
                                f"({units()})") from None
         finally:
@@ -152,6 +160,10 @@ async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float
             # figures are complete, so the A/B stands; the note says so.
             err_console.print(f"[yellow]note:[/] {label}: every unit written, the finish guard holds the book "
                               f"({final.detail})")
+            return novel_id, time.monotonic() - started
+        if measure_paused:
+            err_console.print(f"[yellow]note:[/] {label}: paused ({final.reason}), measured as far as it got "
+                              f"({units()})")
             return novel_id, time.monotonic() - started
         raise RuntimeError(f"{label}: novel {novel_id} paused ({final.reason}: {final.detail})")
     return novel_id, time.monotonic() - started
@@ -445,7 +457,10 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                 compact_tokens: int | None, check_flat: bool, out: Path, timeout: float, as_json: bool,
                 home: Path | None, nats_url: str | None, database_url: str | None, window: int | None = None,
                 usage_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
-                max_output_tokens: int | None = None) -> dict[str, Any]:
+                max_output_tokens: int | None = None, judge: str | None = None,
+                measure_paused: bool = False) -> dict[str, Any]:
+    """`judge`: None measures the cost half and JUDGE-1's figures; `offline` or a provider spec
+    adds the blind judge (JUDGE-2). The W3 verdict (JUDGE-3) is in the report either way."""
     started = time.monotonic()
     async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
@@ -467,8 +482,13 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                                       label=f"bench ab {label}", window=window, ratio=usage_ratio)
                     err_console.print(f"[dim]{label}: {n_chapters} chapters × {scenes} scenes in {mode} mode[/]")
                     novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label,
-                                                          live=not as_json)
+                                                          live=not as_json, measure_paused=measure_paused)
                     results[label] = await measure(ctx, label, mode, novel_id, seconds)
+                if judge is not None:
+                    err_console.print(f"[dim]judge: {judge}, every scene both arms wrote, positions swapped[/]")
+                quality = await ab_quality.quality(ctx, results["inline"].novel_id, results["subagent"].novel_id,
+                                                   judge=judge, seed=seed, writer_model=model,
+                                                   writer_provider=writer_provider)
             except asyncio.CancelledError:
                 # Ctrl-C / SIGTERM: stop the model first, so the call in flight fails now and the
                 # actors drain in seconds, not after the unit's remaining model calls (minutes on
@@ -487,6 +507,10 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
     provider_ratio = (sub.provider_input_tokens / max(1, inline.provider_input_tokens)
                       if sub.provider_input_tokens is not None and inline.provider_input_tokens is not None
                       else None)
+    # JUDGE-3: the server's own figures where every call reported them, else the estimate
+    judged = quality.get("judge") or {}
+    interval = judged.get("not_worse_interval")
+    verdict = w3(provider_ratio if provider_ratio is not None else ratio, interval[0] if interval else None)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     csv_path, png_path = write_curve(out / f"ab-{stamp}", list(results.values()))
     if not as_json:
@@ -494,6 +518,7 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         console.print(f"curve: {csv_path}")
         if png_path is not None:
             console.print(f"plot:  {png_path}")
+        ab_quality.print_quality(console, quality, verdict)
     report: dict[str, Any] = {
         "units": len(inline.units),
         "inline_input_tokens": inline.input_tokens,
@@ -550,6 +575,8 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         report["flat_delta"] = round(abs(flat.peak_tokens - sub.peak_tokens) / max(1, sub.peak_tokens), 4)
         report["flat_growth_in_unit_index"] = round(flat.growth(), 4)
         report["inline_growth_in_unit_index"] = round(inline.growth(), 4)
+    report["quality"] = quality
+    report["w3"] = verdict
     return report
 
 
@@ -582,8 +609,17 @@ def bench_ab(
     home: Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME)")] = None,
     nats_url: Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server")] = None,
     database_url: Annotated[str | None, typer.Option("--database-url", help="Existing PostgreSQL")] = None,
+    judge: Annotated[bool, typer.Option(
+        "--judge", help="Judge every scene both arms wrote, blind and position-swapped (JUDGE-2); the offline "
+                        "judge unless --judge-model names a model")] = False,
+    judge_model: Annotated[str | None, typer.Option(
+        "--judge-model", help="The judge: offline | local[:PATH.gguf] | openai:<model> (implies --judge)")] = None,
+    measure_paused: Annotated[bool, typer.Option(
+        "--measure-paused", help="A novel that pauses or reaches --timeout is measured as far as it got "
+                                 "instead of failing the A/B (long real-model runs)")] = False,
 ) -> None:
-    """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio."""
+    """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio;
+    consistency figures, the blind judge (--judge) and the W3 verdict."""
     if png:
         require_extra("plot", "bench ab --png")
     for name, value in (("--chapters", chapters), ("--scenes", scenes),
@@ -599,12 +635,19 @@ def bench_ab(
     if timeout <= 0:
         fail(f"--timeout must be positive, got {timeout}", code=2)
     check_output(out, "--out", directory=True)
+    judge_spec: str | None = None
+    if judge or judge_model is not None:
+        try:
+            judge_spec = ab_quality.check_judge_spec(judge_model or "offline")
+        except ValueError as e:
+            fail(str(e), code=2)
     try:
         report = run(bench(chapters=chapters, scenes=scenes, unit_chars=unit_chars, seed=seed, cjk=cjk,
                            model=model, compact_tokens=compact_tokens, check_flat=check_flat,
                            out=(out or home_dir(home) / "bench"), timeout=timeout, as_json=as_json,
                            home=home, nats_url=nats_url, database_url=database_url, window=window,
-                           usage_ratio=usage_ratio, max_output_tokens=max_output_tokens))
+                           usage_ratio=usage_ratio, max_output_tokens=max_output_tokens, judge=judge_spec,
+                           measure_paused=measure_paused))
     except ProviderError as e:
         fail(f"writer provider: {e}", code=2)
     except (RuntimeError, ValueError) as e:
