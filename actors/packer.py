@@ -41,7 +41,8 @@ class PackRenderer(ServiceActor):
         try:
             frozen = await store.load_context(pool, novel_id=req.novel_id, unit_id=req.unit_id,
                                               scenario="generation", purpose="production",
-                                              profile=req.profile, as_of=req.as_of_seq)
+                                              profile=req.profile, as_of=req.as_of_seq,
+                                              evidence=tuple(req.evidence))
             pack = render_writer_pack(frozen, req.shape)  # raises WriterPackError (PACK-4)
         except Exception:
             self.state.failures += 1

@@ -20,6 +20,9 @@ class RenderPack(Message, tag="packs.render", frozen=True):
     # The last commit seq the context may see; None = the latest commit (or, for a committed
     # unit, the one before its own commit). A later value than the latest commit is refused.
     as_of_seq: int | None = None
+    # ROLE-2: evidence recalled for a detector's gaps (`character:<id>`): a fresh writer's context
+    # adds those characters' cards, canon states and pointed prose.
+    evidence: list[str] = []
 
 
 class PackReady(Message, tag="packs.rendered", frozen=True):

@@ -22,7 +22,8 @@ from novelbus.messages.base import tag_of
 REPO = Path(__file__).resolve().parents[1]
 ACTOR_MODULES = ["driver", "claims", "packer", "writer", "verifier", "usage"]
 # actors/ also holds what the actors share or wire, never an actor's own logic used by another.
-ACTOR_HELPERS = ["context", "runtime", "unit_flow", "writer_sessions", "accounting", "steering"]
+ACTOR_HELPERS = ["context", "runtime", "unit_flow", "writer_sessions", "accounting", "steering", "extraction",
+                 "detection"]
 # The rooms, by layer: a room may import only rooms of a lower layer.
 LAYER = {"messages": 0, "novel": 1, "writers": 2, "store": 2, "bus": 2, "infra": 2, "actors": 3, "app": 4,
          "panel": 5, "cli": 6}

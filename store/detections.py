@@ -1,0 +1,106 @@
+"""The semantic detector's records (ROLE-2): one per candidate checked, bound to its contexts.
+
+`detection_inputs` reads, in one statement, what a check needs: the request the candidate's
+context was frozen with (CTX-6's freeze row, found by the context hash) and the record of an
+earlier check of the same candidate in the same context (a redelivered commit: its verdict is
+read back, the detector is not asked twice). `save_detection_with_event` writes the record and its
+`candidate.detected` ledger row in ONE statement, the event once per record (REL-2, REL-7).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from novelbus.store._db import Db, novel_must_exist, statement
+from novelbus.store.events import check_event
+
+
+class DetectionRecord(msgspec.Struct, frozen=True):
+    detector: str
+    outcome: str  # pass | contradicted | evidence-gap | detector-unparsed
+    supported: int
+    contradicted: int
+    unknown: int
+    gaps: list[str]
+    claims: list[dict[str, Any]]
+    detection_context_hash: str
+    claim_id: str | None = None
+
+
+_COLUMNS = ("detector, outcome, supported, contradicted, unknown, gaps, claims, detection_context_hash, claim_id")
+
+
+def _record(row: Any) -> DetectionRecord:
+    return DetectionRecord(detector=row["detector"], outcome=row["outcome"], supported=row["supported"],
+                           contradicted=row["contradicted"], unknown=row["unknown"], gaps=list(row["gaps"]),
+                           claims=list(row["claims"]), detection_context_hash=row["detection_context_hash"],
+                           claim_id=row["claim_id"])
+
+
+async def detection_inputs(pool: Db, novel_id: str, unit_id: str, context_hash: str | None,
+                           body_hash: str) -> tuple[dict[str, Any] | None, DetectionRecord | None]:
+    """(the candidate context's frozen request — only when frozen for this very unit —, the
+    record of an earlier check of this candidate in that context), in one round trip."""
+    async with statement(pool) as conn:
+        row = await conn.fetchrow(
+            "SELECT (SELECT f.manifest -> 'request' FROM context_freeze f WHERE f.context_hash = $3"
+            "   AND f.novel_id = $1 AND f.unit_id = $2 LIMIT 1) AS request,"
+            f" (SELECT row_to_json(d) FROM (SELECT {_COLUMNS} FROM detections WHERE novel_id = $1"
+            "   AND unit_id = $2 AND context_hash = $3 AND body_hash = $4) d) AS record",
+            novel_id, unit_id, context_hash or "", body_hash)
+    request = row["request"] if row is not None else None
+    record = row["record"] if row is not None else None
+    return request, (_record(record) if record is not None else None)
+
+
+async def save_detection_with_event(
+    pool: Db,
+    event: tuple[str, dict[str, Any]],
+    *,
+    once_key: str,
+    novel_id: str,
+    unit_id: str,
+    context_hash: str | None,
+    body_hash: str,
+    record: DetectionRecord,
+) -> tuple[bool, int | None]:
+    """The record and its event's ledger row (`once_key`) in ONE statement: (written now, the
+    event's seq). A record already there writes nothing (its event was written with it)."""
+    type, payload = event
+    check_event(type, payload)
+    async with novel_must_exist(novel_id), statement(pool) as conn:
+        row = await conn.fetchrow(
+            "WITH d AS (INSERT INTO detections (novel_id, unit_id, context_hash, body_hash,"
+            "  detection_context_hash, claim_id, detector, outcome, supported, contradicted, unknown, gaps, claims)"
+            "  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+            "  ON CONFLICT (novel_id, unit_id, context_hash, body_hash) DO NOTHING RETURNING 1),"
+            " ev AS (INSERT INTO events (novel_id, type, payload, once_key)"
+            "  SELECT $1, $14, $15, $16 WHERE EXISTS (SELECT 1 FROM d)"
+            "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq)"
+            " SELECT EXISTS (SELECT 1 FROM d) AS saved, (SELECT seq FROM ev) AS seq",
+            novel_id, unit_id, context_hash or "", body_hash, record.detection_context_hash, record.claim_id,
+            record.detector, record.outcome, record.supported, record.contradicted, record.unknown,
+            record.gaps, record.claims, type, payload, once_key)
+    return bool(row["saved"]), (int(row["seq"]) if row["seq"] is not None else None)
+
+
+async def detection_gaps(pool: Db, novel_id: str, unit_id: str, claim_id: str) -> list[str]:
+    """The evidence gaps this claim's refused candidates named (what a fresh writer's context
+    recalls, ROLE-2), sorted."""
+    async with statement(pool) as conn:
+        rows = await conn.fetch(
+            "SELECT DISTINCT g FROM detections, jsonb_array_elements_text(gaps) AS g"
+            " WHERE novel_id = $1 AND unit_id = $2 AND claim_id = $3 AND outcome = 'evidence-gap' ORDER BY g",
+            novel_id, unit_id, claim_id)
+    return [r["g"] for r in rows]
+
+
+async def list_detections(pool: Db, novel_id: str, unit_id: str | None = None) -> list[DetectionRecord]:
+    """A novel's (or a unit's) detection records, oldest first."""
+    async with statement(pool) as conn:
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM detections WHERE novel_id = $1 AND ($2::text IS NULL OR unit_id = $2)"
+            " ORDER BY created_at, unit_id", novel_id, unit_id)
+    return [_record(r) for r in rows]
