@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from novelbus.novel.w3 import DEFAULT_WRITER_MODE
+
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _ID_RE = re.compile(ID_PATTERN)
 
@@ -255,7 +257,7 @@ class QualityConfig(_Model):
 
 
 class NovelConfig(_Model):
-    writerMode: WriterMode = "subagent"
+    writerMode: WriterMode = DEFAULT_WRITER_MODE  # JUDGE-3: what the documented A/B's W3 verdict supports
     writerShape: WriterShape = "W2"
     continuityProfile: Literal["bounded", "wide"] = "bounded"
     budgets: Budgets = Field(default_factory=Budgets)

@@ -48,11 +48,15 @@ DOCUMENTED_RUN = DocumentedRun(
 DEFAULT_WRITER_MODE = default_writer_mode(DOCUMENTED_RUN.verdict)
 
 
-def default_reason() -> str | None:
-    """Why the default is not `subagent` (None when it is): what `novel create` says."""
-    if DEFAULT_WRITER_MODE == "subagent":
+def default_reason(run: DocumentedRun | None = None) -> str | None:
+    """Why the default is not `subagent` (None when it is): what `novel create` prints when a
+    novel file leaves writerMode to the default. `run`: the documented run unless given."""
+    run = DOCUMENTED_RUN if run is None else run
+    mode = default_writer_mode(run.verdict)
+    if mode == "subagent":
         return None
-    run = DOCUMENTED_RUN
-    return (f"writerMode defaults to {DEFAULT_WRITER_MODE}: the documented A/B ({run.model}, "
-            f"{run.units_per_arm} units per arm) gave the W3 verdict {run.verdict!r} "
-            f"(cost ratio {run.cost_ratio:.3f}; see docs/ab.md)")
+    quality = ("not measured" if run.not_worse_low is None
+               else f"not-worse lower bound {run.not_worse_low:.3f}")
+    return (f"writerMode defaults to {mode}: the documented A/B ({run.model}, {run.units_per_arm} units per "
+            f"arm) gave the W3 verdict {run.verdict!r} (cost ratio {run.cost_ratio:.3f}, {quality}; W3 needs "
+            "≤ 0.40 and a lower bound ≥ 0.5, see docs/ab.md); set config.writerMode to choose")

@@ -165,6 +165,27 @@ def test_arch_no_module_imports_another_modules_private_names() -> None:
     assert not bad, bad
 
 
+def test_no_loop_writes_its_own_backoff() -> None:
+    """HOUSE-3: a wait before another try comes from a `RetryPolicy` (novel/retry.py), never from
+    arithmetic on an attempt count at the call site (`min(5.0, 0.25 * 2 ** attempt)`)."""
+    found: list[str] = []
+    for _room, path in _room_modules():
+        if path == REPO / "novel" / "retry.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "sleep"
+                    and node.args):
+                continue
+            inner = list(ast.walk(node.args[0]))
+            counted = any(isinstance(n, ast.Name | ast.Attribute) and any(
+                w in (n.id if isinstance(n, ast.Name) else n.attr) for w in ("attempt", "restart", "retr", "deliver"))
+                for n in inner)
+            if any(isinstance(n, ast.BinOp) for n in inner) and counted or any(
+                    isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in inner):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, found
+
+
 # --- the event contract ------------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ judge's projection and rules, position-swapped aggregation, the interval and the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -265,3 +266,14 @@ def test_the_default_writer_mode_follows_the_documented_verdict() -> None:
     assert (w3_module.default_reason() is None) == (expected == "subagent")
     assert w3_module.default_writer_mode("inline") == "inline"
     assert w3_module.default_writer_mode("undecided") == "inline"
+
+
+def test_a_default_that_is_not_subagent_comes_with_its_reason() -> None:
+    """JUDGE-3: a run whose verdict is not `subagent` makes the default `inline`, and the reason
+    `novel create` prints names the verdict and the figures behind it."""
+    run = w3_module.DocumentedRun(command="novelbus bench ab --model local --judge", model="local",
+                                  units_per_arm=24, cost_ratio=0.57, not_worse_low=0.62, judge="offline",
+                                  verdict="inline")
+    reason = w3_module.default_reason(run)
+    assert reason is not None and "inline" in reason and "0.570" in reason and "0.620" in reason
+    assert w3_module.default_reason(dataclasses.replace(run, verdict="subagent")) is None
