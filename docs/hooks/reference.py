@@ -144,22 +144,25 @@ def cli_page() -> str:
 # --- the settings registry ----------------------------------------------------------------------
 
 def _accepts(name: str, reader: Any) -> str:
-    """What a checked setting takes: its validator's own message for a malformed value, with the
-    value cut off (`NOVELBUS_X must be …, got '…'` → `must be …`)."""
+    """What a checked setting takes: its validator's own message for a malformed value — a word no
+    setting accepts, else a path to a file (for a setting that wants a directory) — with the value
+    cut off (`NOVELBUS_X must be …, got '…'` → `must be …`)."""
     old = os.environ.get(name)
-    os.environ[name] = _MALFORMED
+    message = ""
     try:
-        reader()
-    except Exception as e:  # noqa: BLE001 - ValueError or ProviderError: both carry the message
-        message = str(getattr(e, "message", None) or e)
-    else:
-        message = ""
+        for value in (_MALFORMED, __file__):
+            os.environ[name] = value
+            try:
+                reader()
+            except Exception as e:  # noqa: BLE001 - ValueError or ProviderError: both carry the message
+                message = str(getattr(e, "message", None) or e).replace(value, "…")
+                break
     finally:
         if old is None:
-            del os.environ[name]
+            os.environ.pop(name, None)
         else:
             os.environ[name] = old
-    message = re.sub(r",? got .*$", "", message.replace(_MALFORMED, "…"), flags=re.S)
+    message = re.split(r", got |; ", message, maxsplit=1)[0]
     return message.removeprefix(name).strip()
 
 

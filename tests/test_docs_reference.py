@@ -1,0 +1,83 @@
+"""HOUSE-2: the docs site's reference pages are generated from the code and miss nothing.
+
+docs/hooks/reference.py builds them when MkDocs runs; these tests call its page builders directly
+(no MkDocs needed) and hold each page to the code it is generated from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+
+import typer.main
+
+from novelbus.cli.common import FREE_FORM_SETTINGS, checked_settings
+from novelbus.cli.main import app
+from novelbus.novel.outline import NovelConfig
+
+HOOK = Path(__file__).resolve().parent.parent / "docs" / "hooks" / "reference.py"
+
+
+def _reference() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_reference", HOOK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _command_paths() -> set[str]:
+    root = typer.main.get_command(app)
+    paths: set[str] = set()
+
+    def walk(cmd: object, path: list[str], ctx: object) -> None:
+        paths.add(" ".join(path))
+        if hasattr(cmd, "list_commands"):
+            for name in cmd.list_commands(ctx):  # type: ignore[attr-defined]
+                sub = cmd.get_command(ctx, name)  # type: ignore[attr-defined]
+                if sub is not None and not getattr(sub, "hidden", False):
+                    walk(sub, [*path, name], sub.context_class(sub, info_name=name, parent=ctx))
+
+    walk(root, ["novelbus"], root.context_class(root, info_name="novelbus"))
+    return paths
+
+
+def test_the_cli_reference_has_every_command_and_option() -> None:
+    """HOUSE-2: every command of the typer app has its heading, and its options their rows."""
+    page = _reference().cli_page()
+    headings = set(re.findall(r"^#{2,5} (novelbus(?: [\w-]+)*)$", page, re.M))
+    assert headings == _command_paths()
+    assert "`--nats-url`" in page and "`--latency-units`" in page
+
+
+def test_the_configuration_reference_has_every_setting() -> None:
+    """HOUSE-2: every setting of the registry is listed, a checked one with what it takes."""
+    page = _reference().configuration_page()
+    for name in checked_settings():
+        row = next((line for line in page.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, name
+        takes = row.split(" | ")[1]
+        assert takes.strip(), row  # the validator's own message for a malformed value
+    for name in FREE_FORM_SETTINGS:
+        assert f"`{name}" in page, name
+
+
+def test_the_novel_file_reference_has_every_config_field() -> None:
+    """HOUSE-2: every field of NovelConfig, nested ones included, has a row by its path."""
+    page = _reference().novel_file_page()
+
+    def paths(schema: dict[str, object], defs: dict[str, dict[str, object]], prefix: str) -> set[str]:
+        found: set[str] = set()
+        for name, field in schema.get("properties", {}).items():  # type: ignore[union-attr]
+            found.add(prefix + name)
+            ref = field.get("$ref") or next((b["$ref"] for b in field.get("anyOf", []) if "$ref" in b), None)
+            if ref:
+                found |= paths(defs[ref.rsplit("/", 1)[1]], defs, f"{prefix}{name}.")
+        return found
+
+    schema = NovelConfig.model_json_schema()
+    expected = paths(schema, schema.get("$defs", {}), "config.")
+    rows = set(re.findall(r"^\| `([^`]+)` \|", page, re.M))
+    assert expected and expected <= rows, sorted(expected - rows)
