@@ -458,7 +458,7 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                 home: Path | None, nats_url: str | None, database_url: str | None, window: int | None = None,
                 usage_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
                 max_output_tokens: int | None = None, judge: str | None = None,
-                measure_paused: bool = False) -> dict[str, Any]:
+                measure_paused: bool = False, quality_gate: bool = True) -> dict[str, Any]:
     """`judge`: None measures the cost half and JUDGE-1's figures; `offline` or a provider spec
     adds the blind judge (JUDGE-2). The W3 verdict (JUDGE-3) is in the report either way."""
     started = time.monotonic()
@@ -480,6 +480,8 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                 for label, mode, n_chapters in plan:
                     data = novel_dict(n_chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk, mode=mode,
                                       label=f"bench ab {label}", window=window, ratio=usage_ratio)
+                    if not quality_gate:  # JUDGE-4: a small model's prose is committed and judged, not refused
+                        data["config"]["quality"] = {"enabled": False}
                     err_console.print(f"[dim]{label}: {n_chapters} chapters × {scenes} scenes in {mode} mode[/]")
                     novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label,
                                                           live=not as_json, measure_paused=measure_paused)
@@ -617,6 +619,9 @@ def bench_ab(
     measure_paused: Annotated[bool, typer.Option(
         "--measure-paused", help="A novel that pauses or reaches --timeout is measured as far as it got "
                                  "instead of failing the A/B (long real-model runs)")] = False,
+    quality_gate: Annotated[bool, typer.Option(
+        "--quality-gate/--no-quality-gate", help="The content gate (QUAL-2) on both novels; off, a small model's "
+                                                 "prose is committed and judged instead of refused")] = True,
 ) -> None:
     """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio;
     consistency figures, the blind judge (--judge) and the W3 verdict."""
@@ -647,7 +652,7 @@ def bench_ab(
                            out=(out or home_dir(home) / "bench"), timeout=timeout, as_json=as_json,
                            home=home, nats_url=nats_url, database_url=database_url, window=window,
                            usage_ratio=usage_ratio, max_output_tokens=max_output_tokens, judge=judge_spec,
-                           measure_paused=measure_paused))
+                           measure_paused=measure_paused, quality_gate=quality_gate))
     except ProviderError as e:
         fail(f"writer provider: {e}", code=2)
     except (RuntimeError, ValueError) as e:

@@ -68,7 +68,9 @@ async def test_bench_ab_without_judge_still_gives_consistency_and_an_undecided_q
     dsn = await new_database()
     report = await bench_ab.bench(chapters=2, scenes=2, unit_chars=500, seed=7, cjk=False, model="offline",
                                   compact_tokens=5000, check_flat=False, out=tmp_path, timeout=120,
-                                  as_json=True, home=None, nats_url=nats_url, database_url=dsn)
+                                  as_json=True, home=None, nats_url=nats_url, database_url=dsn,
+                                  quality_gate=False, measure_paused=True)
+    assert report["inline_units_committed"] == report["subagent_units_committed"] == 4
     assert "judge" not in report["quality"] and set(report["quality"]["consistency"]) == {"inline", "subagent"}
     assert report["w3"]["quality_ok"] is None and report["w3"]["verdict"] in ("undecided", "inline")
 
