@@ -25,6 +25,7 @@ import msgspec
 from novelbus import store
 from novelbus.actors.accounting import USAGE_RETRY_S, Accounting
 from novelbus.actors.context import ActorContext
+from novelbus.actors.extraction import CanonKeeper
 from novelbus.actors.steering import Steering
 from novelbus.actors.unit_flow import (
     ClaimLost,
@@ -170,6 +171,8 @@ class Driver:
         # REL-7: settles what a dead process left half done; sends usage off the unit's path.
         self.accounting = Accounting(ctx, self.instance, publish_notice, lease_s=lease_s,
                                      usage_retry_s=usage_retry_s)
+        # ROLE-3: extracts canon from each commit, off the unit's path, once per commit.
+        self.canon = CanonKeeper(ctx)
         self._sweeper: asyncio.Task[None] | None = None
         self._continuations: set[asyncio.Task[None]] = set()
 
@@ -180,6 +183,7 @@ class Driver:
         await self.steering.service.start()
         await self.consumer.start()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="driver-sweep")
+        self.canon.start()  # sweeps what a previous incarnation left unextracted
 
     async def stop(self) -> None:
         self.state.running = False
@@ -194,6 +198,7 @@ class Driver:
         if stuck:
             log.warning("%d continuations did not stop within %.0f s", len(stuck), STOP_GRACE_S)
         await self.accounting.stop()
+        await self.canon.stop()
 
     async def resume_active_novels(self) -> None:
         """A starting driver drives nothing yet: the claims its previous incarnation leased go back
@@ -229,6 +234,7 @@ class Driver:
                 for novel_id in sorted({n for n, _ in released}):
                     await publish_notice(self.ctx, novel_id, reason="lease-expired")
                 await self.accounting.reconcile(exclude_novel_ids=sorted(self.state.driving))
+                self.canon.after_commit("")  # ROLE-3: a commit whose flow died is extracted too
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the store or NATS away: next sweep (REL-6)
@@ -522,6 +528,7 @@ class Driver:
         if outcome.ok and first and after is not None:
             self.state.units_done += 1
             known = (after, counters)  # the next decision's input too
+            self.canon.after_commit(novel_id)  # ROLE-3: off the unit's path
             for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
                 await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
         if not outcome.ok:

@@ -54,6 +54,13 @@ from novelbus.store.events import (
     recent_once_events,
     record_intent,
 )
+from novelbus.store.extraction import ExtractionRecord as ExtractionRecord
+from novelbus.store.extraction import PendingExtraction as PendingExtraction
+from novelbus.store.extraction import chapter_canon as chapter_canon
+from novelbus.store.extraction import extracted_canon as extracted_canon
+from novelbus.store.extraction import list_extractions as list_extractions
+from novelbus.store.extraction import pending_extractions as pending_extractions
+from novelbus.store.extraction import save_extraction as save_extraction
 from novelbus.store.memory import (
     SessionRow,
     add_note,

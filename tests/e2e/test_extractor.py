@@ -1,0 +1,168 @@
+"""The extractor keeps canon (ROLE-3): after each commit, once per commit, replayed after a crash,
+and what it extracted reaches later packs by pointer."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import asyncpg
+import pytest
+
+from novelbus import store
+from novelbus.actors.extraction import CanonKeeper
+from novelbus.actors.runtime import Runtime
+from novelbus.bus.codec import decode
+from novelbus.messages import events as ev
+from novelbus.messages import runs as rm
+from novelbus.messages.base import tag_of
+from novelbus.novel.body import CanonChange
+from novelbus.novel.outline import NovelFile, parse_novel_file
+from novelbus.novel.pack import parse_pack, render_writer_pack
+from novelbus.novel.sample import sample_novel_bytes
+from novelbus.store.errors import ConfigInvalid
+from tests.e2e.conftest import run_novel
+
+pytestmark = pytest.mark.timeout(300)
+EXTRACTED = tag_of(ev.CanonExtracted)
+
+
+def novel(*, extractor: str = "offline", canon_source: str = "both", shape: str = "W1") -> NovelFile:
+    """The sample novel; Corwin takes part only in the third scene and the last one (so a fact
+    about him from early on is still among the newest facts about the last scene's cast)."""
+    nf = parse_novel_file(sample_novel_bytes())
+    only_corwin_late = {"harbour-office": ["wren", "corwin"], "storm-light": ["wren", "corwin"]}
+    scenes = [s.model_copy(update={"participants": only_corwin_late.get(s.sceneId, ["wren"])})
+              for s in nf.outline.scenes]
+    config = nf.config.model_copy(update={"extractor": extractor, "canonSource": canon_source, "writerShape": shape})
+    return nf.model_copy(update={"config": config, "outline": nf.outline.model_copy(update={"scenes": scenes})})
+
+
+async def keeper_idle(stack: Runtime) -> None:
+    await stack.actor("driver").canon.sweep()  # type: ignore[attr-defined]
+
+
+async def test_every_commit_is_extracted_once_with_one_event_and_sourced_facts(stack: Runtime) -> None:
+    """ROLE-3: an offline novel with `extractor: offline`, `canonSource: both` finishes; every
+    commit has one ledger row and one `canon.extracted` event (counts only); every fact cites a
+    paragraph of its own commit; no fact is recorded twice."""
+    novel_id, events = await run_novel(stack, novel())
+    await keeper_idle(stack)
+    pool = stack.ctx.pool
+    commits = await store.list_commits(pool, novel_id)
+    ledger = await store.list_extractions(pool, novel_id)
+    assert [r.commit_id for r in ledger] == [c.commit_id for c in commits]
+    assert all(r.outcome == "extracted" and r.mode == "offline" for r in ledger)
+    rows = await pool.fetch("SELECT payload FROM events WHERE novel_id = $1 AND type = $2", novel_id,
+                            EXTRACTED)
+    assert sorted(r["payload"]["commitId"] for r in rows) == sorted(c.commit_id for c in commits)
+    for r in rows:
+        assert set(r["payload"]) <= {"type", "novelId", "unitId", "commitId", "mode", "outcome", "proposed", "accepted"}
+    facts = await store.extracted_canon(pool, novel_id)
+    assert sum(r.accepted for r in ledger) == sum(len(f) for f in facts.values()) > 0
+    counts = {c.commit_id: c for c in commits}
+    keys: set[tuple[str, str, tuple[str, ...]]] = set()
+    for commit_id, changes in facts.items():
+        for change in changes:
+            assert change.sources, change
+            for source in change.sources:
+                m = re.fullmatch(r"(commit-\d+)#(\d+)", source)
+                assert m is not None and m.group(1) == commit_id
+            key = (change.kind, change.summary.lower(), tuple(sorted(change.character_ids)))
+            assert key not in keys, key
+            keys.add(key)
+    assert commits and counts
+
+
+async def test_a_fact_from_an_early_unit_reaches_a_much_later_units_pack(stack: Runtime) -> None:
+    """ROLE-3, CTX-3: the extractor's fact about Corwin from the third scene (an early commit) is in
+    the canon block of the last scene's pack, many commits later, with its pointer — in the pack
+    the writer got and in the pack rebuilt from the store; the writer's canon alone has no such
+    fact (the check can fail)."""
+    seen: dict[tuple[str, str], str] = {}
+
+    async def on_run(msg: Any) -> None:
+        run = decode(msg.data, rm.RunWriter, msg.headers)
+        seen.setdefault((run.novel_id, run.unit_id), run.pack_text)
+
+    sub = await stack.ctx.nc.subscribe(stack.ctx.subjects.runs, cb=on_run)
+    try:
+        novel_id, _ = await run_novel(stack, novel(canon_source="extractor"))
+        control_id, _ = await run_novel(stack, novel(extractor="off", canon_source="writer"))
+    finally:
+        await sub.unsubscribe()
+    await keeper_idle(stack)
+    pool = stack.ctx.pool
+    commits = await store.list_commits(pool, novel_id)
+    early = next(c for c in commits if c.scene_id == "harbour-office")
+    late = [c for c in commits if c.scene_id == "storm-light"][-1]
+    assert early.seq <= 5 and late.seq - early.seq >= 6, (early.seq, late.seq)
+    facts = (await store.extracted_canon(pool, novel_id))[early.commit_id]
+    corwin = next(f for f in facts if f.character_ids == ["corwin"])
+    assert corwin.sources[0].startswith(early.commit_id + "#")
+
+    def canon_lines(text: str) -> list[str]:
+        return parse_pack(text).get("canon", [])
+
+    wanted = f"{early.commit_id} character-state"
+    in_writer = [line for line in canon_lines(seen[novel_id, late.unit_id]) if wanted in line and "corwin" in line]
+    assert in_writer, canon_lines(seen[novel_id, late.unit_id])
+    frozen = await store.load_context(pool, novel_id=novel_id, unit_id=late.unit_id, scenario="generation",
+                                      purpose="diagnostic", profile="bounded")
+    rebuilt = canon_lines(render_writer_pack(frozen, "full").text)
+    assert any(wanted in line and "corwin" in line for line in rebuilt)
+    assert any(card.commit_id == early.commit_id and card.verified for card in frozen.context.l2.canon)
+    # control: the same book with the writer's canon only
+    control = [c for c in await store.list_commits(pool, control_id) if c.scene_id == "storm-light"][-1]
+    plain = canon_lines(seen[control_id, control.unit_id])
+    assert not any(" is in chapter " in line for line in plain), plain
+
+
+async def test_a_crashed_keeper_is_replayed_and_nothing_is_doubled(stack: Runtime) -> None:
+    """ROLE-3, REL-7: commits whose extraction never ran (the keeper killed) stay pending in the
+    store; a new keeper extracts each exactly once; a second pass and a racing keeper with a stale
+    list write nothing; a statement that fails half way leaves no ledger row, no fact, no event."""
+    driver: Any = stack.actor("driver")
+    await driver.canon.stop()  # the keeper dies before any commit
+    driver.canon.after_commit = lambda novel_id: None
+    novel_id, _ = await run_novel(stack, novel())
+    pool = stack.ctx.pool
+    pending = await store.pending_extractions(pool, novel_id=novel_id)
+    commits = await store.list_commits(pool, novel_id)
+    assert [p.commit_id for p in pending] == [c.commit_id for c in commits]
+    assert await store.list_extractions(pool, novel_id) == []
+
+    # half way: a fact the table refuses fails the one statement — nothing of it stays
+    bad = CanonChange(kind="event", summary="x", sources=[f"{pending[0].commit_id}#0"])
+    with pytest.raises(asyncpg.PostgresError):
+        await store.save_extraction(pool, (EXTRACTED, {"novel_id": novel_id}),
+                                    once_key="k-half", novel_id=novel_id, commit_id=pending[0].commit_id,
+                                    seq=pending[0].seq, mode="offline", outcome="nonsense", proposed=1, facts=[bad])
+    assert await store.list_extractions(pool, novel_id) == []
+    assert not await store.has_event(pool, "k-half")
+
+    fresh, racer = CanonKeeper(stack.ctx), CanonKeeper(stack.ctx)
+    done = await asyncio.gather(fresh.sweep(novel_id), *(racer.extract(p) for p in pending))
+    assert done[0] + sum(1 for ok in done[1:] if ok) == len(commits)
+    assert await fresh.sweep(novel_id) == 0
+    ledger = await store.list_extractions(pool, novel_id)
+    assert [r.commit_id for r in ledger] == [c.commit_id for c in commits]
+    rows = await pool.fetch("SELECT count(*) AS n FROM events WHERE novel_id = $1 AND type = $2",
+                            novel_id, EXTRACTED)
+    assert rows[0]["n"] == len(commits)
+    total = await pool.fetchval("SELECT count(*) FROM extracted_canon WHERE novel_id = $1", novel_id)
+    assert total == sum(r.accepted for r in ledger)
+
+
+async def test_bad_extractor_or_canon_source_values_are_refused_naming_the_field(stack: Runtime) -> None:
+    """ROLE-3: `extractor` and `canonSource` accept only their values; a bad one names the field
+    and what is allowed."""
+    novel_id = await store.create_novel(stack.ctx.pool, novel(extractor="off", canon_source="writer"))
+    for path, value, allowed in (("extractor", "sometimes", "'off', 'offline' or 'model'"),
+                                 ("canonSource", "judge", "'writer', 'extractor' or 'both'")):
+        with pytest.raises(ConfigInvalid) as e:
+            await store.configure_novel(stack.ctx.pool, novel_id, {path: value})
+        assert path in str(e.value) and allowed in str(e.value), str(e.value)
+    row, changed = await store.configure_novel(stack.ctx.pool, novel_id, {"extractor": "offline"})
+    assert changed == ["extractor"] and row.config.extractor == "offline"
