@@ -81,3 +81,30 @@ def test_the_novel_file_reference_has_every_config_field() -> None:
     expected = paths(schema, schema.get("$defs", {}), "config.")
     rows = set(re.findall(r"^\| `([^`]+)` \|", page, re.M))
     assert expected and expected <= rows, sorted(expected - rows)
+
+
+ROOT = HOOK.parent.parent.parent
+DOC_TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+ROOMS = "tests|store|actors|bus|novel|writers|cli|bench|infra|app|panel|messages|deploy|examples|docs"
+NAMED_PATH = re.compile(rf"`((?:{ROOMS})/[A-Za-z0-9_./-]*)`")
+WRITTEN_BY_THE_USER = {"deploy/.env"}
+
+
+def test_the_files_the_docs_name_exist() -> None:
+    """HOUSE-2: a file or folder the README or a docs page names in code type exists, so a moved
+    or renamed module or test shows up here instead of misleading a reader."""
+    missing = [f"{doc.relative_to(ROOT)}: {path}" for doc in DOC_TEXTS
+               for path in NAMED_PATH.findall(doc.read_text(encoding="utf-8"))
+               if path not in WRITTEN_BY_THE_USER and not (ROOT / path.rstrip("/")).exists()]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_readme_is_short_and_the_docs_keep_no_journal() -> None:
+    """HOUSE-2: the README fits in 300 lines; neither it nor the docs cite commits or dated runs."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
+    commit = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b|\b[0-9a-f]{40}\b")
+    dated = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(?:–\d\d:\d\d)? UTC\b")
+    found = [f"{doc.relative_to(ROOT)}:{n}: {line.strip()[:80]}" for doc in DOC_TEXTS
+             for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1)
+             if commit.search(line) or dated.search(line)]
+    assert not found, "\n".join(found)
