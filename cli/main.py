@@ -42,9 +42,15 @@ from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
 from novelbus.cli.panel_cmd import panel as panel_command
 from novelbus.cli.probe_cmd import probe as probe_command
-from novelbus.cli.probe_cmd import require_known_window, require_shape_capable, require_w2_fits
+from novelbus.cli.probe_cmd import (
+    require_known_window,
+    require_sampling_accepted,
+    require_shape_capable,
+    require_w2_fits,
+)
 from novelbus.cli.steer_cmd import register as register_steering
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
+from novelbus.cli.vault_cmd import VaultOpt, open_vault, start_vault, vault_app
 from novelbus.infra import redact_url
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
@@ -58,6 +64,7 @@ novel_app = typer.Typer(no_args_is_help=True, help="Create and steer novels.")
 app.add_typer(novel_app, name="novel")
 app.add_typer(bench_app, name="bench")
 app.add_typer(tools_app, name="tools")
+app.add_typer(vault_app, name="vault")
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)
@@ -71,8 +78,12 @@ ModelOpt = Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL", callb
                                        help="Writer provider: offline | local[:PATH.gguf] | openai:<model>")]
 
 
-def _settings(model: str = "offline", instance: str = "claims-0") -> Settings:
-    return Settings(model=model, claims_instance=instance, read_tools_enabled=read_tools_enabled())
+def _settings(model: str = "offline", instance: str = "claims-0", raw_vault: str | None = None) -> Settings:
+    if raw_vault is None:  # QUAL-5: NOVELBUS_RAW_VAULT, refused (exit 2) when it cannot be written
+        vault = open_vault(None, required=False)
+        raw_vault = None if vault is None else str(vault.root)
+    return Settings(model=model, claims_instance=instance, read_tools_enabled=read_tools_enabled(),
+                    raw_vault=raw_vault)
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -188,8 +199,13 @@ def up(
     panel: Annotated[bool, typer.Option("--panel", help="Also serve the web panel (see `novelbus panel`)")] = False,
     panel_host: UpHostOpt = "127.0.0.1", panel_port: UpPortOpt = 8765,
     namespace: NsOpt = "",
+    raw_vault: VaultOpt = None,
 ) -> None:
-    """Run all six actors and keep serving until Ctrl-C or SIGTERM."""
+    """Run all six actors and keep serving until Ctrl-C or SIGTERM.
+
+    --raw-vault DIR keeps the raw writer calls and refused candidates of novels whose
+    config.rawVault.enabled is true (CTX-10); see `novelbus vault`."""
+    vault_dir = start_vault(raw_vault)  # QUAL-5: an unwritable vault is refused before anything starts
     panel_options = None
     if panel:
         require_extra("panel", "up --panel")
@@ -213,7 +229,8 @@ def up(
 
         async with servers(home, nats_url, database_url) as ep:
             async with running(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
-                               settings=_settings(model)) as rt, maybe_panel(rt.ctx, panel_options):
+                               settings=_settings(model, raw_vault=vault_dir)) as rt, \
+                    maybe_panel(rt.ctx, panel_options):
                 freeze_heap()
                 console.print(f"novelbus up: all actors running (NATS {redact_url(ep.nats_url)}); Ctrl-C to stop")
                 await asyncio.Event().wait()
@@ -294,6 +311,7 @@ def novel_create(
     nf = require_known_window(model, nf)  # MODEL-5: openai: needs a known window
     require_w2_fits(nf, shape)  # MODEL-5: the first request (W1, W2 or inline) must fit that window
     require_shape_capable(model, home, shape)  # fails closed, before anything is created
+    require_sampling_accepted(model, nf)  # QUAL-4: a sampling field the server refuses, named now
     from novelbus.novel.planning import preflight
 
     for warning in preflight(nf.config, nf.outline):  # PLAN-5: it would not fit its budgets

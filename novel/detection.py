@@ -61,7 +61,7 @@ class Detection(msgspec.Struct, frozen=True, rename="camel"):
     claims: list[Claim]
 
     def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(VERDICTS, 0)
+        out: dict[str, int] = dict.fromkeys(VERDICTS, 0)
         for c in self.claims:
             out[c.verdict] += 1
         return out
