@@ -83,6 +83,9 @@ class Settings:
     max_tool_rounds: int = 8
     read_tools_enabled: bool = True
     notice_backoff_s: float = 0.2
+    # QUAL-5 / CTX-10: the deployment's raw vault directory (`up --raw-vault`, NOVELBUS_RAW_VAULT);
+    # None: no raw call or refused candidate is kept, whatever a novel's config says.
+    raw_vault: str | None = None
 
 
 class LedgerBatch:

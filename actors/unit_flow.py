@@ -26,6 +26,7 @@ from novelbus.messages import usage as um
 from novelbus.messages import verify as vm
 from novelbus.messages.errors import CLAIM_LOST, DELEGATION_NOT_FOUND, DISPATCH_LIMIT, PACK_ERROR
 from novelbus.novel.after_turn import WINDOW_EXCEEDED
+from novelbus.writers.sampling import sampling_of
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,10 @@ class UnitFlow:
                              instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
                              context_sha256=pack.context_sha256, claim_id=claim.claim_id,
                              context_window=novel.config.model.contextWindow,
-                             usage_threshold_ratio=novel.config.model.usageThresholdRatio),
+                             usage_threshold_ratio=novel.config.model.usageThresholdRatio,
+                             sampling=sampling_of(novel.config.model.sampling),
+                             raw_vault_days=(novel.config.rawVault.retentionDays
+                                             if novel.config.rawVault.enabled else None)),
                 rm.WriterResult, timeout=self.writer_timeout_s)
             runs.append(result)
             last_output = result.output_chars

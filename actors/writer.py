@@ -26,10 +26,12 @@ from novelbus.messages import events as ev
 from novelbus.messages import runs as m
 from novelbus.novel.body import CommitBody
 from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.store.raw_vault import RawVault
 from novelbus.writers.factory import make_provider
 from novelbus.writers.inline import compact_threshold, run_inline_unit
 from novelbus.writers.inline import session_id as inline_session_id
 from novelbus.writers.provider import ModelProvider, context_window
+from novelbus.writers.recording import RecordedProvider
 from novelbus.writers.runner import (
     ExecutionPolicy,
     PromptMark,
@@ -38,6 +40,7 @@ from novelbus.writers.runner import (
     run_w1,
     run_w2,
 )
+from novelbus.writers.sampling import SampledProvider, capped_output_tokens
 from novelbus.writers.structured import mechanism_override, probe_structured
 from novelbus.writers.timing import TimedProvider
 from novelbus.writers.tools import (
@@ -85,6 +88,8 @@ class WriterRunner(ServiceActor):
         self._marks: dict[str, PromptMark] = {}
         self.services = [CommandService(ctx.nc, ctx.subjects.runs, {m.RunWriter: self.on_run}, queue="runs",
                                         max_concurrency=32)]
+        # QUAL-5: the deployment's raw vault (refused at start when it cannot be written)
+        self.vault = RawVault.open(ctx.settings.raw_vault) if ctx.settings.raw_vault else None
 
     async def start(self) -> None:
         if self.ctx.read_pool is not None:  # open a read-only connection now, not in a unit's path
@@ -98,8 +103,31 @@ class WriterRunner(ServiceActor):
         if self._owns_provider and close is not None:  # e.g. the openai client's connections
             await close()
 
+    def _run_provider(self, req: m.RunWriter) -> ModelProvider:
+        """This run's provider: the novel's sampling on every call (QUAL-4), each call kept in
+        the raw vault when the deployment and the novel both ask for it (QUAL-5)."""
+        provider: ModelProvider = self.state.provider
+        if self.vault is not None and req.raw_vault_days is not None:
+            vault, days = self.vault, req.raw_vault_days
+
+            async def record(seq: int, request: dict[str, Any], reply: dict[str, Any] | None,
+                             error: dict[str, Any] | None) -> None:
+                try:
+                    await asyncio.to_thread(vault.store_call, novel_id=req.novel_id, unit_id=req.unit_id,
+                                            run_id=req.run_id, seq=seq, request=request, reply=reply,
+                                            error=error, retention_days=days)
+                except OSError as e:  # the run goes on; the line names no content
+                    log.warning("raw vault: call %d of run %s not kept: %s", seq, req.run_id,
+                                e.strerror or type(e).__name__)
+
+            provider = RecordedProvider(provider, record)
+        if req.sampling is not None:
+            provider = SampledProvider(provider, req.sampling)
+        return provider
+
     async def on_run(self, req: m.RunWriter) -> m.WriterResult:
-        provider = TimedProvider(self.state.provider)  # model time, for benchmarks to subtract
+        provider = TimedProvider(self._run_provider(req))  # model time, for benchmarks to subtract
+        max_output_tokens = capped_output_tokens(self.max_output_tokens, req.sampling)  # QUAL-4
         dispatched = ev.WriterDispatched(novel_id=req.novel_id, unit_id=req.unit_id, run_id=req.run_id,
                                          dispatch=req.dispatch, provider=provider.label)
         seq = await store.start_writer_run_with_event(  # the run and its event: one statement (PERF-2)
@@ -113,7 +141,7 @@ class WriterRunner(ServiceActor):
         try:
             window = effective_window(provider, req.context_window)
             if req.shape == "W1":
-                outcome = await run_w1(provider, req.pack_text, max_output_tokens=self.max_output_tokens,
+                outcome = await run_w1(provider, req.pack_text, max_output_tokens=max_output_tokens,
                                        mechanism=await self.mechanism(provider), window=window)
             else:
                 try:  # TOOL-4: fail closed before any model call, recorded with its reason
@@ -121,7 +149,7 @@ class WriterRunner(ServiceActor):
                 except ToolGateError as e:
                     outcome = RunOutcome(ok=False, reason=e.code, detail="read tools are not enabled")
                 else:
-                    outcome = await self._run_w2(req, provider, self.max_output_tokens,
+                    outcome = await self._run_w2(req, provider, max_output_tokens,
                                                  inline=req.shape == "inline", started=started, window=window)
         finally:
             self.state.active.discard(req.run_id)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from novelbus.actors.writer import output_tokens_from_env
 from novelbus.novel.outline import NovelFile, outline_revision
 from novelbus.novel.pack import WriterPackError, render_pack
 from novelbus.novel.snapshot import NovelSnapshot, UnitView
@@ -28,8 +29,11 @@ from novelbus.writers.runner import (
     MIN_OUTPUT_TOKENS,
     W1_INSTRUCTION,
     W2_INSTRUCTION,
+    expected_output_tokens,
     request_tokens,
 )
+from novelbus.writers.sampling import capped_output_tokens, sampling_of
+from novelbus.writers.structured import unit_target_max
 from novelbus.writers.tools import W2_ALLOW_LIST, openai_tool_definitions
 
 SHAPES = ("W1", "W2", "inline")
@@ -37,9 +41,10 @@ SHAPES = ("W1", "W2", "inline")
 
 @dataclass(frozen=True)
 class RequestBound:
-    tokens: int  # estimated prompt tokens (pack + instruction + tools + template margin) + output reserve
+    tokens: int  # estimated prompt tokens (pack + instruction + tools + template margin) + reply reserve
     tool_tokens: int  # of which the tool definitions
     scene_id: str  # the scene whose first unit needs the most
+    reserve: int = MIN_OUTPUT_TOKENS  # of which the reply: the unit's targetMax in tokens (QUAL-4)
 
 
 def w2_floor() -> RequestBound:
@@ -60,8 +65,8 @@ def _opening(shape: str, pack_text: str) -> list[ChatMessage]:
 
 
 def first_request_bound(nf: NovelFile, shape: str = "W2") -> RequestBound | None:
-    """The largest first request of `shape` (W1, W2, inline) over the outline's scenes, with a
-    minimal reply reserve (None: no scene to write)."""
+    """The largest first request of `shape` (W1, W2, inline) over the outline's scenes, with the
+    reply reserve of that unit's expected output, its targetMax (None: no scene to write)."""
     if shape not in SHAPES:
         raise ValueError(f"unknown writer shape {shape!r}")
     outline = nf.outline
@@ -69,6 +74,7 @@ def first_request_bound(nf: NovelFile, shape: str = "W2") -> RequestBound | None
         return None
     tools = None if shape == "W1" else openai_tool_definitions(W2_ALLOW_LIST)
     tool_only = request_tokens([], tools) - request_tokens([], None)
+    cap = capped_output_tokens(output_tokens_from_env(), sampling_of(nf.config.model.sampling))
     best: RequestBound | None = None
     for scene in outline.scenes:
         unit = UnitView(unit_id="u-fit", chapter_id=scene.chapterId, scene_id=scene.sceneId, fragment=1,
@@ -83,9 +89,11 @@ def first_request_bound(nf: NovelFile, shape: str = "W2") -> RequestBound | None
             messages = _opening(shape, pack.text)
         except (WriterPackError, ValueError):
             continue  # a pack that cannot be built is refused at dispatch, with its own reason
-        tokens = request_tokens(messages, tools) + MIN_OUTPUT_TOKENS
+        # QUAL-4: room for the whole unit, as the run reserves it (never more than a call may ask for)
+        reserve = min(expected_output_tokens(unit_target_max(pack.text), pack.text), cap)
+        tokens = request_tokens(messages, tools) + reserve
         if best is None or tokens > best.tokens:
-            best = RequestBound(tokens=tokens, tool_tokens=tool_only, scene_id=scene.sceneId)
+            best = RequestBound(tokens=tokens, tool_tokens=tool_only, scene_id=scene.sceneId, reserve=reserve)
     return best
 
 
@@ -106,7 +114,7 @@ def fit_error(nf: NovelFile, window: int, shape: str = "W2") -> str | None:
     tools = f", {bound.tool_tokens:,} of tool definitions" if bound.tool_tokens else ""
     return (f"the writer model's context window of {window:,} tokens cannot hold the first {shape} request "
             f"for scene {bound.scene_id}: about {bound.tokens:,} estimated tokens ({_WHAT[shape]}{tools} "
-            f"and a {MIN_OUTPUT_TOKENS}-token reply reserve)")
+            f"and a {bound.reserve:,}-token reply reserve: the unit's targetMax in tokens)")
 
 
 def w2_fit_error(nf: NovelFile, window: int) -> str | None:

@@ -145,12 +145,20 @@ def checked_settings() -> dict[str, Callable[[], object]]:
     when a command starts, so each module keeps its own reader and its own message."""
     from novelbus.actors.writer import auto_declined_from_env, output_tokens_from_env
     from novelbus.bus.streams import stream_replicas
-    from novelbus.cli.tools_cmd import ENV_READ_TOOLS, read_tools_switch
     from novelbus.infra.llama import ENV_LOCAL_THREADS, local_threads
     from novelbus.store.pool import ENV_POOL_SIZE, pool_size
-    from novelbus.writers.factory import ENV_CONTEXT_WINDOW, window_from_env
+    from novelbus.store.raw_vault import ENV_RAW_VAULT, raw_vault_from_env
+    from novelbus.writers.factory import (
+        ENV_CONTEXT_WINDOW,
+        ENV_MAX_TOKENS_FIELD,
+        ENV_MODEL_TIMEOUT,
+        max_tokens_field_from_env,
+        model_timeout_from_env,
+        window_from_env,
+    )
     from novelbus.writers.inline import ENV_COMPACT_TOKENS, compact_threshold
     from novelbus.writers.structured import ENV_STRUCTURED, mechanism_override
+    from novelbus.writers.tools import ENV_READ_TOOLS, read_tools_switch
 
     return {
         ENV_POOL_SIZE: pool_size,
@@ -158,6 +166,9 @@ def checked_settings() -> dict[str, Callable[[], object]]:
         "NOVELBUS_MAX_OUTPUT_TOKENS": output_tokens_from_env,
         "NOVELBUS_MODEL_TOOL_CHOICE": auto_declined_from_env,
         ENV_CONTEXT_WINDOW: window_from_env,
+        ENV_MODEL_TIMEOUT: model_timeout_from_env,
+        ENV_MAX_TOKENS_FIELD: max_tokens_field_from_env,
+        ENV_RAW_VAULT: raw_vault_from_env,
         ENV_STRUCTURED: mechanism_override,
         ENV_COMPACT_TOKENS: compact_threshold,
         ENV_READ_TOOLS: read_tools_switch,

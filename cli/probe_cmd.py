@@ -46,6 +46,7 @@ from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider, window_f
 from novelbus.writers.local_provider import LocalProvider
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ProviderError
+from novelbus.writers.sampling import sampling_problem
 
 _STYLE = {"pass": "green", "fail": "red", "not-applicable": "yellow"}
 _TITLES = {
@@ -130,6 +131,31 @@ def require_shape_capable(model: str, home: Path | None, shape: str) -> None:
     fail(f"writer model {model!r} did not pass the probes a {shape} novel requires "
          f"({', '.join(REQUIRED_FOR_SHAPE[shape])}): {reasons}. Nothing was created.",
          hint=f"{hint_shapes}. Run `novelbus probe --model {model}` for the full report.", code=1)
+
+
+def require_sampling_accepted(model: str, nf: Any) -> None:
+    """QUAL-4: a `local` or `openai:` novel whose config.model.sampling sets a field sends the
+    server one short request carrying them; a field the server refuses stops the creation (exit 1,
+    naming it), not a unit later. The offline writer ignores sampling: nothing to ask."""
+    kind = model.strip().split(":", 1)[0]
+    if kind not in ("local", "openai") or not nf.config.model.sampling.is_set():
+        return
+    try:
+        provider = make_provider(model, local_server=open_local_server if kind == "local" else None)
+    except ProviderError as e:
+        fail(str(e), hint="see the README section 'Writer models'", code=2)
+
+    async def go() -> str | None:
+        try:
+            return await sampling_problem(provider, nf.config.model.sampling)
+        finally:
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                await close()
+
+    problem = run(go())
+    if problem is not None:
+        fail(escape(f"{problem}. Nothing was created."), code=1)
 
 
 def _discover_window(provider: OpenAIProvider) -> int | None:

@@ -2,8 +2,22 @@
 
 from typing import Literal
 
+import msgspec
+
 from novelbus.messages.base import Message
 from novelbus.messages.body import CommitBody
+
+
+class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """QUAL-4: config.model.sampling of the novel, sent on every writer call of a run (None: the
+    server's default). `max_output_tokens` caps each call's reply."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    max_output_tokens: int | None = None
 
 
 class RunWriter(Message, tag="runs.run", frozen=True):
@@ -24,6 +38,10 @@ class RunWriter(Message, tag="runs.run", frozen=True):
     # MODEL-5: config.model of the novel (the provider's own window counts too: the smaller wins)
     context_window: int | None = None
     usage_threshold_ratio: float = 0.7
+    sampling: Sampling | None = None  # QUAL-4: config.model.sampling (None: nothing set)
+    # QUAL-5 / CTX-10: config.rawVault.retentionDays when the novel keeps its raw calls (and the
+    # deployment has a raw vault); None: nothing is kept.
+    raw_vault_days: int | None = None
 
 
 class CallSample(Message, tag="runs.call", frozen=True):

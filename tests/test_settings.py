@@ -39,6 +39,9 @@ MALFORMED = {
     "NOVELBUS_INLINE_COMPACT_TOKENS": "0",
     "NOVELBUS_READ_TOOLS": "maybe",
     "NOVELBUS_LOCAL_THREADS": "all",
+    "NOVELBUS_MODEL_TIMEOUT_S": "0",
+    "NOVELBUS_MODEL_MAX_TOKENS_FIELD": "max_output",
+    "NOVELBUS_RAW_VAULT": "/dev/null",
 }
 WELL_FORMED = {
     "NOVELBUS_DB_POOL_SIZE": "9",
@@ -50,6 +53,9 @@ WELL_FORMED = {
     "NOVELBUS_INLINE_COMPACT_TOKENS": "50000",
     "NOVELBUS_READ_TOOLS": "off",
     "NOVELBUS_LOCAL_THREADS": "2",
+    "NOVELBUS_MODEL_TIMEOUT_S": "300",
+    "NOVELBUS_MODEL_MAX_TOKENS_FIELD": "max_completion_tokens",
+    "NOVELBUS_RAW_VAULT": "/tmp/novelbus-raw-vault-settings-test",
 }
 
 
@@ -75,7 +81,9 @@ def test_ops5_every_checked_setting_has_a_malformed_and_a_well_formed_example() 
 
 
 def test_ops4_every_setting_is_in_the_readme() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    """OPS-4: every setting is documented — in the README or a page of the docs site."""
+    readme = "\n".join(p.read_text(encoding="utf-8")
+                       for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
     missing = [n for n in [*checked_settings(), *FREE_FORM_SETTINGS]
                if (n + "<ACTOR>" if n.endswith("_") else n) not in readme]
     assert not missing

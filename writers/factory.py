@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from novelbus.writers.local_provider import LocalProvider, LocalServerFactory
 from novelbus.writers.offline import OfflineProvider
-from novelbus.writers.openai_provider import OpenAIProvider
+from novelbus.writers.openai_provider import MaxTokensField, OpenAIProvider
 from novelbus.writers.provider import ModelProvider, ProviderError
 
 HOSTED_OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -67,6 +67,57 @@ def window_from_env(env: Mapping[str, str] | None = None) -> int | None:
     return _window_from_env(os.environ if env is None else env)
 
 
+ENV_MODEL_TIMEOUT = "NOVELBUS_MODEL_TIMEOUT_S"
+DEFAULT_MODEL_TIMEOUT_S = 120.0
+MAX_MODEL_TIMEOUT_S = 86_400.0
+
+
+def _timeout_from_env(env: Mapping[str, str]) -> float | None:
+    raw = (env.get(ENV_MODEL_TIMEOUT) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (1.0 <= value <= MAX_MODEL_TIMEOUT_S):  # also refuses nan and inf
+        raise ProviderError(
+            "provider-config",
+            f"{ENV_MODEL_TIMEOUT} must be a number of seconds from 1 to {MAX_MODEL_TIMEOUT_S:,.0f}, got {raw!r}",
+        )
+    return value
+
+
+def model_timeout_from_env(env: Mapping[str, str] | None = None) -> float | None:
+    """QUAL-4: NOVELBUS_MODEL_TIMEOUT_S, the seconds one model call may take, validated (None:
+    unset — 120 s for a model server, 900 s for the embedded local model)."""
+    return _timeout_from_env(os.environ if env is None else env)
+
+
+ENV_MAX_TOKENS_FIELD = "NOVELBUS_MODEL_MAX_TOKENS_FIELD"
+_MAX_TOKENS_FIELDS: dict[str, MaxTokensField | None] = {
+    "auto": None, "max_tokens": "max_tokens", "max_completion_tokens": "max_completion_tokens"}
+
+
+def _max_tokens_field_from_env(env: Mapping[str, str]) -> MaxTokensField | None:
+    raw = (env.get(ENV_MAX_TOKENS_FIELD) or "").strip()
+    if not raw:
+        return None
+    if raw not in _MAX_TOKENS_FIELDS:
+        raise ProviderError(
+            "provider-config",
+            f"{ENV_MAX_TOKENS_FIELD} must be auto, max_tokens or max_completion_tokens, got {raw!r}",
+        )
+    return _MAX_TOKENS_FIELDS[raw]
+
+
+def max_tokens_field_from_env(env: Mapping[str, str] | None = None) -> MaxTokensField | None:
+    """QUAL-4: NOVELBUS_MODEL_MAX_TOKENS_FIELD — the request field that caps a reply: max_tokens
+    (vLLM, llama.cpp, Ollama) or max_completion_tokens (reasoning models); auto or unset: start
+    with max_tokens and switch when the server's 400 names it."""
+    return _max_tokens_field_from_env(os.environ if env is None else env)
+
+
 def make_provider(
     spec: str,
     *,
@@ -87,7 +138,7 @@ def make_provider(
             )
         weights = Path(model.strip()) if model.strip() else None
         try:
-            return LocalProvider(local_server(weights, _window_from_env(env)))
+            return LocalProvider(local_server(weights, _window_from_env(env)), timeout=_timeout_from_env(env))
         except RuntimeError as e:  # infra's ServerStartError: a missing extra, bad weights, …
             raise ProviderError("provider-config", str(e)) from None
     if kind != "openai":
@@ -125,4 +176,5 @@ def make_provider(
                 f"no API key for {parts.hostname}: set {ENV_API_KEY} or {ENV_OPENAI_API_KEY}",
             )
         api_key = LOCAL_PLACEHOLDER_KEY
-    return OpenAIProvider(model, base_url, api_key, context_window=_window_from_env(env))
+    return OpenAIProvider(model, base_url, api_key, timeout=_timeout_from_env(env) or DEFAULT_MODEL_TIMEOUT_S,
+                          max_tokens_field=_max_tokens_field_from_env(env), context_window=_window_from_env(env))

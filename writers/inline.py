@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.pack import parse_pack
+from novelbus.novel.quality import refused_code
 from novelbus.novel.text import estimate_tokens
 from novelbus.writers.chat import (
     assistant_message,
@@ -68,6 +69,7 @@ from novelbus.writers.runner import (
     WindowError,
     call_usage,
     executed_call,
+    expected_output_tokens,
     fit_output_tokens,
     forced_tools,
     input_text,
@@ -276,6 +278,7 @@ async def run_inline_unit(
     threshold = gate_tokens(window, compact_tokens, usage_threshold_ratio)
     tool_tokens = await run_tool_tokens(provider, tools, allowed)
     target_max = unit_target_max(pack_text)
+    reserve = expected_output_tokens(target_max, pack_text)  # QUAL-4: room for the whole unit
     preamble = session_preamble(pack_text)
     messages: list[ChatMessage] = [dict(m) for m in history]
     if not messages or messages[0].get("role") != "system":
@@ -310,6 +313,7 @@ async def run_inline_unit(
     state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=True,
                      answered_in_text=False, auto_declined=auto_declined)
     auto_calls = own_calls = 0
+    refused: list[str] = []  # QUAL-3: content-gate refusals of this run's commits
     while True:
         if (projected_tokens(messages, tools, mark, tool_tokens) > threshold
                 and _compactable(messages, brief_at)):
@@ -347,7 +351,8 @@ async def run_inline_unit(
         choice = next_choice(state, allowed, research)  # MODEL-3: W2's policy, the same rules
         forced = choice.forced
         try:
-            max_tokens = fit_output_tokens(messages, tools, max_output_tokens, window, prompt_tokens=prompt)
+            max_tokens = fit_output_tokens(messages, tools, max_output_tokens, window, prompt_tokens=prompt,
+                                           reserve=reserve)
         except WindowError as e:
             return done(False, "window-exceeded", str(e))
         try:
@@ -405,3 +410,7 @@ async def run_inline_unit(
                     )
                 draft, receipt = committed
                 return done(True, draft=draft, receipt=receipt)
+            if refused_code(code) is not None:
+                refused.append(code or "")
+        if len(refused) >= 2:  # QUAL-3: refused again by the content gate: the unit fails its turn
+            return done(False, refused[-1], "the commit was refused twice by the content gate")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from novelbus.messages.runs import Sampling
 from novelbus.writers.chat import user_message
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError
@@ -51,8 +52,9 @@ class LocalProvider:
     name = "local"
     structured_mode = "json_object+schema"  # MODEL-2: what this server honours (P6, known)
 
-    def __init__(self, server: LocalServer) -> None:
+    def __init__(self, server: LocalServer, *, timeout: float | None = None) -> None:
         self.server = server
+        self.timeout = timeout or LOCAL_TIMEOUT_S  # QUAL-4: NOVELBUS_MODEL_TIMEOUT_S when set
         self.context_window: int = self.server.context_window
         self.model = self.server.model
         self.label = (f"local model {self.model} (embedded llama-cpp-python server, "
@@ -77,7 +79,7 @@ class LocalProvider:
                 except RuntimeError as e:  # infra's ServerStartError: the message says why
                     raise ProviderError("provider-unavailable", str(e)) from None
                 self._inner = OpenAIProvider(self.model, base_url, self.server.api_key,
-                                             timeout=LOCAL_TIMEOUT_S, max_retries=1,
+                                             timeout=self.timeout, max_retries=1,
                                              context_window=self.context_window)
             return self._inner
 
@@ -89,10 +91,12 @@ class LocalProvider:
         max_output_tokens: int,
         tool_choice: str | dict[str, Any] | None = None,
         response_format: dict[str, Any] | None = None,
+        sampling: Sampling | None = None,
     ) -> ModelReply:
         inner = await self.start()
         return await inner.complete(messages, tools, max_output_tokens=max_output_tokens,
-                                    tool_choice=tool_choice, response_format=response_format)
+                                    tool_choice=tool_choice, response_format=response_format,
+                                    sampling=sampling)
 
     async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
         """Prompt tokens the server adds for `tools` (its chat template may render them or not):

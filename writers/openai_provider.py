@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import msgspec
 import openai
 
+from novelbus.messages.runs import Sampling
 from novelbus.writers.provider import (
     ChatMessage,
     ModelReply,
@@ -27,6 +28,8 @@ from novelbus.writers.provider import (
     ToolCall,
     Usage,
 )
+
+MaxTokensField = Literal["max_tokens", "max_completion_tokens"]
 
 _FINISH: dict[str, StopReason] = {
     "stop": "completed",
@@ -48,18 +51,20 @@ class OpenAIProvider:
         timeout: float = 120,
         max_retries: int = 2,
         *,
-        max_tokens_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens",
+        max_tokens_field: MaxTokensField | None = None,
         context_window: int | None = None,
     ) -> None:
         # `max_tokens` is what vLLM, llama.cpp and Ollama accept; hosted reasoning models want
-        # `max_completion_tokens`.
+        # `max_completion_tokens`. None: start with `max_tokens` and switch when the server's
+        # 400 names it (QUAL-4); a configured field is used as it is.
         if not model:
             raise ProviderError("provider-config", "no model named")
         self.model = model
         self.base_url = base_url
         self.host = urlsplit(base_url).netloc or base_url
         self.label = f"openai-compatible model {model} at {self.host}"
-        self.max_tokens_field = max_tokens_field
+        self.max_tokens_field: MaxTokensField = max_tokens_field or "max_tokens"
+        self._detect_field = max_tokens_field is None
         self.context_window = context_window  # MODEL-5: tokens, when configured or known
         self._client = openai.AsyncOpenAI(
             api_key=api_key, base_url=base_url, timeout=timeout, max_retries=max_retries
@@ -98,12 +103,13 @@ class OpenAIProvider:
         max_output_tokens: int,
         tool_choice: str | dict[str, Any] | None = None,
         response_format: dict[str, Any] | None = None,
+        sampling: Sampling | None = None,
     ) -> ModelReply:
         request: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "stream": False,
-            self.max_tokens_field: max_output_tokens,
+            **sampling_fields(sampling),  # QUAL-4: the novel's temperature, top_p, seed, penalties
         }
         if tools:
             request["tools"] = tools
@@ -112,7 +118,7 @@ class OpenAIProvider:
         if response_format is not None:
             request["response_format"] = response_format
         try:
-            completion = await self._client.chat.completions.create(**request)
+            completion = await self._create(request, max_output_tokens)
         except openai.APIError as e:
             raise self._error(e) from None
         except ValueError:  # a body that is not JSON (json.JSONDecodeError) or not an object
@@ -126,6 +132,20 @@ class OpenAIProvider:
             # Some servers (llama-cpp-python) report a tool call cut at max_tokens as finished.
             reply = msgspec.structs.replace(reply, stop_reason="length")
         return reply
+
+    async def _create(self, request: dict[str, Any], max_output_tokens: int) -> Any:
+        """One completion with the reply cap under `max_tokens_field`. QUAL-4: a server that
+        refuses `max_tokens` naming it (reasoning models want `max_completion_tokens`) gets the
+        same request once more with the other field, which this provider then keeps using."""
+        field = self.max_tokens_field
+        try:
+            return await self._client.chat.completions.create(**request, **{field: max_output_tokens})
+        except openai.BadRequestError as e:
+            if self._detect_field and field == "max_tokens" and _names_max_tokens(e):
+                self.max_tokens_field = "max_completion_tokens"
+                return await self._client.chat.completions.create(
+                    **request, max_completion_tokens=max_output_tokens)
+            raise
 
     # --- mapping -------------------------------------------------------------------------------
 
@@ -241,6 +261,37 @@ def text_tool_calls(text: str) -> list[ToolCall]:
             arguments = json.dumps(args if args is not None else {}, ensure_ascii=False)
         calls.append(ToolCall(id=f"text-call-{len(calls) + 1}", name=name, arguments=arguments))
     return calls
+
+
+def _names_max_tokens(e: openai.BadRequestError) -> bool:
+    """The server's 400 is about `max_tokens` (its `param`, or its message naming it and
+    `max_completion_tokens`, as the hosted API's reasoning models answer)."""
+    if getattr(e, "param", None) == "max_tokens":
+        return True
+    text = str(getattr(e, "message", "") or "")
+    return "max_tokens" in text and "max_completion_tokens" in text
+
+
+# QUAL-4: config.model.sampling's fields on the chat-completions wire.
+SAMPLING_WIRE = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+}
+
+
+def sampling_fields(sampling: Sampling | None) -> dict[str, Any]:
+    """The request fields of `sampling` that are set (maxOutputTokens caps the reply elsewhere)."""
+    if sampling is None:
+        return {}
+    out: dict[str, Any] = {}
+    for attr, wire in SAMPLING_WIRE.items():
+        value = getattr(sampling, attr)
+        if value is not None:
+            out[wire] = value
+    return out
 
 
 def _int_or_none(value: Any) -> int | None:

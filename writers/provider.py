@@ -13,6 +13,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from novelbus.messages.runs import Sampling
+
 StopReason = Literal["completed", "tool_calls", "length", "error", "refused"]
 ProviderErrorCode = Literal[
     "provider-config", "provider-unavailable", "provider-bad-reply", "provider-rate-limited"
@@ -63,6 +65,7 @@ class ProviderError(Exception):
 # so a provider that never needs them keeps the three-argument signature.
 #   tool_choice:     "auto" | "required" | "none" | {"type": "function", "function": {"name": …}}
 #   response_format: {"type": "json_schema", "json_schema": {...}} | {"type": "json_object"[, "schema"]}
+#   sampling:        QUAL-4, the novel's temperature, top_p, seed, penalties (offline: ignored)
 ToolChoice = str | dict[str, Any]
 
 
@@ -88,13 +91,17 @@ async def complete(
     max_output_tokens: int,
     tool_choice: ToolChoice | None = None,
     response_format: dict[str, Any] | None = None,
+    sampling: Sampling | None = None,
 ) -> ModelReply:
-    """Call `provider.complete`, passing the MODEL-2/3 options only when they are set."""
+    """Call `provider.complete`, passing the MODEL-2/3 options and the QUAL-4 sampling settings
+    only when they are set."""
     options: dict[str, Any] = {}
     if tool_choice is not None:
         options["tool_choice"] = tool_choice
     if response_format is not None:
         options["response_format"] = response_format
+    if sampling is not None:
+        options["sampling"] = sampling
     call: Any = provider.complete
     reply: ModelReply = await call(messages, tools, max_output_tokens=max_output_tokens, **options)
     return reply

@@ -331,14 +331,20 @@ def test_model5_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -
     """MODEL-5: the creation-time bound covers every shape — W1 the full pack and its instruction
     with no tools, inline the session preamble and the first unit's brief with the W2 tools — each
     equal to the estimate of the opening request those runs build (writers.runner /
-    writers.inline), plus the reply reserve; `fit_error` names the shape when it does not fit."""
+    writers.inline), plus the reply reserve — the unit's targetMax in tokens (QUAL-4), as the runs
+    reserve it; `fit_error` names the shape when it does not fit."""
     from novelbus.app.window_fit import first_request_bound, fit_error
     from novelbus.novel.outline import outline_revision
     from novelbus.novel.pack import render_pack
     from novelbus.novel.snapshot import NovelSnapshot, UnitView
     from novelbus.writers.chat import system_message, user_message
     from novelbus.writers.inline import session_preamble, unit_brief
-    from novelbus.writers.runner import MIN_OUTPUT_TOKENS, W1_INSTRUCTION, request_tokens
+    from novelbus.actors.writer import MAX_OUTPUT_TOKENS
+    from novelbus.writers.runner import W1_INSTRUCTION, expected_output_tokens, request_tokens
+    from novelbus.writers.structured import unit_target_max
+
+    def reserve(pack: str) -> int:
+        return min(expected_output_tokens(unit_target_max(pack), pack), MAX_OUTPUT_TOKENS)
 
     nf = _sample_with_goal("Find the bell.")
     w1, w2, inline = (first_request_bound(nf, s) for s in ("W1", "W2", "inline"))
@@ -356,10 +362,10 @@ def test_model5_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -
                              units=[unit], commits=[], as_of_seq=0)
         full, trimmed = render_pack(snap, "u-fit", "full").text, render_pack(snap, "u-fit", "trimmed").text
         expected["W1"] = max(expected["W1"], request_tokens(
-            [system_message(full), user_message(W1_INSTRUCTION)], None) + MIN_OUTPUT_TOKENS)
+            [system_message(full), user_message(W1_INSTRUCTION)], None) + reserve(full))
         expected["inline"] = max(expected["inline"], request_tokens(
             [system_message(session_preamble(trimmed)), user_message(unit_brief(trimmed))], tools)
-            + MIN_OUTPUT_TOKENS)
+            + reserve(trimmed))
     assert (w1.tokens, inline.tokens) == (expected["W1"], expected["inline"])
     assert fit_error(nf, w1.tokens, "W1") is None and fit_error(nf, inline.tokens, "inline") is None
     error = fit_error(nf, w1.tokens - 1, "W1")

@@ -34,13 +34,14 @@ from novelbus.writers.runner._records import (
     ToolStartedFn,
     executed_call,
 )
-from novelbus.writers.runner._w1 import W1_INSTRUCTION, W1_REPAIR, run_w1
+from novelbus.writers.runner._w1 import W1_INSTRUCTION, W1_REFUSED, W1_REPAIR, DraftCheck, run_w1
 from novelbus.writers.runner._w2 import W2_INSTRUCTION, forced_commit_tools, forced_tools, run_w2
 from novelbus.writers.runner._window import (
     MIN_OUTPUT_TOKENS,
     WINDOW_MARGIN_TOKENS,
     PromptMark,
     WindowError,
+    expected_output_tokens,
     fit_output_tokens,
     projected_tokens,
     prompt_mark,
@@ -50,6 +51,7 @@ from novelbus.writers.runner._window import (
 
 __all__ = [
     "CallUsage",
+    "DraftCheck",
     "ExecutionPolicy",
     "InputSplit",
     "MIN_OUTPUT_TOKENS",
@@ -59,10 +61,12 @@ __all__ = [
     "ToolStart",
     "ToolStartedFn",
     "W1_INSTRUCTION",
+    "W1_REFUSED",
     "W1_REPAIR",
     "W2_INSTRUCTION",
     "WINDOW_MARGIN_TOKENS",
     "WindowError",
+    "expected_output_tokens",
     "fit_output_tokens",
     "call_usage",
     "executed_call",

@@ -10,6 +10,7 @@ from novelbus.writers.runner._records import RunOutcome
 from novelbus.writers.runner._window import (
     PromptMark,
     WindowError,
+    expected_output_tokens,
     fit_output_tokens,
     projected_tokens,
     prompt_mark,
@@ -46,7 +47,9 @@ async def run_w1(
 
     window = window if window is not None else context_window(provider)
     messages = [system_message(pack_text), user_message(W1_INSTRUCTION)]
-    fmt = response_format(mechanism, draft_schema(target_max=unit_target_max(pack_text)))
+    target_max = unit_target_max(pack_text)
+    fmt = response_format(mechanism, draft_schema(target_max=target_max))
+    reserve = expected_output_tokens(target_max, pack_text)  # QUAL-4: room for the whole unit
     meter = Meter()
 
     def fail(reason: str, detail: str | None = None) -> RunOutcome:
@@ -68,6 +71,7 @@ async def run_w1(
                 max_output_tokens,
                 window,
                 prompt_tokens=projected_tokens(messages, None, mark),
+                reserve=reserve,
             )
         except WindowError as e:
             return fail("window-exceeded", str(e))

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from novelbus.novel.quality import refused_code
 from novelbus.writers.chat import assistant_message, system_message, tool_message, user_message
 from novelbus.writers.loop import CommitFn, ReadTool, execute_tool_call, result_text
 from novelbus.writers.provider import (
@@ -31,6 +32,7 @@ from novelbus.writers.runner._records import (
 from novelbus.writers.runner._window import (
     PromptMark,
     WindowError,
+    expected_output_tokens,
     fit_output_tokens,
     projected_tokens,
     prompt_mark,
@@ -197,6 +199,7 @@ async def _w2_loop(
     new_from = preamble
 
     auto_calls = own_calls = 0
+    refused: list[str] = []  # QUAL-3: content-gate refusals of this run's commits
 
     def fail(reason: str, detail: str | None = None) -> RunOutcome:
         return RunOutcome(
@@ -212,6 +215,7 @@ async def _w2_loop(
     window = window if window is not None else context_window(provider)
     tool_tokens = await run_tool_tokens(provider, tools, allowed)
     research = research_target(pack_blocks(pack_text), allowed) if pack_text is not None else None
+    reserve = expected_output_tokens(target_max, pack_text or "")  # QUAL-4: any call may commit
     state = RunState(
         rounds=0,
         max_tool_rounds=max_tool_rounds,
@@ -231,7 +235,7 @@ async def _w2_loop(
         forced = choice.forced
         try:
             max_tokens = fit_output_tokens(
-                messages, tools, max_output_tokens, window, prompt_tokens=prompt
+                messages, tools, max_output_tokens, window, prompt_tokens=prompt, reserve=reserve
             )
         except WindowError as e:
             return fail("window-exceeded", str(e))
@@ -312,3 +316,7 @@ async def _w2_loop(
                     output_chars=meter.output_chars,
                     auto_declined=auto_calls > 0 and own_calls == 0,
                 )
+            if refused_code(code) is not None:
+                refused.append(code or "")
+        if len(refused) >= 2:  # QUAL-3: refused again by the content gate: the unit fails its turn
+            return fail(refused[-1], "the commit was refused twice by the content gate")

@@ -8,12 +8,13 @@ from typing import Any
 
 import msgspec
 
-from novelbus.novel.text import estimate_tokens
+from novelbus.novel.text import cjk_count, estimate_tokens
 from novelbus.writers.provider import ChatMessage, ModelReply
 from novelbus.writers.runner._metering import input_text, tool_definition_tokens
 
 WINDOW_MARGIN_TOKENS = 64  # chat-template tokens around the messages
 MIN_OUTPUT_TOKENS = 32
+REPLY_ENVELOPE_TOKENS = 96  # the draft's JSON keys and notes, or the commit call around the prose
 
 
 class WindowError(Exception):
@@ -78,6 +79,17 @@ def projected_tokens(
     return mark.prompt_tokens + math.ceil(added * mark.ratio) + WINDOW_MARGIN_TOKENS
 
 
+def expected_output_tokens(target_max: int | None, story_text: str = "") -> int:
+    """QUAL-4: the reply a unit is expected to need — its targetMax characters in tokens, counted
+    in the story's script (`story_text`'s share of CJK among its letters: one token each, other
+    text a quarter), plus the reply's envelope; MIN_OUTPUT_TOKENS when there is no targetMax."""
+    if target_max is None:
+        return MIN_OUTPUT_TOKENS
+    letters = sum(1 for ch in story_text if ch.isalpha())
+    share = min(1.0, cjk_count(story_text) / letters) if letters else 0.0
+    return math.ceil(target_max * (share + (1 - share) / 4)) + REPLY_ENVELOPE_TOKENS
+
+
 def fit_output_tokens(
     messages: list[ChatMessage],
     tools: list[dict[str, Any]] | None,
@@ -86,19 +98,22 @@ def fit_output_tokens(
     *,
     prompt_tokens: int | None = None,
     tool_tokens: int | None = None,
+    reserve: int = MIN_OUTPUT_TOKENS,
 ) -> int:
     """`max_tokens` for a request that fits `window`: what remains after the prompt, at most
-    `max_output_tokens`. Raises WindowError when not even MIN_OUTPUT_TOKENS remain."""
+    `max_output_tokens`. Raises WindowError when less than `reserve` remains (the unit's
+    expected output, `expected_output_tokens`, never more than `max_output_tokens`)."""
     if window is None:
         return max_output_tokens
     prompt = (
         prompt_tokens if prompt_tokens is not None else request_tokens(messages, tools, tool_tokens)
     )
+    need = max(1, min(reserve, max_output_tokens))
     remaining = window - prompt
-    if remaining < MIN_OUTPUT_TOKENS:
+    if remaining < need:
         raise WindowError(
             f"the request needs about {prompt:,} prompt tokens; the model's window is "
-            f"{window:,} tokens, leaving {max(remaining, 0)} for the reply (at least "
-            f"{MIN_OUTPUT_TOKENS} needed)"
+            f"{window:,} tokens, leaving {max(remaining, 0):,} for the reply (at least "
+            f"{need:,} needed: the unit's expected output)"
         )
     return min(max_output_tokens, remaining)

@@ -1,0 +1,113 @@
+"""QUAL-4: a novel's sampling settings on every writer call, and whether a server accepts them.
+
+`config.model.sampling` (temperature, topP, seed, frequencyPenalty, presencePenalty,
+maxOutputTokens) travels with each run (`RunWriter.sampling`); the writer runner wraps its
+provider for that run in a `SampledProvider`, so W1, W2 and the inline session send it on every
+call — repair turns, forced commits and compaction included — without each loop passing it on.
+The offline writer accepts and ignores it.
+
+`sampling_problem` asks the server once, at creation, with the novel's settings: a server that
+refuses a field is named there, not in a failed unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from novelbus.messages.runs import Sampling
+from novelbus.novel.outline import SamplingConfig
+from novelbus.writers.chat import user_message
+from novelbus.writers.provider import (
+    ChatMessage,
+    ModelProvider,
+    ModelReply,
+    ProviderError,
+    complete,
+    measured_tool_tokens,
+)
+
+# The config's camelCase names beside the wire struct's fields, for errors naming the field.
+CONFIG_FIELDS = {
+    "temperature": "temperature",
+    "topP": "top_p",
+    "seed": "seed",
+    "frequencyPenalty": "frequency_penalty",
+    "presencePenalty": "presence_penalty",
+    "maxOutputTokens": "max_output_tokens",
+}
+
+
+def sampling_of(config: SamplingConfig) -> Sampling | None:
+    """The wire form of `config.model.sampling`; None when nothing is set."""
+    if not config.is_set():
+        return None
+    return Sampling(**{attr: getattr(config, name) for name, attr in CONFIG_FIELDS.items()})
+
+
+def capped_output_tokens(max_output_tokens: int, sampling: Sampling | None) -> int:
+    """A call's reply cap: the deployment's, lowered to the novel's maxOutputTokens when set."""
+    if sampling is None or sampling.max_output_tokens is None:
+        return max_output_tokens
+    return min(max_output_tokens, sampling.max_output_tokens)
+
+
+class SampledProvider:
+    """Wraps a provider for ONE run and adds the novel's sampling settings to every call."""
+
+    def __init__(self, provider: ModelProvider, sampling: Sampling | None) -> None:
+        self.inner = provider
+        self.sampling = sampling
+        self.name = provider.name
+        self.label = provider.label
+        self.context_window = getattr(provider, "context_window", None)  # MODEL-5
+        self.structured_mode = getattr(provider, "structured_mode", None)  # MODEL-2
+
+    async def complete(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        *,
+        max_output_tokens: int,
+        **options: Any,
+    ) -> ModelReply:
+        if self.sampling is not None:
+            options["sampling"] = self.sampling
+        return await complete(self.inner, messages, tools, max_output_tokens=max_output_tokens, **options)
+
+    async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
+        return await measured_tool_tokens(self.inner, tools)
+
+
+PROBE_MESSAGES: list[ChatMessage] = [user_message("Say one word.")]
+
+
+async def _accepted(provider: ModelProvider, sampling: Sampling) -> ProviderError | None:
+    try:
+        await complete(provider, PROBE_MESSAGES, None, max_output_tokens=4, sampling=sampling)
+    except ProviderError as e:
+        return e
+    return None
+
+
+async def sampling_problem(provider: ModelProvider, config: SamplingConfig) -> str | None:
+    """Why the model server refuses the novel's sampling settings, naming the field, or None when
+    it answers a request that carries them (nothing set: no request). A server that fails for
+    another reason (down, credentials) is reported as such."""
+    sampling = sampling_of(config)
+    if sampling is None:
+        return None
+    error = await _accepted(provider, sampling)
+    if error is None:
+        return None
+    if error.code != "provider-bad-reply":
+        return error.message
+    refused = []
+    for name, attr in CONFIG_FIELDS.items():  # which field: each one alone
+        value = getattr(sampling, attr)
+        if value is None or attr == "max_output_tokens":
+            continue
+        if await _accepted(provider, Sampling(**{attr: value})) is not None:
+            refused.append(f"config.model.sampling.{name}")
+    fields = ", ".join(refused) if refused else "config.model.sampling (the fields together)"
+    return (f"the writer model refused {fields}: {error.message}; remove or change it "
+            "(`novelbus novel config --set` on a running novel)")
