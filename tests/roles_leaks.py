@@ -31,6 +31,7 @@ def _walk(value: Any, path: str = "$") -> Iterator[tuple[str, str | None, Any]]:
             yield from _walk(v, f"{path}.{k}")
     elif isinstance(value, list):
         for i, v in enumerate(value):
+            yield f"{path}[{i}]", None, v
             yield from _walk(v, f"{path}[{i}]")
 
 
@@ -38,7 +39,7 @@ def leaks(projection: Any, *, secrets: Iterable[str] = (), judge: bool = False) 
     """Everything forbidden found in a projection, as `path: what` lines (empty: clean)."""
     found: list[str] = []
     secrets = [s for s in secrets if s]
-    for path, key, value in _walk(projection):
+    for path, key, value in [("$", None, projection), *_walk(projection)]:
         if key is not None and key.lower() in FORBIDDEN_KEYS:
             found.append(f"{path}: forbidden key {key!r}")
         if not isinstance(value, str):
