@@ -31,6 +31,7 @@ from novelbus.messages import events as ev
 from novelbus.messages import steer as m
 from novelbus.novel.next_work import AwaitOutline, finished_scenes, next_work
 from novelbus.novel.planning import budget_exceeded, outline_request, pause_resolved, preflight
+from novelbus.novel.roles.planner import planning_view
 from novelbus.novel.snapshot import NovelSnapshot
 
 MAX_HOLD_MS = 120_000
@@ -59,6 +60,7 @@ class Steering:
             m.ConfigureNovel: self.on_config,
             m.DirectNovel: self.on_direct,
             m.ListRequirements: self.on_requirements,
+            m.GetPlanningView: self.on_planning,
         }, queue="steer")
 
     async def reconcile(self) -> None:
@@ -85,16 +87,22 @@ class Steering:
         return resumed
 
     # --- outline (PLAN-1, PLAN-2) -------------------------------------------------------------
+    async def _awaiting(self, novel: store.NovelRow) -> tuple[str | None, int]:
+        """What planning the novel needs now (the `why` of outline.requested) and the next
+        chapter's order (PLAN-2)."""
+        if novel.status == "finished":
+            return None, 1
+        snapshot = await store.load_snapshot(self.ctx.pool, novel.novel_id, prose=False)
+        decision = next_work(msgspec.structs.replace(snapshot, status="active", units=[
+            u for u in snapshot.units if u.state != "claimed"]))
+        if isinstance(decision, AwaitOutline):
+            asked = outline_request(snapshot, decision)
+            return asked.why, asked.next_chapter_order
+        return None, 1
+
     async def on_outline(self, req: m.GetOutline) -> m.OutlineState:
         novel, outline, seq = await store.outline_state(self.ctx.pool, req.novel_id)
-        awaiting, next_order = None, 1
-        if novel.status != "finished":
-            snapshot = await store.load_snapshot(self.ctx.pool, req.novel_id, prose=False)
-            decision = next_work(msgspec.structs.replace(snapshot, status="active", units=[
-                u for u in snapshot.units if u.state != "claimed"]))
-            if isinstance(decision, AwaitOutline):
-                asked = outline_request(snapshot, decision)
-                awaiting, next_order = asked.why, asked.next_chapter_order
+        awaiting, next_order = await self._awaiting(novel)
         return m.OutlineState(
             awaiting=awaiting, next_chapter_order=next_order,
             novel_id=novel.novel_id, revision=novel.outline_revision, seq=seq,
@@ -103,6 +111,16 @@ class Steering:
             planned_chapters=novel.config.plannedChapters,
             requirement_watermark=novel.requirement_watermark,
             requirements_pending=novel.requirements_pending, requirements_blocked=novel.requirements_blocked)
+
+    async def on_planning(self, req: m.GetPlanningView) -> m.PlanningView:
+        """ROLE-4: the planner role's projection (`novel.roles.planner`) at the latest commit — an
+        external planner reads this, never prose nor anything after `asOf`."""
+        novel, _, _ = await store.outline_state(self.ctx.pool, req.novel_id)
+        awaiting, next_order = await self._awaiting(novel)
+        snapshot = await store.planning_snapshot(self.ctx.pool, req.novel_id)
+        return m.PlanningView(novel_id=novel.novel_id, revision=novel.outline_revision, status=novel.status,
+                              as_of=snapshot.as_of_seq, projection=planning_view(snapshot), awaiting=awaiting,
+                              next_chapter_order=next_order)
 
     async def on_revise(self, req: m.ReviseOutline) -> m.RevisionApplied:
         if not 0 <= req.hold_ms <= MAX_HOLD_MS:

@@ -52,3 +52,8 @@ class SteeringClient:
     async def requirements(self, novel_id: str) -> m.RequirementsState:
         return await request(self.nc, self.subject, m.ListRequirements(novel_id=novel_id), m.RequirementsState,
                              timeout=self.timeout)
+
+    async def planning(self, novel_id: str) -> m.PlanningView:
+        """The planner's projection as of the latest commit (ROLE-4)."""
+        return await request(self.nc, self.subject, m.GetPlanningView(novel_id=novel_id), m.PlanningView,
+                             timeout=self.timeout)

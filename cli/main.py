@@ -592,7 +592,7 @@ def schema(as_file: Annotated[Path | None, typer.Option("--out", help="Write to 
     from novelbus.messages.work import WorkNotice
 
     replies = (sm.OutlineState | sm.RevisionApplied | sm.Revisions | sm.NovelConfigured | sm.DirectiveReceived
-               | sm.RequirementsState | ErrorReply)
+               | sm.RequirementsState | sm.PlanningView | ErrorReply)
     _, components = msgspec.json.schema_components([WorkNotice, ev.NovelEvent, sm.SteerRequest, replies],
                                                    ref_template="#/$defs/{name}")
     doc = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "novelbus public messages",

@@ -11,7 +11,9 @@ What it does, for one novel, until the novel finishes:
 - it listens for `outline.requested` (the novel paused `awaiting-outline`: no chapters, a
   chapter without scenes, a requirement pending, or the next planned chapter) and for
   `requirement.received` (a user directive);
-- it reads the outline (`steer.outline`) and the requirements ledger (`steer.requirements`),
+- it reads the planner's view (`steer.planning`: the planner role's projection of the novel —
+  story, cast, every chapter and scene with its state, foreshadowing, recent canon summaries;
+  never prose, nothing committed after it) and the requirements ledger (`steer.requirements`),
   writes what is missing — the next chapter with its scenes, or scenes for an empty chapter — and
   applies every pending directive by citing its id;
 - it submits the revision with compare-and-set (`expectedRevision`); on `revision-conflict`
@@ -139,8 +141,10 @@ class Planner:
             raise SteerError(answer.get("code", "error"), answer.get("message", ""))
         return answer
 
-    async def outline(self) -> dict[str, Any]:
-        return await self.request({"type": "steer.outline", "novelId": self.novel_id})
+    async def planning(self) -> dict[str, Any]:
+        """The planner's view (ROLE-4): `projection` is all it plans from; `revision`, `status`,
+        `awaiting` and `nextChapterOrder` are the handles to act on it."""
+        return await self.request({"type": "steer.planning", "novelId": self.novel_id})
 
     async def ledger(self) -> dict[str, Any]:
         return await self.request({"type": "steer.requirements", "novelId": self.novel_id})
@@ -160,7 +164,7 @@ class Planner:
         """Read, write what is missing, submit with compare-and-set; on a conflict start over."""
         async with self.lock:
             for _ in range(50):
-                state = await self.outline()
+                state = await self.planning()
                 if state["status"] == "finished":
                     self.finished.set()
                     return
@@ -194,7 +198,7 @@ class Planner:
     def next_layers(self, state: dict[str, Any], pending: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The layers to replace: a new chapter (with scenes) when the novel waits for one, scenes for
         an empty chapter, and every pending directive noted in the chapter it shapes."""
-        o = state.get("outline") or {}
+        o = outline_of(state["projection"])
         chapters: list[dict[str, Any]] = list(o.get("chapters", []))
         scenes: list[dict[str, Any]] = list(o.get("scenes", []))
         awaiting = state.get("awaiting")  # what the novel waits for: the `why` of outline.requested
@@ -302,6 +306,21 @@ class Planner:
                 await self.finished.wait()
         finally:
             await sub.unsubscribe()
+
+
+CHAPTER_FIELDS = ("chapterId", "order", "title", "purpose", "entryCondition", "exitCondition", "keyEvents")
+SCENE_FIELDS = ("sceneId", "order", "goal", "participants", "timeLocation", "causality", "conflict",
+                "expectedChange", "continuationAnchor")
+
+
+def outline_of(view: dict[str, Any]) -> dict[str, Any]:
+    """The outline layers a revision replaces, read back from the planner's view (its chapters
+    nest their scenes and carry each one's state, which are not outline fields)."""
+    chapters = [{k: c[k] for k in CHAPTER_FIELDS if k in c} for c in view.get("chapters", [])]
+    scenes = [{"chapterId": c["chapterId"], **{k: s[k] for k in SCENE_FIELDS if k in s}}
+              for c in view.get("chapters", []) for s in c.get("scenes", [])]
+    return {"story": view.get("story") or {}, "characters": view.get("characters", []),
+            "chapters": chapters, "scenes": scenes}
 
 
 def load_schema(path: str | None) -> Schema:

@@ -148,4 +148,28 @@ class RequirementsState(Message, tag="steer.requirements-state", frozen=True):
     requirements: list[RequirementEntry]
 
 
-SteerRequest = GetOutline | ReviseOutline | ListRevisions | ConfigureNovel | DirectNovel | ListRequirements
+# --- the planner's projection (ROLE-4) -------------------------------------------------------
+
+
+class GetPlanningView(Message, tag="steer.planning", frozen=True):
+    novel_id: str
+
+
+class PlanningView(Message, tag="steer.planning-view", frozen=True):
+    """What an external planner reads (ROLE-4): `projection` is the planner role's projection
+    (`novelbus pack … --role planner --json` prints the same object for a unit) as of the latest
+    commit — the story, cast, every chapter and scene with its state, foreshadowing, recent canon
+    summaries; never prose, nothing after `as_of`. The other fields are the handles a planner needs
+    to act (the revision for compare-and-set, what the novel waits for), not model input."""
+
+    novel_id: str
+    revision: str | None
+    status: str
+    as_of: int
+    projection: dict[str, Any]
+    awaiting: str | None = None
+    next_chapter_order: int = 1
+
+
+SteerRequest = (GetOutline | ReviseOutline | ListRevisions | ConfigureNovel | DirectNovel | ListRequirements
+                | GetPlanningView)

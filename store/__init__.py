@@ -122,6 +122,7 @@ from novelbus.store.recovery import (
 from novelbus.store.requirements import RequirementRecord, list_requirements, receive_requirement
 from novelbus.store.roles import load_role_inputs as load_role_inputs
 from novelbus.store.roles import unit_commit_view as unit_commit_view
+from novelbus.store.roles import planning_snapshot as planning_snapshot
 from novelbus.store.runs import (
     WriterRunRow,
     finish_writer_run,

@@ -24,11 +24,12 @@ from novelbus.novel.roles import (
     planner_snapshot,
     role_inputs,
 )
-from novelbus.novel.snapshot import CommitView
+from novelbus.novel.roles.extractor import merge_canon
+from novelbus.novel.snapshot import CommitView, NovelSnapshot
 from novelbus.store._db import Db
 from novelbus.store.commits import get_commit_for_unit
 from novelbus.store.context import load_context
-from novelbus.store.extraction import chapter_canon
+from novelbus.store.extraction import chapter_canon, extracted_canon
 from novelbus.store.snapshots import load_snapshot
 
 
@@ -51,6 +52,19 @@ async def unit_commit_view(pool: Db, novel_id: str, unit_id: str) -> CommitView 
         canon_changes=changes, effective_characters=row.effective_chars, body_hash=row.body_hash,
         paragraph_count=len(body.paragraphs),
     )
+
+
+async def planning_snapshot(pool: Db, novel_id: str, *, as_of: int | None = None) -> NovelSnapshot:
+    """The planner's structural view at ``as_of`` (None: the latest commit), its commits' canon
+    under ``config.canonSource`` (the extractor's facts merged as the packs see them, ROLE-3)."""
+    snapshot = await load_snapshot(pool, novel_id, as_of_seq=as_of, prose=False)
+    at = snapshot.as_of_seq if as_of is None else as_of
+    if snapshot.config.canonSource != "writer":
+        extracted = await extracted_canon(pool, novel_id, up_to=at)
+        commits = [msgspec.structs.replace(c, canon_changes=merge_canon(
+            c.canon_changes, extracted.get(c.commit_id, []), snapshot.config.canonSource)) for c in snapshot.commits]
+        snapshot = msgspec.structs.replace(snapshot, commits=commits)
+    return planner_snapshot(snapshot, at)
 
 
 async def load_role_inputs(
@@ -89,7 +103,7 @@ async def load_role_inputs(
     snapshot, known, outline = None, None, None
     at = frozen.context.request.as_of
     if name == "planner":
-        snapshot = planner_snapshot(await load_snapshot(pool, novel_id, as_of_seq=at, prose=False), at)
+        snapshot = await planning_snapshot(pool, novel_id, as_of=at)
     if name == "judge":
         outline = (await load_snapshot(pool, novel_id, as_of_seq=at, prose=False)).outline
     if commit is not None:  # the extractor de-duplicates against the chapter's canon so far

@@ -64,7 +64,8 @@ def _chapters(outline: Outline, live: list[CommitView]) -> list[dict[str, Any]]:
         for sc in scenes.get(ch.chapterId, []):
             row: dict[str, Any] = {"sceneId": sc.sceneId, "order": sc.order, "goal": sc.goal,
                                    "participants": list(sc.participants), "timeLocation": sc.timeLocation,
-                                   "conflict": sc.conflict, "expectedChange": sc.expectedChange}
+                                   "causality": sc.causality, "conflict": sc.conflict,
+                                   "expectedChange": sc.expectedChange, "continuationAnchor": sc.continuationAnchor}
             row.update(_scene_state(per_scene.get((ch.chapterId, sc.sceneId), [])))
             rows.append(row)
         states = {r["state"] for r in rows}
