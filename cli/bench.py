@@ -1,7 +1,7 @@
 """`novelbus bench …`: benchmarks that print figures (and one JSON object with --json).
 
 Every bench is registered here, explicitly: a new bench is a module with one command function
-(figures printed beside their targets; shared helpers in `cli.bench_common`) and one line below.
+(figures printed beside their targets; shared helpers in `bench.common`) and one line below.
 """
 
 import typer

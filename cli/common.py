@@ -158,7 +158,7 @@ def checked_settings() -> dict[str, Callable[[], object]]:
     )
     from novelbus.writers.inline import ENV_COMPACT_TOKENS, compact_threshold
     from novelbus.writers.structured import ENV_STRUCTURED, mechanism_override
-    from novelbus.cli.tools_cmd import ENV_READ_TOOLS, read_tools_switch
+    from novelbus.writers.tools import ENV_READ_TOOLS, read_tools_switch
 
     return {
         ENV_POOL_SIZE: pool_size,

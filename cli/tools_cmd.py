@@ -12,7 +12,6 @@ Read tools read one snapshot of the named novel in a `REPEATABLE READ READ ONLY`
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +20,7 @@ import typer
 
 from novelbus.cli.common import fail, print_json, run, servers
 from novelbus.writers.tools import (
+    ENV_READ_TOOLS,
     READ_TOOLS_NOT_ENABLED,
     W2_ALLOW_LIST,
     ToolContractError,
@@ -29,29 +29,16 @@ from novelbus.writers.tools import (
     check_read_tools_gate,
     get_tool,
     parse_tool_arguments,
+    read_tools_switch,
     registry_listing,
     validate_tool_args,
 )
-
-ENV_READ_TOOLS = "NOVELBUS_READ_TOOLS"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 tools_app = typer.Typer(
     help="The read-only tool registry: list it (--list) or call one tool against a novel.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
-
-
-def read_tools_switch(env: Mapping[str, str] | None = None) -> bool:
-    """NOVELBUS_READ_TOOLS (default on); ValueError naming it for anything but a switch."""
-    raw = (os.environ if env is None else env).get(ENV_READ_TOOLS, "").strip().lower()
-    if not raw or raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{ENV_READ_TOOLS} must be a switch (1/true/yes/on or 0/false/no/off), got {raw!r}")
 
 
 def read_tools_enabled(env: Mapping[str, str] | None = None) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -684,6 +685,21 @@ def _definitions_json(names: tuple[str, ...]) -> str:
         }
         for name in names
     ])
+
+
+ENV_READ_TOOLS = "NOVELBUS_READ_TOOLS"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def read_tools_switch(env: Mapping[str, str] | None = None) -> bool:
+    """TOOL-4: NOVELBUS_READ_TOOLS (default on); ValueError naming it for anything but a switch."""
+    raw = (os.environ if env is None else env).get(ENV_READ_TOOLS, "").strip().lower()
+    if not raw or raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{ENV_READ_TOOLS} must be a switch (1/true/yes/on or 0/false/no/off), got {raw!r}")
 
 
 def check_read_tools_gate(allow_list: Iterable[str], read_tools_enabled: bool) -> None:
