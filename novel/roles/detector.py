@@ -106,7 +106,12 @@ def project(inputs: RoleInputs) -> dict[str, Any]:
         # ROLE-2: what the orchestrator recalled for an earlier detection's gaps: everything the
         # store holds about these subjects at asOf is in the evidence above.
         "evidenceRecalled": list(ctx.request.evidence),
-        "candidate": {"paragraphs": [{"index": i, "text": p} for i, p in enumerate(candidate.paragraphs)]},
+        "candidate": {
+            "paragraphs": [{"index": i, "text": p} for i, p in enumerate(candidate.paragraphs)],
+            # the facts the candidate declares about itself: claims to check like its prose
+            "declaredCanon": [{"kind": c.kind, "summary": c.summary, "characterIds": list(c.character_ids)}
+                              for c in candidate.canon_changes],
+        },
     }
 
 
