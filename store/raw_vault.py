@@ -90,8 +90,9 @@ def _private_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """`data` at `path`, mode 0600, whole or not at all: a private temporary file renamed over it."""
+def _write_private(path: Path, data: bytes, at: float | None = None) -> None:
+    """`data` at `path`, mode 0600, whole or not at all: a private temporary file renamed over it.
+    `at`: its modification time (retention counts from it)."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -99,6 +100,8 @@ def _write_private(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if at is not None:
+            os.utime(tmp, (at, at))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -141,7 +144,7 @@ class RawVault:
         path = folder / f"{stamp}-{safe_run}-{seq:03d}-{kind}.json"
         body = {"kind": kind, "novelId": novel_id, "runId": run_id, "seq": seq,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), **record}
-        _write_private(path, json.dumps(body, ensure_ascii=False, indent=1, default=str).encode())
+        _write_private(path, json.dumps(body, ensure_ascii=False, indent=1, default=str).encode(), now)
         retention = folder / RETENTION_FILE
         if not retention.exists() or retention.read_text().strip() != str(retention_days):
             _write_private(retention, str(retention_days).encode())
