@@ -191,8 +191,9 @@ def pack(
         "--database-url", help="Existing PostgreSQL (env NOVELBUS_DATABASE_URL)")] = None,
     namespace: Annotated[str, typer.Option("--namespace", hidden=True)] = "",
 ) -> None:
-    """Print a unit's writer pack with its sizes, prefix hash and manifest summary, or (--role) what
-    another role's model gets for it (read-only)."""
+    """Print what a role's model gets for a unit: the writer pack with its sizes and hashes, or --role's projection.
+
+    Read-only; the context is frozen with purpose `diagnostic` (ROLE-1)."""
     if role is not None and role not in ROLES:
         fail(f"unknown role {role!r}", hint=f"--role must be one of: {', '.join(ROLES)}", code=2)
     candidate: Candidate | None = None
