@@ -528,7 +528,8 @@ class Driver:
         if outcome.ok and first and after is not None:
             self.state.units_done += 1
             known = (after, counters)  # the next decision's input too
-            self.canon.after_commit(novel_id)  # ROLE-3: off the unit's path
+            if novel.config.extractor != "off":  # ROLE-3: off the unit's path
+                self.canon.after_commit(novel_id)
             for chapter_id in sorted(set(completed_chapters(after)) - set(completed_chapters(before))):
                 await ctx.emit(ev.ChapterCompleted(novel_id=novel_id, chapter_id=chapter_id))
         if not outcome.ok:
