@@ -15,9 +15,11 @@ detector model would get, and decides deterministically:
   unknown with the gap `character:<id>`; once recalled and still nothing: unknown, no gap.
 - setting: the first paragraph sets the scene "at/in <place>" where <place> is a lore card's key;
   the scene's places are the lore cards whose keys its timeLocation names. Another place while
-  the scene has one: contradicted (timeLocation and the card); the scene's own: supported.
+  the scene has one, and the paragraph does not name the scene's own: contradicted (timeLocation
+  and the card); the scene's own: supported.
 - time of day: the first paragraph names a time of day (dawn … midnight) of another class than
-  the one the scene's timeLocation names: contradicted; the same class: supported.
+  the one the scene's timeLocation names, and not the scene's own: contradicted; the same class:
+  supported.
 
 Refusals (ROLE-2): any contradicted claim refuses the candidate (`contradicted`); else any gap
 refuses it so that a fresh writer gets a context with the gaps' evidence (`evidence-gap`); a model
@@ -183,6 +185,8 @@ def _setting(projection: dict[str, Any]) -> list[Claim]:
     claims: list[Claim] = []
     lore = [f for f in projection["factEvidence"] if f["kind"] == "lore"]
     own = [f for f in lore if any(_names(where, k) for k in f["keys"])]
+    # The paragraph that names the scene's own place (or time) may speak of others too.
+    at_own = any(_names(first, k) for f in own for k in f["keys"])
     for f in lore:
         key = next((k for k in f["keys"] if k.strip() and _sets_at(first, k)), None)
         if key is None:
@@ -191,12 +195,15 @@ def _setting(projection: dict[str, Any]) -> list[Claim]:
         claim = f"the scene is set at {key} ({entry}) in paragraph 0"
         if f in own:
             claims.append(Claim(claim, "supported", [item, f["pointer"]], paragraph=0, subject=entry))
-        elif own:
+        elif own and not at_own:
             claims.append(Claim(claim, "contradicted", [item, f["pointer"]], paragraph=0, subject=entry))
     scene_times = _time_classes(where)
     if len(scene_times) == 1:
-        for cls in sorted(_time_classes(first)):
+        named = _time_classes(first)
+        for cls in sorted(named):
             verdict: Verdict = "supported" if cls in scene_times else "contradicted"
+            if verdict == "contradicted" and scene_times & named:
+                continue
             claims.append(Claim(f"the scene takes place at {cls} in paragraph 0", verdict, [item], paragraph=0))
     return claims
 

@@ -274,3 +274,9 @@ def test_the_model_gets_the_instructions_and_exactly_the_projection() -> None:
 def test_claims_round_trip() -> None:
     c = Claim("x", "unknown", ["a"], ["character:tom"], 1, "tom")
     assert Detection("offline", [c]).counts() == {"supported": 0, "contradicted": 0, "unknown": 1}
+
+
+def test_a_paragraph_that_states_the_scenes_own_time_and_place_may_name_others() -> None:
+    """ROLE-2: "at dawn … unlike that evening at the lighthouse" is no contradiction."""
+    d = detect_offline(projection_for(body("At dawn in the harbor Tom remembered an evening at the lighthouse.")))
+    assert d.refusal() is None, d.claims
