@@ -9,6 +9,7 @@ import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from novelbus.novel.outline import Outline
+from novelbus.novel.roles.extractor import merge_canon
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 from novelbus.store._db import Db, statement, transaction
 from novelbus.store.commit_index import (
@@ -20,6 +21,7 @@ from novelbus.store.commit_index import (
     KnownUnits,
 )
 from novelbus.store.errors import CommitNotVisible, NovelNotFound, ReadOnlyRequired
+from novelbus.store.extraction import decode_extracted, extracted_json
 from novelbus.store.novels import (
     NovelRow,
     cached_outline,
@@ -187,6 +189,12 @@ _SNAPSHOT_TOOLS = _snapshot_sql("'[]'::json", ("$5::int", "$6::text"), ("$7::tex
     "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
     1,
 )
+# ROLE-3: the read tools see the canon the packs see — the extractor's facts (at or before $2)
+# beside the row, merged under `config.canonSource` by `_read_only`.
+_EXTRACTED_COLUMN = (" CASE WHEN coalesce(n.config ->> 'canonSource', 'writer') = 'writer' THEN NULL"
+                     f" ELSE {extracted_json('n.novel_id', '$2')} END AS snap_extracted,")
+_SNAPSHOT_READ_ONLY = _SNAPSHOT_READ_ONLY.replace("AS snap_outline,", "AS snap_outline," + _EXTRACTED_COLUMN, 1)
+_SNAPSHOT_TOOLS = _SNAPSHOT_TOOLS.replace("AS snap_outline,", "AS snap_outline," + _EXTRACTED_COLUMN, 1)
 # Without prose: the commits' paragraphs are empty (next_work and the finish guards need none),
 # and only the commits after those this process knows ($3, $4) and the units written since the
 # snapshot its units were read at ($5, $6): `store.commit_index`.
@@ -303,7 +311,14 @@ async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: An
     row = decode_snapshot_row(novel["snap"])
     if known is not None:
         row = _index(novel_id, row, known, None, known_units)
-    return _assemble(novel_id, row, outline, None), novel
+    snapshot = _assemble(novel_id, row, outline, None)
+    source = snapshot.config.canonSource
+    if source != "writer":  # ROLE-3: new commit views, the cached index untouched
+        extracted = decode_extracted(novel["snap_extracted"])
+        snapshot = msgspec.structs.replace(snapshot, commits=[
+            msgspec.structs.replace(c, canon_changes=merge_canon(c.canon_changes, extracted.get(c.commit_id, []),
+                                                                 source)) for c in snapshot.commits])
+    return snapshot, novel
 
 
 _prose_decoder = msgspec.json.Decoder(dict[str, list[str]])

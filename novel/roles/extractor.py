@@ -41,7 +41,7 @@ EVENT_MIN_HITS = 2  # a declared event is placed in a paragraph sharing at least
 
 INSTRUCTIONS: tuple[str, ...] = (
     "You keep the canon of a novel. Read the pending prose and list the facts it establishes: "
-    "events, character states, relations, variables, foreshadowing planted or resolved.",
+    "events, character states, relations, variables (foreshadowing is tracked elsewhere).",
     "Every fact cites the paragraph(s) it comes from by their pointer (commit-N#p); never infer "
     "what the prose does not say.",
     "Do not repeat a fact already in knownCanon; name characters by their characterId from the cast.",
@@ -127,7 +127,8 @@ def fact_key(change: CanonChange) -> tuple[str, str, tuple[str, ...]]:
 
 def accept(proposed: Iterable[CanonChange], commit: CommitView, known: Sequence[CanonChange],
            cast: Iterable[str]) -> list[CanonChange]:
-    """The proposals the store keeps (pure): each source a pointer into the pending commit's
+    """The proposals the store keeps (pure): no foreshadowing record (the finish guards read the
+    writer's and the outline's), each source a pointer into the pending commit's
     paragraphs (others dropped; a proposal left without a source is dropped: no unsourced
     inference), character ids only from the cast, summary non-empty and bounded, no duplicate
     of known canon or of an earlier proposal; at most MAX_PROPOSALS."""
@@ -135,6 +136,8 @@ def accept(proposed: Iterable[CanonChange], commit: CommitView, known: Sequence[
     seen = {fact_key(c) for c in known}
     out: list[CanonChange] = []
     for change in proposed:
+        if change.kind == "foreshadowing":  # its state is the writer's and the outline's (finish guards)
+            continue
         sources = []
         for s in change.sources:
             m = _POINTER.match(s.strip())

@@ -166,3 +166,23 @@ async def test_bad_extractor_or_canon_source_values_are_refused_naming_the_field
         assert path in str(e.value) and allowed in str(e.value), str(e.value)
     row, changed = await store.configure_novel(stack.ctx.pool, novel_id, {"extractor": "offline"})
     assert changed == ["extractor"] and row.config.extractor == "offline"
+
+
+async def test_the_read_tools_see_the_extracted_canon_under_canon_source(stack: Runtime) -> None:
+    """ROLE-3, TOOL-5: a W2 writer reads facts with its tools; with `canonSource: extractor` the
+    tools' snapshot carries the extractor's facts (and not the writer's), with `writer` it does not."""
+    from novelbus.writers.tools import FactsReadParams, novel_facts_read
+
+    extracted_id, _ = await run_novel(stack, novel(canon_source="extractor", shape="W2"))
+    writer_id, _ = await run_novel(stack, novel(canon_source="writer", shape="W2"))
+    await keeper_idle(stack)
+    read_pool = stack.ctx.read_pool
+    assert read_pool is not None
+    seen = {}
+    for novel_id in (extracted_id, writer_id):
+        unit = (await store.list_units(stack.ctx.pool, novel_id))[-1].unit_id
+        snapshot, _ = await store.load_tool_snapshot(read_pool, novel_id, unit)
+        rows = novel_facts_read(snapshot, FactsReadParams(characterId="corwin"))["rows"]
+        seen[novel_id] = [r["summary"] for r in rows]
+    assert any(" is in chapter " in s for s in seen[extracted_id]), seen[extracted_id]
+    assert not any(" is in chapter " in s for s in seen[writer_id]), seen[writer_id]

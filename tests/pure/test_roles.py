@@ -227,7 +227,7 @@ def test_offline_extraction_names_the_characters_the_prose_mentions() -> None:
     assert "Wren" in commit.paragraphs[index]
 
 
-_kinds = st.sampled_from(["event", "character-state", "relation", "variable"])
+_kinds = st.sampled_from(["event", "character-state", "relation", "variable", "foreshadowing"])
 _changes = st.builds(
     CanonChange, kind=_kinds, summary=st.text(max_size=40),
     sources=st.lists(st.sampled_from(["commit-7#0", "commit-7#1", "commit-7#9", "commit-6#0", "inline#0",
@@ -241,7 +241,7 @@ def test_accepted_facts_are_sourced_in_their_commit_new_and_bounded(proposed: li
                                                                     known: list[CanonChange]) -> None:
     """ROLE-3: whatever a model proposes, what is kept cites paragraphs of the commit read (no
     unsourced inference), names cast members only, repeats neither known canon nor itself, and
-    stays under MAX_PROPOSALS."""
+    stays under MAX_PROPOSALS; it never records foreshadowing (the finish guards' state)."""
     commit = msgspec.structs.replace(FINAL.commits[0], commit_id="commit-7", seq=7,
                                      paragraphs=["a", "b"], paragraph_count=2)
     kept = accept(proposed, commit, known, ["wren", "elias"])
@@ -250,7 +250,7 @@ def test_accepted_facts_are_sourced_in_their_commit_new_and_bounded(proposed: li
     assert len(set(keys)) == len(keys)
     assert not set(keys) & {fact_key(c) for c in known}
     for c in kept:
-        assert c.summary.strip()
+        assert c.summary.strip() and c.kind != "foreshadowing"
         assert c.sources and all(s in ("commit-7#0", "commit-7#1") for s in c.sources)
         assert set(c.character_ids) <= {"wren", "elias"}
 
