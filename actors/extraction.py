@@ -116,14 +116,14 @@ class CanonKeeper:
         the statement and the publish); the stream stores each once (message id: its seq)."""
         for row in await store.recent_once_events(self.ctx.pool, tag_of(ev.CanonExtracted),
                                                   REPUBLISH_WITHIN_S):
-            event = msgspec.convert({**row.payload, "novel_id": row.novel_id}, ev.CanonExtracted)
+            event = msgspec.convert(row.payload, ev.CanonExtracted)
             await self.ctx.publish_recorded(event, row.seq)
 
     async def extract(self, p: PendingExtraction) -> bool:
         """One commit: True when this call wrote its extraction (False: done already)."""
         pool = self.ctx.pool
         novel = await store.get_novel(pool, p.novel_id)
-        outcome, proposed, facts = "extracted", 0, []
+        outcome, proposed, facts = "extracted", 0, list[CanonChange]()
         try:
             inputs = await store.load_role_inputs(pool, novel_id=p.novel_id, unit_id=p.unit_id, role="extractor",
                                                   purpose="production", profile=novel.config.continuityProfile)

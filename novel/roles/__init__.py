@@ -129,7 +129,7 @@ def check_role(role: str) -> Role:
     """The role, or RoleInputError naming the field and the allowed values."""
     if role not in ROLES:
         raise RoleInputError(f"unknown role {role!r}: --role must be one of {', '.join(ROLES)}")
-    return role  # type: ignore[return-value]
+    return role
 
 
 def role_inputs(
