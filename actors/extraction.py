@@ -100,15 +100,26 @@ class CanonKeeper:
     async def sweep(self, novel_id: str | None = None) -> int:
         """Extract every pending commit (of one novel, or all); the number extracted here."""
         done = 0
+        stalled: set[str] = set()  # a novel whose commit failed waits for the next pass (order kept)
         async with self._lock:
             while True:
-                pending = await store.pending_extractions(self.ctx.pool, novel_id=novel_id, limit=BATCH)
-                if not pending:
-                    return done
+                pending = await store.pending_extractions(self.ctx.pool, novel_id=novel_id, limit=BATCH,
+                                                          exclude_novel_ids=sorted(stalled))
+                progress = 0
                 for p in pending:
-                    if await self.extract(p):
-                        done += 1
-                if len(pending) < BATCH:
+                    if p.novel_id in stalled:
+                        continue
+                    try:
+                        if await self.extract(p):
+                            done += 1
+                        progress += 1
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - one novel's failure never stops the others
+                        log.warning("extraction of %s/%s failed (%s); retried at the next pass",
+                                    p.novel_id, p.commit_id, type(e).__name__)
+                        stalled.add(p.novel_id)
+                if len(pending) < BATCH or not progress:
                     return done
 
     async def republish_recent(self) -> None:

@@ -60,18 +60,20 @@ def decode_extracted(text: str | None) -> dict[str, list[CanonChange]]:
     return {} if not text else _extracted.decode(text)
 
 
-async def pending_extractions(pool: Db, *, novel_id: str | None = None, limit: int = 200) -> list[PendingExtraction]:
-    """Commits not extracted yet, of novels whose extractor is on, in (novel, seq) order."""
+async def pending_extractions(pool: Db, *, novel_id: str | None = None, limit: int = 200,
+                              exclude_novel_ids: list[str] | None = None) -> list[PendingExtraction]:
+    """Commits not extracted yet, of novels whose extractor is on (one novel, or all but those
+    excluded), in (novel, seq) order."""
     async with statement(pool) as conn:
         rows = await conn.fetch(
             "SELECT c.novel_id, c.unit_id, c.commit_id, c.seq, n.config ->> 'extractor' AS mode"
             " FROM novels n JOIN commits c ON c.novel_id = n.novel_id"
             " WHERE coalesce(n.config ->> 'extractor', 'off') IN ('offline', 'model')"
-            " AND ($1::text IS NULL OR n.novel_id = $1)"
+            " AND ($1::text IS NULL OR n.novel_id = $1) AND NOT (n.novel_id = ANY($3::text[]))"
             " AND NOT EXISTS (SELECT 1 FROM extracted_commits e"
             "  WHERE e.novel_id = c.novel_id AND e.commit_id = c.commit_id)"
             " ORDER BY c.novel_id, c.seq LIMIT $2",
-            novel_id, limit)
+            novel_id, limit, list(exclude_novel_ids or []))
     return [PendingExtraction(**dict(r)) for r in rows]
 
 

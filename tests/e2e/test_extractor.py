@@ -186,3 +186,26 @@ async def test_the_read_tools_see_the_extracted_canon_under_canon_source(stack: 
         seen[novel_id] = [r["summary"] for r in rows]
     assert any(" is in chapter " in s for s in seen[extracted_id]), seen[extracted_id]
     assert not any(" is in chapter " in s for s in seen[writer_id]), seen[writer_id]
+
+
+async def test_a_novel_whose_extraction_fails_stays_pending_and_stops_no_other(stack: Runtime) -> None:
+    """ROLE-3, REL-6: an extraction that raises (here the model provider breaks) leaves that
+    novel's commits pending for the next pass, in order, while another novel is extracted."""
+    driver: Any = stack.actor("driver")
+    await driver.canon.stop()
+    driver.canon.after_commit = lambda novel_id: None
+    broken_id, _ = await run_novel(stack, novel(extractor="model"))
+    fine_id, _ = await run_novel(stack, novel(extractor="offline"))
+
+    class Broken:
+        name, label = "broken", "a provider that fails"
+
+        async def complete(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("boom")
+
+    keeper = CanonKeeper(stack.ctx, provider=Broken())  # type: ignore[arg-type]
+    done = await keeper.sweep()
+    pool = stack.ctx.pool
+    assert done == len(await store.list_commits(pool, fine_id))
+    assert await store.list_extractions(pool, broken_id) == []
+    assert len(await store.pending_extractions(pool, novel_id=broken_id)) == len(await store.list_commits(pool, broken_id))
