@@ -133,11 +133,10 @@ class CanonKeeper:
     async def extract(self, p: PendingExtraction) -> bool:
         """One commit: True when this call wrote its extraction (False: done already)."""
         pool = self.ctx.pool
-        novel = await store.get_novel(pool, p.novel_id)
         outcome, proposed, facts = "extracted", 0, list[CanonChange]()
         try:
             inputs = await store.load_role_inputs(pool, novel_id=p.novel_id, unit_id=p.unit_id, role="extractor",
-                                                  purpose="production", profile=novel.config.continuityProfile)
+                                                  purpose="production", profile=p.profile)
         except ContextLeakError:
             raise  # fail closed, and try again at the next pass
         except ContextError as e:  # the unit's scene left the outline, …: nothing to read it against

@@ -28,6 +28,7 @@ class PendingExtraction(msgspec.Struct, frozen=True):
     commit_id: str
     seq: int
     mode: str  # the novel's config.extractor: offline | model
+    profile: str = "bounded"  # the novel's config.continuityProfile (the context it is read with)
 
 
 class ExtractionRecord(msgspec.Struct, frozen=True):
@@ -66,7 +67,8 @@ async def pending_extractions(pool: Db, *, novel_id: str | None = None, limit: i
     excluded), in (novel, seq) order."""
     async with statement(pool) as conn:
         rows = await conn.fetch(
-            "SELECT c.novel_id, c.unit_id, c.commit_id, c.seq, n.config ->> 'extractor' AS mode"
+            "SELECT c.novel_id, c.unit_id, c.commit_id, c.seq, n.config ->> 'extractor' AS mode,"
+            " coalesce(n.config ->> 'continuityProfile', 'bounded') AS profile"
             " FROM novels n JOIN commits c ON c.novel_id = n.novel_id"
             " WHERE coalesce(n.config ->> 'extractor', 'off') IN ('offline', 'model')"
             " AND ($1::text IS NULL OR n.novel_id = $1) AND NOT (n.novel_id = ANY($3::text[]))"
