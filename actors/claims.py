@@ -219,7 +219,7 @@ class ClaimManager(ServiceActor):
                 novel_id=d.novel_id, unit_id=d.unit_id, commit_id=receipt.commit_id,
                 effective_characters=receipt.effective_characters, total_characters=receipt.total_characters,
                 body_sha256=receipt.body_hash, context_sha256=receipt.context_hash)
-            if event_seq is None:  # the two-statement way: the row is written here (once-key)
+            if event_seq is None:  # a replayed commit: the row is written here (once-key)
                 await self.ctx.emit(committed)
             else:
                 # A kill between the statement and this publish leaves the row ledger-only: the

@@ -31,6 +31,7 @@ from novelbus.store.errors import (
     UnitNotFound,
 )
 from novelbus.store.events import check_event
+from novelbus.store.outcomes import Outcome
 from novelbus.store.units import hash_token
 
 
@@ -101,33 +102,6 @@ def _hard_max_remaining(length: LengthBudget, committed: int) -> int | None:
     if length.kind == "unbounded" or length.hardMaximumCharacters is None:
         return None
     return length.hardMaximumCharacters - committed
-
-
-# What a commit decides on, in ONE statement (one snapshot): the novel's length budget, the unit's
-# commit if it has one (with the book's characters through it), the unit's claim, and the book
-# (paragraph counts per commit, committed characters, the next seq). No row: no such novel.
-_COMMIT_READ = (
-    "SELECT n.config -> 'length' AS length,"
-    " e.commit_id AS e_commit_id, e.claim_id AS e_claim_id, e.token_hash AS e_token_hash,"
-    " e.body_hash AS e_body_hash, e.effective_chars AS e_chars, e.context_hash AS e_context_hash,"
-    " (e.body -> 'sceneCompletion' ->> 'completed')::boolean AS e_completed,"
-    " e.total_chars AS e_total,"
-    " u.state AS u_state, u.token_hash AS u_token_hash, b.known, b.committed, b.next_seq"
-    " FROM novels n"
-    " LEFT JOIN commits e ON e.novel_id = n.novel_id AND e.unit_id = $2"
-    " LEFT JOIN units u ON u.novel_id = n.novel_id AND u.unit_id = $2"
-    " CROSS JOIN LATERAL (SELECT"
-    "  (SELECT COALESCE(jsonb_object_agg(c.commit_id, c.paragraph_count), '{}'::jsonb)"
-    "   FROM commits c WHERE c.novel_id = n.novel_id) AS known,"
-    "  COALESCE(l.total_chars, 0) AS committed, COALESCE(l.seq, 0) + 1 AS next_seq"
-    "  FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT c.total_chars, c.seq FROM commits c"
-    "   WHERE c.novel_id = n.novel_id ORDER BY c.seq DESC LIMIT 1) l ON true) b"
-    " WHERE n.novel_id = $1"
-)
-
-# A commit whose read went stale before its write (another commit of the novel, a config change,
-# the claim ended) reads and checks again; a novel's units are sequential, so this is rare.
-COMMIT_ATTEMPTS = 8
 
 
 class _EveryCommit(Mapping[str, int]):
@@ -204,11 +178,11 @@ async def commit_body(
     On any error nothing is written and the unit stays claimed. The novel row lock serialises
     commits of one novel, so concurrent attempts on one unit yield exactly one commit row.
 
-    PERF-2: ONE statement when the body passes every check that needs no database (the usual
-    case): `nb_commit_body` (migration 007) does steps 1–2, the checks that need the book (hard
-    maximum, canon sources naming earlier commits) and the writes under the novel lock. A body
-    that fails one of the database-free checks goes the two-statement way (`_commit_checked`), so
-    a refusal for a reason that comes first in the order above is still the one raised.
+    PERF-2: ONE statement, `nb_commit_body` (store/functions.sql): steps 1–2 under the novel lock,
+    the facts the body checks need from the book, and the writes. The order lives in two halves,
+    each once: the state checks in that function, the body checks in `check_body`. A body that
+    fails a check needing no database is sent with `p_write` false: the function answers the
+    state refusal that comes first, else `check` with the facts, and `check_body` raises.
     """
     receipt, _ = await _commit_body(pool, novel_id, unit_id, token, body, run_id=run_id,
                                     context_hash=context_hash, event=None)
@@ -228,13 +202,13 @@ async def commit_body_with_event(
     once_key: str,
 ) -> tuple[Receipt, int | None]:
     """`commit_body`, and when it writes the commit, its announcing event's ledger row in the
-    same statement and transaction (PERF-2; migration 009): (receipt, the row's seq).
+    same statement and transaction (PERF-2; `nb_commit_body_event`): (receipt, the row's seq).
 
     `event` is the (type, payload) of the event; its `commitId`, `effectiveCharacters`,
-    `totalCharacters` and `bodySha256` are set to the commit's. The row carries `once_key` (REL-7): a replay (`duplicate=True`) writes no row
-    and returns None, and so does the rare two-statement way (`commit_body`'s docstring) — the
-    caller then writes the row itself. Both or neither: a kill after the statement leaves the
-    commit with its row, which the caller then publishes under the seq."""
+    `totalCharacters` and `bodySha256` are set to the commit's. The row carries `once_key` (REL-7):
+    a replay (`duplicate=True`) writes no row and returns None — the caller then writes the row
+    itself. Both or neither: a kill after the statement leaves the commit with its row, which the
+    caller then publishes under the seq."""
     check_event(*event)
     if not once_key:
         raise ValueError("once_key must not be empty")
@@ -255,139 +229,54 @@ async def _commit_body(
 ) -> tuple[Receipt, int | None]:
     try:
         check_body(body, known_commits=_EVERY_COMMIT, hard_max_remaining=None)
+        write = True
     except (BodyError, ProseGuardError):
-        return await _commit_checked(pool, novel_id, unit_id, token, body, run_id=run_id,
-                                     context_hash=context_hash), None
+        write = False  # refused whatever the book holds: the state refusals still come first
     body_hash = business_hash(body)
     token_hash = hash_token(token)
     chars = sum(effective_characters(p) for p in body.paragraphs)
     args = (novel_id, unit_id, token_hash, msgspec.to_builtins(body), body_hash, chars, context_hash,
             run_id, _canon_rows(body, "@"), [[c, i] for c, i in commit_references(body).items()])
     async with statement(pool) as conn:
-        if event is None:
-            r = await conn.fetchrow("SELECT * FROM nb_commit_body($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-                                    *args)
+        if event is None or not write:
+            r = await conn.fetchrow(
+                "SELECT * FROM nb_commit_body($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)", *args, write)
         else:
             r = await conn.fetchrow(
                 "SELECT * FROM nb_commit_body_event($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
                 *args, *event)
-    outcome = r["o_outcome"]
-    if outcome == "committed":
-        seq = r["o_event_seq"] if event is not None else None
-        return Receipt(
-            commit_id=f"commit-{r['o_seq']}",
-            unit_id=unit_id,
-            claim_id=r["o_claim_id"],
-            body_hash=body_hash,
-            effective_characters=chars,
-            delta_characters=chars,
-            total_characters=int(r["o_committed"]) + chars,
-            duplicate=False,
-            context_hash=context_hash,
-            scene_completed=body.scene_completion.completed,
-        ), (None if seq is None else int(seq))
-    if outcome == "novel-not-found":
-        raise NovelNotFound(f"novel {novel_id!r} not found")
-    if outcome == "existing":
-        return _existing_receipt(novel_id, unit_id, body_hash, token_hash, r, r["o_claim_id"]), None
-    if outcome == "unit-not-found":
-        raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
-    if outcome == "not-claimed":
-        raise UnitNotClaimed(f"novel {novel_id!r}: unit {unit_id!r} is {r['o_detail']}, not claimed")
-    if outcome == "token-mismatch":
-        raise TokenMismatch(f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match")
-    assert outcome == "check", outcome
-    length = LengthBudget() if r["o_length"] is None else LengthBudget.model_validate(r["o_length"])
-    check_body(body, known_commits={str(k): int(v) for k, v in r["o_known"].items()},
-               hard_max_remaining=_hard_max_remaining(length, int(r["o_committed"])))
-    # pragma: no cover - the database and check_body disagree: the two-statement way decides
-    return await _commit_checked(pool, novel_id, unit_id, token, body, run_id=run_id,
-                                 context_hash=context_hash), None
-
-
-async def _commit_checked(
-    pool: Db,
-    novel_id: str,
-    unit_id: str,
-    token: str,
-    body: CommitBody,
-    *,
-    run_id: str,
-    context_hash: str | None,
-) -> Receipt:
-    """commit_body when the body fails a check that needs no database: `commit_body`'s checks,
-    in its order, one after the other; on any error nothing is written and the unit stays claimed.
-
-    Two statements, no BEGIN/COMMIT. One read gives everything the checks need; the
-    write (`nb_commit_write`, migration 006) takes the novel-row lock — which serialises commits
-    of one novel, so concurrent attempts on one unit yield exactly one commit row — and writes
-    only if what was read still holds (same next seq, unit still claimed under this token, same
-    length budget); otherwise everything is read and checked again, so a concurrent attempt that
-    won is answered as step 1 says.
-    """
-    body_hash = business_hash(body)
-    token_hash = hash_token(token)
-    stored_body: Any = None
-    for _ in range(COMMIT_ATTEMPTS):
-        async with statement(pool) as conn:
-            r = await conn.fetchrow(_COMMIT_READ, novel_id, unit_id)
-        if r is None:
+    match Outcome(r["o_outcome"]):
+        case Outcome.COMMITTED:
+            seq = r["o_event_seq"] if event is not None else None
+            return Receipt(
+                commit_id=f"commit-{r['o_seq']}",
+                unit_id=unit_id,
+                claim_id=r["o_claim_id"],
+                body_hash=body_hash,
+                effective_characters=chars,
+                delta_characters=chars,
+                total_characters=int(r["o_committed"]) + chars,
+                duplicate=False,
+                context_hash=context_hash,
+                scene_completed=body.scene_completion.completed,
+            ), (None if seq is None else int(seq))
+        case Outcome.NOVEL_NOT_FOUND:
             raise NovelNotFound(f"novel {novel_id!r} not found")
-        if r["e_commit_id"] is not None:
-            return _existing_receipt(novel_id, unit_id, body_hash, token_hash, r, r["e_claim_id"])
-        if r["u_state"] is None:
+        case Outcome.EXISTING:
+            return _existing_receipt(novel_id, unit_id, body_hash, token_hash, r, r["o_claim_id"]), None
+        case Outcome.UNIT_NOT_FOUND:
             raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
-        if r["u_state"] != "claimed":
-            raise UnitNotClaimed(
-                f"novel {novel_id!r}: unit {unit_id!r} is {r['u_state']}, not claimed"
-            )
-        if not hmac.compare_digest(r["u_token_hash"], token_hash):
-            raise TokenMismatch(
-                f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match"
-            )
-        known = {str(k): int(v) for k, v in r["known"].items()}
-        committed = int(r["committed"])
-        length = LengthBudget() if r["length"] is None else LengthBudget.model_validate(r["length"])
-        # ... and the prose guard last (STORE-6: check_body ends with novel.guard.guard_prose).
-        check_body(
-            body,
-            known_commits=known,
-            hard_max_remaining=_hard_max_remaining(length, committed),
-        )
-
-        seq = int(r["next_seq"])
-        commit_id = f"commit-{seq}"
-        chars = sum(effective_characters(p) for p in body.paragraphs)
-        if stored_body is None:
-            stored_body = msgspec.to_builtins(body)
-        canon = _canon_rows(body, commit_id)
-        try:
-            async with statement(pool) as conn:
-                w = await conn.fetchrow(
-                    "SELECT o_outcome, o_claim_id FROM nb_commit_write($1, $2, $3, $4, $5, $6, $7, $8,"
-                    " $9, $10, $11)",
-                    novel_id, unit_id, token_hash, seq, r["length"], stored_body, body_hash, chars,
-                    context_hash, run_id, canon,
-                )
-        except asyncpg.UniqueViolationError:  # pragma: no cover - the checks above run under the lock
-            raise CommitConflict(
-                f"novel {novel_id!r}: unit {unit_id!r} was committed concurrently"
-            ) from None
-        if w["o_outcome"] != "committed":
-            continue  # what was read changed before the write: read and check again
-        return Receipt(
-            commit_id=commit_id,
-            unit_id=unit_id,
-            claim_id=w["o_claim_id"],
-            body_hash=body_hash,
-            effective_characters=chars,
-            delta_characters=chars,
-            total_characters=committed + chars,
-            duplicate=False,
-            context_hash=context_hash,
-            scene_completed=body.scene_completion.completed,
-        )
-    raise CommitConflict(f"novel {novel_id!r}: unit {unit_id!r} was committed concurrently")
+        case Outcome.NOT_CLAIMED:
+            raise UnitNotClaimed(f"novel {novel_id!r}: unit {unit_id!r} is {r['o_detail']}, not claimed")
+        case Outcome.TOKEN_MISMATCH:
+            raise TokenMismatch(f"novel {novel_id!r}: unit {unit_id!r}: execution token does not match")
+        case Outcome.CHECK:
+            length = LengthBudget() if r["o_length"] is None else LengthBudget.model_validate(r["o_length"])
+            check_body(body, known_commits={str(k): int(v) for k, v in r["o_known"].items()},
+                       hard_max_remaining=_hard_max_remaining(length, int(r["o_committed"])))
+            # the database found a check failing that check_body, with the same facts, passes
+            raise AssertionError(f"novel {novel_id!r}: unit {unit_id!r}: nb_commit_body and check_body disagree")
+    raise AssertionError(f"nb_commit_body answered {r['o_outcome']!r}")  # pragma: no cover
 
 
 async def get_commit_for_unit(pool: Db, novel_id: str, unit_id: str) -> CommitRow | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import os
 from typing import Any
@@ -144,6 +145,14 @@ async def connect_read_only(dsn: str, *, max_size: int = 4) -> asyncpg.Pool:
     return pool
 
 
+FUNCTIONS_FILE = "functions.sql"
+
+
+def functions_sql() -> str:
+    """The current definition of every step function (HOUSE-4): `store/functions.sql`."""
+    return (importlib.resources.files("novelbus.store") / FUNCTIONS_FILE).read_text(encoding="utf-8")
+
+
 def migration_files() -> list[tuple[str, str]]:
     """(name, sql) of every packaged migration, sorted by name."""
     root = importlib.resources.files("novelbus.store") / "migrations"
@@ -152,10 +161,13 @@ def migration_files() -> list[tuple[str, str]]:
 
 
 async def migrate(pool: Db) -> list[str]:
-    """Apply pending migrations in name order; return the names applied by this call.
+    """Apply pending migrations in name order, then the step functions' current definitions
+    when they changed; return the migration names applied by this call.
 
     INFRA-3: a session advisory lock serialises concurrent starters; each file is applied
-    in its own transaction together with its schema_migrations row.
+    in its own transaction together with its schema_migrations row. HOUSE-4: `functions.sql`
+    is applied last, in one transaction with its SHA-256 in schema_functions, only when that
+    hash differs (idempotent: a start with nothing new runs one read).
     """
     applied_now: list[str] = []
     async with acquire(pool) as conn:
@@ -174,6 +186,29 @@ async def migrate(pool: Db) -> list[str]:
                     await conn.execute(sql)
                     await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
                 applied_now.append(name)
+            await _apply_functions(conn)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
     return applied_now
+
+
+async def _apply_functions(conn: Any) -> None:
+    """HOUSE-4: (re)create the step functions from `functions.sql` when its hash is not the one
+    applied last; under the caller's migration lock."""
+    sql = functions_sql()
+    digest = hashlib.sha256(sql.encode()).hexdigest()
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_functions ("
+        " file text PRIMARY KEY,"
+        " sha256 text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    current = await conn.fetchval("SELECT sha256 FROM schema_functions WHERE file = $1", FUNCTIONS_FILE)
+    if current == digest:
+        return
+    async with conn.transaction():
+        await conn.execute(sql)
+        await conn.execute(
+            "INSERT INTO schema_functions (file, sha256) VALUES ($1, $2)"
+            " ON CONFLICT (file) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()",
+            FUNCTIONS_FILE, digest)

@@ -123,7 +123,7 @@ async def prepare_and_lease_unit(
     event: Callable[[str], tuple[str, dict[str, Any]]] | None = None,
 ) -> PreparedLease:
     """`prepare_unit`, the ledger row of `event(unit_id)` and `record_intent_and_lease`, in ONE
-    statement and one transaction (`nb_prepare_lease_unit`, migration 008; PERF-2, issue 14).
+    statement and one transaction (`nb_prepare_lease_unit`, store/functions.sql; PERF-2).
 
     Same outcomes as the three in a row: the unit is created or found (the typed errors of
     `prepare_unit`, nothing written), the event row is appended (the caller publishes it under
@@ -221,7 +221,7 @@ async def account_turn(
     turn's usage sample later (REL-7).
     """
     check_turn(turn_key, outcome, writer_output_chars)
-    # PERF-2: one statement (`nb_account_turn`, migration 006): novel lock, turn ledger, counters.
+    # PERF-2: one statement (`nb_account_turn`, store/functions.sql): novel lock, turn ledger, counters.
     async with statement(pool) as conn:
         r = await conn.fetchrow(
             "SELECT (t.o_novel).*, t.o_first FROM nb_account_turn($1, $2, $3, $4, $5, $6, $7) t",

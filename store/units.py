@@ -29,6 +29,7 @@ from novelbus.store.errors import (
 )
 from novelbus.store.events import check_event
 from novelbus.store.novels import WRITER_MODES
+from novelbus.store.outcomes import Outcome
 
 MAX_ID_LENGTH = 64
 _DEFAULT_DISPATCH_LIMIT = Budgets().writerDispatchLimit  # a stored config without budgets has the default
@@ -137,7 +138,7 @@ async def prepare_unit(
 ) -> str:
     """Create the unit for (chapter, scene, fragment) or return the existing one (idempotent).
 
-    PERF-2: one statement (`nb_prepare_unit`, migration 006) locks the novel, looks for the unit,
+    PERF-2: one statement (`nb_prepare_unit`, store/functions.sql) locks the novel, looks for the unit,
     checks the novel and the outline's scene and inserts under the first free candidate id."""
     for batch in candidate_batches(novel_id, chapter_id, scene_id, fragment):
         async with statement(pool) as conn:
@@ -156,23 +157,25 @@ def prepared_unit_id(
 ) -> str | None:
     """The unit id of an `nb_prepare_unit` outcome, None for `exhausted` (try the next
     candidates); the typed error of a refusal."""
-    if outcome in ("existing", "prepared"):
-        unit_id = str(unit)
-        assert is_valid_id(unit_id), unit_id
-        return unit_id
-    if outcome == "novel-not-found":
-        raise NovelNotFound(f"novel {novel_id!r} not found")
-    if outcome == "finished":
-        raise NovelNotActive(f"novel {novel_id!r} is finished; no new units")
-    if outcome == "outline-missing":
-        raise OutlineMissing(f"novel {novel_id!r} has no outline")
-    if outcome == "scene-not-found":
-        raise SceneNotFound(
-            f"novel {novel_id!r}: the outline has no scene {scene_id!r}"
-            f" in chapter {chapter_id!r}"
-        )
-    assert outcome == "exhausted", outcome
-    return None
+    match Outcome(outcome):
+        case Outcome.EXISTING | Outcome.PREPARED:
+            unit_id = str(unit)
+            assert is_valid_id(unit_id), unit_id
+            return unit_id
+        case Outcome.NOVEL_NOT_FOUND:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        case Outcome.FINISHED:
+            raise NovelNotActive(f"novel {novel_id!r} is finished; no new units")
+        case Outcome.OUTLINE_MISSING:
+            raise OutlineMissing(f"novel {novel_id!r} has no outline")
+        case Outcome.SCENE_NOT_FOUND:
+            raise SceneNotFound(
+                f"novel {novel_id!r}: the outline has no scene {scene_id!r}"
+                f" in chapter {chapter_id!r}"
+            )
+        case Outcome.EXHAUSTED:
+            return None
+    raise AssertionError(f"nb_prepare_unit answered {outcome!r}")  # pragma: no cover
 
 
 async def claim_unit(
@@ -193,7 +196,7 @@ async def claim_unit(
     (when given) matches; requirement watermark (when given) matches; no requirement pending or
     blocked (PLAN-4); no other unit of the novel claimed; unit exists and is prepared.
     `claimed_by` names the claim-manager instance (CLM-5) so it can recover its own claims.
-    PERF-2: one statement (`nb_claim_unit`, migration 006) checks them in this order under the
+    PERF-2: one statement (`nb_claim_unit`, store/functions.sql) checks them in this order under the
     novel-row lock and makes the conditional update (ARCH-4); this raises what it answers.
     `event(claim_id)` gives the (type, payload) of the event that announces the claim: its
     ledger row is written by the same statement, only when the claim is made, with the payload's
@@ -219,42 +222,43 @@ async def claim_unit(
             expected_revision, expected_watermark,
             None if entry is None else entry[0], None if entry is None else entry[1],
         )
-    outcome = r["o_outcome"]
-    if outcome == "claimed":
-        limit = r["o_dispatch_limit"]
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            limit = _DEFAULT_DISPATCH_LIMIT
-        return Claim(claim_id=claim_id, unit_id=unit_id, attempt=r["o_attempt"], token=token,
-                     dispatch_limit=limit, event_seq=r["o_event_seq"])
-    if outcome == "novel-not-found":
-        raise NovelNotFound(f"novel {novel_id!r} not found")
-    if outcome == "not-active":
-        raise NovelNotActive(f"novel {novel_id!r} is {r['o_status']}, not active")
-    if outcome == "outline-missing":
-        raise OutlineMissing(f"novel {novel_id!r} has no outline")
-    if outcome == "revision-conflict":
-        raise RevisionConflict(
-            f"novel {novel_id!r}: expected outline revision {expected_revision!r},"
-            f" current is {r['o_revision']!r}"
-        )
-    if outcome == "watermark-conflict":
-        raise WatermarkConflict(
-            f"novel {novel_id!r}: expected requirement watermark {expected_watermark},"
-            f" current is {r['o_watermark']}"
-        )
-    if outcome == "requirements-open":
-        raise RequirementsOpen(
-            f"novel {novel_id!r}: {r['o_pending']} requirement(s) pending,"
-            f" {r['o_blocked']} blocked; no claim until a revision settles them"
-        )
-    if outcome == "in-flight":
-        if r["o_detail"] is None:
-            raise UnitInFlight(f"novel {novel_id!r}: another unit is already claimed")
-        raise UnitInFlight(f"novel {novel_id!r}: unit {r['o_detail']!r} is already claimed")
-    if outcome == "unit-not-found":
-        raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
-    assert outcome == "not-claimable", outcome
-    raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {r['o_detail']}, not prepared")
+    match Outcome(r["o_outcome"]):
+        case Outcome.CLAIMED:
+            limit = r["o_dispatch_limit"]
+            if not isinstance(limit, int) or isinstance(limit, bool):
+                limit = _DEFAULT_DISPATCH_LIMIT
+            return Claim(claim_id=claim_id, unit_id=unit_id, attempt=r["o_attempt"], token=token,
+                         dispatch_limit=limit, event_seq=r["o_event_seq"])
+        case Outcome.NOVEL_NOT_FOUND:
+            raise NovelNotFound(f"novel {novel_id!r} not found")
+        case Outcome.NOT_ACTIVE:
+            raise NovelNotActive(f"novel {novel_id!r} is {r['o_status']}, not active")
+        case Outcome.OUTLINE_MISSING:
+            raise OutlineMissing(f"novel {novel_id!r} has no outline")
+        case Outcome.REVISION_CONFLICT:
+            raise RevisionConflict(
+                f"novel {novel_id!r}: expected outline revision {expected_revision!r},"
+                f" current is {r['o_revision']!r}"
+            )
+        case Outcome.WATERMARK_CONFLICT:
+            raise WatermarkConflict(
+                f"novel {novel_id!r}: expected requirement watermark {expected_watermark},"
+                f" current is {r['o_watermark']}"
+            )
+        case Outcome.REQUIREMENTS_OPEN:
+            raise RequirementsOpen(
+                f"novel {novel_id!r}: {r['o_pending']} requirement(s) pending,"
+                f" {r['o_blocked']} blocked; no claim until a revision settles them"
+            )
+        case Outcome.IN_FLIGHT:
+            if r["o_detail"] is None:
+                raise UnitInFlight(f"novel {novel_id!r}: another unit is already claimed")
+            raise UnitInFlight(f"novel {novel_id!r}: unit {r['o_detail']!r} is already claimed")
+        case Outcome.UNIT_NOT_FOUND:
+            raise UnitNotFound(f"novel {novel_id!r}: unit {unit_id!r} not found")
+        case Outcome.NOT_CLAIMABLE:
+            raise UnitNotClaimable(f"novel {novel_id!r}: unit {unit_id!r} is {r['o_detail']}, not prepared")
+    raise AssertionError(f"nb_claim_unit answered {r['o_outcome']!r}")  # pragma: no cover
 
 
 async def _unit_state(conn: Conn, novel_id: str, unit_id: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from novelbus.store._db import Db, novel_must_exist, statement
 from novelbus.store.events import check_event
+from novelbus.store.outcomes import Outcome
 
 RING_SIZE = 50
 
@@ -52,7 +53,7 @@ async def record_turn_usage(
     mode's totals. All or nothing: an unknown novel (NovelNotFound) leaves no mark behind.
 
     PERF-2: two statements, no BEGIN/COMMIT: the totals are read and the sample added to them
-    here (`add_totals`), then `nb_record_turn_usage` (migration 006) writes everything under the
+    here (`add_totals`), then `nb_record_turn_usage` (store/functions.sql) writes everything under the
     novel's usage lock if the totals did not move meanwhile (else this reads again)."""
     return await _record(pool, novel_id, mode, sample, turn_key, message_key, None) is not False
 
@@ -147,11 +148,12 @@ async def _record(
                     None if event is None else event[0],
                     None if event is None else event[1],
                 )
-            if row["outcome"] == "recorded":
+            outcome = Outcome(row["outcome"])
+            if outcome is Outcome.RECORDED:
                 if known is not None:
                     known.put(novel_id, mode, (samples or 0) + 1, totals)
                 return True if event is None else int(row["seq"])
-            if row["outcome"] != "changed":
+            if outcome is not Outcome.CHANGED:
                 if known is not None:  # a duplicate: the totals it was checked against are current
                     known.put(novel_id, mode, samples, before)
                 return False

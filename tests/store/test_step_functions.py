@@ -1,4 +1,4 @@
-"""PERF-2: the store's one-round-trip step functions (migration 006), called directly and through
+"""PERF-2: the store's one-round-trip step functions (store/functions.sql), called directly and through
 the store functions that use them — with the guarantees they keep (STORE-1, STORE-2, STORE-4,
 REL-2, REL-7, USE-2)."""
 
@@ -12,9 +12,9 @@ import pytest
 
 from novelbus import store
 from novelbus.bus import tally
-from novelbus.novel.commitcheck import BodyError, business_hash
+from novelbus.novel.commitcheck import BodyError
 from novelbus.novel.text import effective_characters
-from novelbus.store.units import PREPARE_CANDIDATES, hash_token, unit_id_candidates
+from novelbus.store.units import PREPARE_CANDIDATES, unit_id_candidates
 from tests.store.helpers import make_body, table_counts
 
 
@@ -78,28 +78,6 @@ async def test_perf2_prepare_refusals(pool: asyncpg.Pool, novel_id: str) -> None
     with pytest.raises(store.NovelNotActive, match="is finished"):
         await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
     assert await table_counts(pool, "units") == {"units": 0}
-
-
-async def test_perf2_commit_write_writes_only_what_was_read(
-    pool: asyncpg.Pool, novel_id: str, unit_id: str
-) -> None:
-    """nb_commit_write, directly: a stale seq, length budget or token writes nothing ('changed')."""
-    claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
-    body = make_body()
-    length = await pool.fetchval("SELECT config -> 'length' FROM novels WHERE novel_id = $1", novel_id)
-    sql = "SELECT o_outcome, o_claim_id FROM nb_commit_write($1, $2, $3, $4, $5, $6, $7, $8, NULL, 'run-1', '[]')"
-    args = (novel_id, unit_id, hash_token(claim.token))
-    for stale in ((2, length), (1, {**length, "hardMaximumCharacters": 10**9}), (1, None)):
-        row = await pool.fetchrow(sql, *args, *stale, {"paragraphs": ["x"]}, business_hash(body), 1)
-        assert row["o_outcome"] == "changed"
-    row = await pool.fetchrow(sql, novel_id, unit_id, hash_token("0" * 64), 1, length, {"paragraphs": ["x"]},
-                              business_hash(body), 1)
-    assert row["o_outcome"] == "changed"
-    assert await table_counts(pool, "commits", "canon_facts") == {"commits": 0, "canon_facts": 0}
-    assert (await store.get_unit(pool, novel_id, unit_id)).state == "claimed"
-    row = await pool.fetchrow(sql, *args, 1, length, {"paragraphs": ["x"]}, business_hash(body), 1)
-    assert (row["o_outcome"], row["o_claim_id"]) == ("committed", claim.claim_id)
-    assert (await store.get_unit(pool, novel_id, unit_id)).state == "committed"
 
 
 async def _blocked_on_a_lock(pool: asyncpg.Pool) -> None:
