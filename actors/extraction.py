@@ -5,7 +5,7 @@ and its periodic sweep. Each pass reads the store's list of commits not extracte
 (`store.pending_extractions`: novels whose `config.extractor` is not `off`), oldest first per
 novel, and for each one: freezes the extractor's inputs (`store.load_role_inputs`, role
 `extractor`: the commit's prose, the canon at or before the commit before it, the chapter's
-canon for de-duplication), extracts — deterministically (`offline`) or with the model through
+canon for de-duplication; the ledger row keeps that context's SHA-256, CTX-9), extracts — deterministically (`offline`) or with the model through
 the provider interface and structured output (`model`, usage recorded under the mode
 `extractor`) —, keeps what `novel.roles.extractor.accept` accepts, and writes the commit's
 ledger row, its facts and its `canon.extracted` event row in ONE statement
@@ -134,6 +134,7 @@ class CanonKeeper:
         """One commit: True when this call wrote its extraction (False: done already)."""
         pool = self.ctx.pool
         outcome, proposed, facts = "extracted", 0, list[CanonChange]()
+        context_hash: str | None = None
         try:
             inputs = await store.load_role_inputs(pool, novel_id=p.novel_id, unit_id=p.unit_id, role="extractor",
                                                   purpose="production", profile=p.profile)
@@ -143,6 +144,7 @@ class CanonKeeper:
             log.info("commit %s/%s not extracted: %s", p.novel_id, p.commit_id, type(e).__name__)
             outcome = "no-context"
         else:
+            context_hash = inputs.frozen.context_sha256
             if p.mode == "model":
                 outcome, proposed, facts = await self._model(p, inputs)
             else:
@@ -153,7 +155,7 @@ class CanonKeeper:
         seq = await store.save_extraction(
             pool, self.ctx.ledger_entry(event), once_key=f"{tag_of(ev.CanonExtracted)}:{p.novel_id}:{p.commit_id}",
             novel_id=p.novel_id, commit_id=p.commit_id, seq=p.seq, mode=p.mode, outcome=outcome,
-            proposed=proposed, facts=facts)
+            proposed=proposed, facts=facts, context_hash=context_hash)
         if seq is None:
             return False
         await self.ctx.publish_recorded(event, seq)

@@ -39,6 +39,7 @@ class ExtractionRecord(msgspec.Struct, frozen=True):
     outcome: str
     proposed: int
     accepted: int
+    context_hash: str | None = None  # the extractor's frozen context (CTX-9)
 
 
 def extracted_json(novel: str, up_to: str) -> str:
@@ -91,15 +92,17 @@ async def save_extraction(
     outcome: str,
     proposed: int,
     facts: list[CanonChange],
+    context_hash: str | None = None,
 ) -> int | None:
-    """The commit's ledger row, its facts and its event row, (type, payload), in ONE statement:
-    the event's seq, or None when the commit was extracted already (nothing written)."""
+    """The commit's ledger row (bound to the SHA-256 of the context it was read with), its facts
+    and its event row, (type, payload), in ONE statement: the event's seq, or None when the
+    commit was extracted already (nothing written)."""
     check_event(*event)
     payload = msgspec.to_builtins(facts)
     async with statement(pool) as conn:
         seq_out = await conn.fetchval(
-            "WITH led AS (INSERT INTO extracted_commits (novel_id, commit_id, seq, mode, outcome, proposed, accepted)"
-            "  VALUES ($1, $2, $3, $4, $5, $6, jsonb_array_length($7::jsonb))"
+            "WITH led AS (INSERT INTO extracted_commits (novel_id, commit_id, seq, mode, outcome, proposed, accepted,"
+            "  context_hash) VALUES ($1, $2, $3, $4, $5, $6, jsonb_array_length($7::jsonb), $11)"
             "  ON CONFLICT (novel_id, commit_id) DO NOTHING RETURNING commit_id),"
             " facts AS (INSERT INTO extracted_canon (novel_id, commit_id, seq, idx, kind, summary, detail, sources,"
             "  character_ids, foreshadowing_id, foreshadowing_status)"
@@ -112,7 +115,7 @@ async def save_extraction(
             "  SELECT $1, $8, $9, $10 WHERE EXISTS (SELECT 1 FROM led)"
             "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq)"
             " SELECT (SELECT seq FROM ev) + 0 * (SELECT count(*) FROM facts)",
-            novel_id, commit_id, seq, mode, outcome, proposed, payload, event[0], event[1], once_key)
+            novel_id, commit_id, seq, mode, outcome, proposed, payload, event[0], event[1], once_key, context_hash)
     return None if seq_out is None else int(seq_out)
 
 
@@ -120,7 +123,7 @@ async def list_extractions(pool: Db, novel_id: str) -> list[ExtractionRecord]:
     """The novel's extraction ledger in commit order."""
     async with statement(pool) as conn:
         rows = await conn.fetch(
-            "SELECT novel_id, commit_id, seq, mode, outcome, proposed, accepted FROM extracted_commits"
+            "SELECT novel_id, commit_id, seq, mode, outcome, proposed, accepted, context_hash FROM extracted_commits"
             " WHERE novel_id = $1 ORDER BY seq", novel_id)
     return [ExtractionRecord(**dict(r)) for r in rows]
 

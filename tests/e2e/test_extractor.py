@@ -73,6 +73,12 @@ async def test_every_commit_is_extracted_once_with_one_event_and_sourced_facts(s
             assert key not in keys, key
             keys.add(key)
     assert commits and counts
+    # CTX-9: each extraction is bound to the context it was read with (frozen again: the same hash)
+    last = commits[-1]
+    inputs = await store.load_role_inputs(pool, novel_id=novel_id, unit_id=last.unit_id, role="extractor",
+                                          purpose="production", profile="bounded")
+    assert ledger[-1].context_hash == inputs.frozen.context_sha256
+    assert all(r.context_hash and len(r.context_hash) == 64 for r in ledger)
 
 
 async def test_a_fact_from_an_early_unit_reaches_a_much_later_units_pack(stack: Runtime) -> None:
