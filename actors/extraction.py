@@ -5,10 +5,11 @@ and its periodic sweep. Each pass reads the store's list of commits not extracte
 (`store.pending_extractions`: novels whose `config.extractor` is not `off`), oldest first per
 novel, and for each one: freezes the extractor's inputs (`store.load_role_inputs`, role
 `extractor`: the commit's prose, the canon at or before the commit before it, the chapter's
-canon for de-duplication; the ledger row keeps that context's SHA-256, CTX-9), extracts — deterministically (`offline`) or with the model through
+canon for de-duplication), extracts — deterministically (`offline`) or with the model through
 the provider interface and structured output (`model`, usage recorded under the mode
 `extractor`) —, keeps what `novel.roles.extractor.accept` accepts, and writes the commit's
-ledger row, its facts and its `canon.extracted` event row in ONE statement
+ledger row (bound to the SHA-256 of the frozen context, CTX-9), its facts and its
+`canon.extracted` event row in ONE statement
 (`store.save_extraction`). A kill at any line loses nothing (the commit stays pending until that
 statement lands, and the next pass does it) and doubles nothing (the ledger row is the commit's
 key: a replay writes nothing). The event is published after the statement; one whose publisher
