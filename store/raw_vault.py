@@ -141,7 +141,9 @@ class RawVault:
         _private_dir(folder)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         safe_run = run_id if is_valid_id(run_id) else "run"
-        path = folder / f"{stamp}-{safe_run}-{seq:03d}-{kind}.json"
+        # a call is one per (run, seq); refusals may come twice a second for one run: a token apart
+        tag = f"{seq:03d}" if kind == "call" else secrets.token_hex(3)
+        path = folder / f"{stamp}-{safe_run}-{tag}-{kind}.json"
         body = {"kind": kind, "novelId": novel_id, "runId": run_id, "seq": seq,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), **record}
         _write_private(path, json.dumps(body, ensure_ascii=False, indent=1, default=str).encode(), now)

@@ -49,6 +49,9 @@ def test_a_call_and_a_refused_candidate_are_private_whole_files(tmp_path: Path) 
     assert json.loads(refused.read_text())["code"] == "repetition"
     assert call.name.endswith("-run-abc-001-call.json") and refused.name.endswith("-refused.json")
     assert sorted(p.name for p in (vault.root / "n-1").iterdir() if p.name.startswith(".")) == [RETENTION_FILE]
+    again = vault.store_refused_candidate(novel_id="n-1", unit_id="u-1", run_id="run-abc", code="no-letters",
+                                          candidate={"paragraphs": ["..."]}, retention_days=7, now=NOW)
+    assert again != refused and refused.exists()  # two refusals in one second: two files
 
 
 def test_purge_deletes_what_matches_and_its_receipt_counts_it(tmp_path: Path) -> None:
