@@ -234,7 +234,6 @@ class Driver:
                 for novel_id in sorted({n for n, _ in released}):
                     await publish_notice(self.ctx, novel_id, reason="lease-expired")
                 await self.accounting.reconcile(exclude_novel_ids=sorted(self.state.driving))
-                self.canon.after_commit("")  # ROLE-3: a commit whose flow died is extracted too
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the store or NATS away: next sweep (REL-6)

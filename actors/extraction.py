@@ -53,7 +53,8 @@ from novelbus.writers.structured import mechanism_override, response_format
 
 log = logging.getLogger(__name__)
 
-SWEEP_S = 30.0  # without a wake-up, look for pending commits this often
+SWEEP_S = 30.0  # a pass over every novel this often (and at start)
+RETRY_S = 2.0  # after a pass that failed (the store away), the next full pass this soon
 BATCH = 200  # commits per store read
 EXTRACTOR_MAX_TOKENS = 1_200
 REPUBLISH_WITHIN_S = 60.0  # a `canon.extracted` row this recent is published again at start
@@ -64,6 +65,7 @@ class CanonKeeper:
         self.ctx = ctx
         self._provider = provider
         self._wake = asyncio.Event()
+        self._woken: set[str] = set()  # novels that committed since the last pass
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self.extracted = 0  # commits this keeper extracted (tests, benchmarks)
@@ -79,22 +81,33 @@ class CanonKeeper:
             self._task = None
 
     def after_commit(self, novel_id: str) -> None:
-        """A commit landed: sweep soon (never awaited by the unit's flow)."""
-        del novel_id  # the sweep reads what is pending from the store, whoever committed it
+        """A commit of this novel landed: extract it soon (never awaited by the unit's flow)."""
+        self._woken.add(novel_id)
         self._wake.set()
 
     async def _loop(self) -> None:
+        """A pass over every novel at start and every SWEEP_S (what a dead process left, commits
+        of other driver processes); between them, a pass over the novels that just committed
+        (a read of their own commits only, PERF-2)."""
         with contextlib.suppress(Exception):
             await self.republish_recent()
+        last_full = -SWEEP_S
         while True:
+            full = time.monotonic() - last_full >= SWEEP_S
+            novels = [None] if full else sorted(self._woken)
+            self._woken.clear()
+            if full:
+                last_full = time.monotonic()
             try:
-                await self.sweep()
+                for novel_id in novels:
+                    await self.sweep(novel_id)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - the store or NATS away: the next pass (REL-6)
+            except Exception as e:  # noqa: BLE001 - the store or NATS away: a full pass soon (REL-6)
                 log.warning("canon extraction pass failed (%s)", type(e).__name__)
+                last_full = time.monotonic() - SWEEP_S + RETRY_S
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), SWEEP_S)
+                await asyncio.wait_for(self._wake.wait(), max(0.0, last_full + SWEEP_S - time.monotonic()))
             self._wake.clear()
 
     # --- the work -------------------------------------------------------------------------

@@ -215,3 +215,34 @@ async def test_a_novel_whose_extraction_fails_stays_pending_and_stops_no_other(s
     assert done == len(await store.list_commits(pool, fine_id))
     assert await store.list_extractions(pool, broken_id) == []
     assert len(await store.pending_extractions(pool, novel_id=broken_id)) == len(await store.list_commits(pool, broken_id))
+
+
+async def wait_extracted(pool: Any, novel_id: str, n: int, timeout: float = 20.0) -> list[Any]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        ledger = await store.list_extractions(pool, novel_id)
+        if len(ledger) >= n or asyncio.get_running_loop().time() > deadline:
+            return ledger
+        await asyncio.sleep(0.1)
+
+
+async def test_the_keeper_runs_by_itself_after_commits_and_at_its_start(stack: Runtime) -> None:
+    """ROLE-3: nobody calls the keeper: the driver's commits wake it (the ledger fills while and
+    after the novel is written), and a keeper that starts finds what was left pending."""
+    pool = stack.ctx.pool
+    novel_id, _ = await run_novel(stack, novel())
+    commits = await store.list_commits(pool, novel_id)
+    assert len(await wait_extracted(pool, novel_id, len(commits))) == len(commits)
+
+    driver: Any = stack.actor("driver")
+    await driver.canon.stop()
+    driver.canon.after_commit = lambda novel_id: None
+    left_id, _ = await run_novel(stack, novel())
+    left = await store.list_commits(pool, left_id)
+    assert await store.list_extractions(pool, left_id) == []
+    restarted = CanonKeeper(stack.ctx)
+    restarted.start()
+    try:
+        assert len(await wait_extracted(pool, left_id, len(left))) == len(left)
+    finally:
+        await restarted.stop()
