@@ -51,14 +51,16 @@ def _imports(path: Path) -> set[str]:
     return {m.removeprefix("novelbus.") for m in out}
 
 
-def test_arch5_top_level_layout() -> None:
+def test_top_level_layout() -> None:
+    """ARCH-5"""
     for name in ("pyproject.toml", "actors", "messages", "bus", "tests", "deploy", "store", "novel", "cli"):
         assert (REPO / name).exists(), name
     for actor in ACTOR_MODULES:  # one file per actor
         assert (REPO / "actors" / f"{actor}.py").is_file(), actor
 
 
-def test_arch1_no_actor_imports_another_actors_internals() -> None:
+def test_no_actor_imports_another_actors_internals() -> None:
+    """ARCH-1"""
     for actor in ACTOR_MODULES:
         imported = _imports(REPO / "actors" / f"{actor}.py")
         others = {f"actors.{o}" for o in ACTOR_MODULES if o != actor}
@@ -73,8 +75,8 @@ def test_arch1_no_actor_imports_another_actors_internals() -> None:
         assert not (imported & {f"actors.{a}" for a in ACTOR_MODULES}), (helper, imported)
 
 
-def test_arch3_pure_domain_does_no_io() -> None:
-    """novel/ is pure: no database, bus, network, clock or randomness imports."""
+def test_pure_domain_does_no_io() -> None:
+    """ARCH-3: novel/ is pure: no database, bus, network, clock or randomness imports."""
     banned = {"asyncpg", "nats", "socket", "random", "time", "datetime", "asyncio", "os", "subprocess",
               "store", "bus", "actors", "openai"}
     for path in (REPO / "novel").rglob("*.py"):
@@ -82,8 +84,8 @@ def test_arch3_pure_domain_does_no_io() -> None:
         assert not (roots & banned), (path.name, roots & banned)
 
 
-def test_bus1_messages_are_data_only() -> None:
-    """messages/ imports nothing but msgspec, typing and other message/body modules."""
+def test_messages_are_data_only() -> None:
+    """BUS-1: messages/ imports nothing but msgspec, typing and other message/body modules."""
     allowed = {"__future__", "typing", "msgspec", "messages", "re", "dataclasses"}
     for path in (REPO / "messages").glob("*.py"):
         roots = {m.split(".")[0] for m in _imports(path)}
@@ -200,7 +202,8 @@ def _event_classes() -> list[type[ev.Event]]:
             if issubclass(c, ev.Event) and c is not ev.Event and c.__module__ == ev.__name__]
 
 
-def test_bus3_every_event_class_is_in_the_event_union() -> None:
+def test_every_event_class_is_in_the_event_union() -> None:
+    """BUS-3"""
     union = set(typing.get_args(ev.NovelEvent))
     classes = set(_event_classes())
     assert classes - union == set(), f"events missing from NovelEvent: {sorted(c.__name__ for c in classes - union)}"
@@ -209,7 +212,8 @@ def test_bus3_every_event_class_is_in_the_event_union() -> None:
     assert len(tags) == len(set(tags)), "two event classes share a type tag"
 
 
-def test_bus1_no_reply_or_command_shares_a_name_with_an_event() -> None:
+def test_no_reply_or_command_shares_a_name_with_an_event() -> None:
+    """BUS-1"""
     events = {c.__name__ for c in _event_classes()}
     for path in (REPO / "messages").glob("*.py"):
         if path.stem in ("events", "__init__"):
@@ -219,8 +223,8 @@ def test_bus1_no_reply_or_command_shares_a_name_with_an_event() -> None:
         assert not names & events, (path.name, names & events)
 
 
-def test_bus3_event_tags_are_taken_from_the_classes_never_spelled_as_literals() -> None:
-    """An event's `type` tag is declared once, on its class; everything else uses `tag_of(cls)`."""
+def test_event_tags_are_taken_from_the_classes_never_spelled_as_literals() -> None:
+    """BUS-3: An event's `type` tag is declared once, on its class; everything else uses `tag_of(cls)`."""
     tags = {tag_of(c) for c in _event_classes()}
     found: list[str] = []
     for _room, path in _room_modules():

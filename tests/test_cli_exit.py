@@ -12,7 +12,8 @@ from novelbus.cli.common import run
 
 
 @pytest.mark.timeout(60)
-def test_ops5_a_command_leaving_a_task_deaf_to_one_cancel_still_returns() -> None:
+def test_a_command_leaving_a_task_deaf_to_one_cancel_still_returns() -> None:
+    """OPS-5"""
     ended: list[str] = []
 
     async def deaf_once() -> None:

@@ -18,7 +18,8 @@ from novelbus.cli.common import output_problem, write_output
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_ops5_output_problem_names_what_is_in_the_way(tmp_path: Path) -> None:
+def test_output_problem_names_what_is_in_the_way(tmp_path: Path) -> None:
+    """OPS-5"""
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "a-dir").mkdir()
     assert output_problem(tmp_path / "new" / "deeper" / "x.md") is None  # parents are created
@@ -32,7 +33,8 @@ def test_ops5_output_problem_names_what_is_in_the_way(tmp_path: Path) -> None:
         f"{tmp_path / 'a-file'} is a file, not a directory")
 
 
-def test_ops5_write_output_is_whole_or_nothing(tmp_path: Path) -> None:
+def test_write_output_is_whole_or_nothing(tmp_path: Path) -> None:
+    """OPS-5"""
     target = tmp_path / "sub" / "out.md"
     write_output(target, "first")
     write_output(target, "second")
@@ -67,8 +69,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("args", "said"), CASES, ids=[" ".join(a[:2]) for a, _ in CASES])
-async def test_ops5_an_unwritable_out_exits_2_before_anything_starts(args: tuple[str, ...], said: str,
+async def test_an_unwritable_out_exits_2_before_anything_starts(args: tuple[str, ...], said: str,
                                                                     tmp_path: Path) -> None:
+    """OPS-5"""
     home = tmp_path / "home"
     paths = {"dir": str(tmp_path / "a-dir"), "file": str(tmp_path / "a-file"), "home": str(home)}
     (tmp_path / "a-dir").mkdir()
@@ -79,7 +82,8 @@ async def test_ops5_an_unwritable_out_exits_2_before_anything_starts(args: tuple
     assert (tmp_path / "a-file").read_text() == "keep" and not home.exists()
 
 
-async def test_ops5_schema_out_creates_missing_directories(tmp_path: Path) -> None:
+async def test_schema_out_creates_missing_directories(tmp_path: Path) -> None:
+    """OPS-5"""
     target = tmp_path / "new" / "schema.json"
     code, out, err = await novelbus(tmp_path / "home", "schema", "--out", str(target))
     assert code == 0, err

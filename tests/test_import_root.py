@@ -21,14 +21,16 @@ def _python_files() -> list[Path]:
     return [p for room in novelbus.ROOMS for p in (REPO / room).rglob("*.py")]
 
 
-def test_arch6_rooms_are_top_level_folders_linked_under_the_root() -> None:
+def test_rooms_are_top_level_folders_linked_under_the_root() -> None:
+    """ARCH-6"""
     for room in novelbus.ROOMS:
         assert (REPO / room / "__init__.py").is_file(), room
         link = REPO / "novelbus" / room
         assert link.is_symlink() and link.resolve() == (REPO / room).resolve(), room
 
 
-def test_arch6_no_module_imports_a_room_outside_the_root() -> None:
+def test_no_module_imports_a_room_outside_the_root() -> None:
+    """ARCH-6"""
     bare = set(novelbus.ROOMS)
     offenders = []
     for path in [*_python_files(), *(REPO / "tests").rglob("*.py")]:
@@ -42,7 +44,8 @@ def test_arch6_no_module_imports_a_room_outside_the_root() -> None:
     assert not offenders, offenders
 
 
-def test_arch6_loggers_are_named_by_module() -> None:
+def test_loggers_are_named_by_module() -> None:
+    """ARCH-6"""
     for path in _python_files():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getLogger" and node.args:
@@ -51,8 +54,8 @@ def test_arch6_loggers_are_named_by_module() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_arch6_wheel_installs_only_novelbus_and_runs_from_elsewhere(tmp_path: Path) -> None:
-    """A non-editable wheel: top-level names are exactly `novelbus`; the command runs from another
+def test_wheel_installs_only_novelbus_and_runs_from_elsewhere(tmp_path: Path) -> None:
+    """ARCH-6: A non-editable wheel: top-level names are exactly `novelbus`; the command runs from another
     directory (the sample novel and migrations come from the installed package, not the checkout)."""
     # Built from a copy of the tree without build leftovers: a stale build/ would leak modules that
     # no longer exist into the wheel.

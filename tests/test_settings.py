@@ -67,7 +67,8 @@ def names_in_sources() -> set[str]:
     return found - set(NOT_SETTINGS)
 
 
-def test_ops5_every_setting_in_the_sources_is_checked_or_free_form() -> None:
+def test_every_setting_in_the_sources_is_checked_or_free_form() -> None:
+    """OPS-5"""
     found = names_in_sources()
     checked, free = set(checked_settings()), set(FREE_FORM_SETTINGS)
     assert not checked & free
@@ -76,11 +77,12 @@ def test_ops5_every_setting_in_the_sources_is_checked_or_free_form() -> None:
         f"listed but read nowhere: {sorted((checked | free) - found)}")
 
 
-def test_ops5_every_checked_setting_has_a_malformed_and_a_well_formed_example() -> None:
+def test_every_checked_setting_has_a_malformed_and_a_well_formed_example() -> None:
+    """OPS-5"""
     assert set(MALFORMED) == set(checked_settings()) == set(WELL_FORMED)
 
 
-def test_ops4_every_setting_is_in_the_readme() -> None:
+def test_every_setting_is_in_the_readme() -> None:
     """OPS-4: every setting is documented — in the README or a page of the docs site."""
     readme = "\n".join(p.read_text(encoding="utf-8")
                        for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
@@ -89,7 +91,8 @@ def test_ops4_every_setting_is_in_the_readme() -> None:
     assert not missing
 
 
-def test_ops5_well_formed_values_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_well_formed_values_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPS-5"""
     for name, value in WELL_FORMED.items():
         monkeypatch.setenv(name, value)
     check_environment()
@@ -98,7 +101,8 @@ def test_ops5_well_formed_values_pass(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-def test_ops5_a_malformed_setting_is_refused_naming_it(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_malformed_setting_is_refused_naming_it(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPS-5"""
     monkeypatch.setenv(name, MALFORMED[name])
     with pytest.raises(Exception) as caught:
         checked_settings()[name]()
@@ -118,7 +122,8 @@ async def novel_list(home: Path, env: dict[str, str], *args: str) -> tuple[int, 
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-async def test_ops5_a_malformed_setting_exits_2_before_anything_starts(name: str, tmp_path: Path) -> None:
+async def test_a_malformed_setting_exits_2_before_anything_starts(name: str, tmp_path: Path) -> None:
+    """OPS-5"""
     code, out, err = await novel_list(tmp_path / "home", {name: MALFORMED[name]})
     assert code == 2, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -135,8 +140,8 @@ MALFORMED_URLS = {
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED_URLS))
-async def test_ops5_a_malformed_server_url_exits_2_without_its_password(name: str, tmp_path: Path) -> None:
-    """A traceback from inside the client library before (a port that is not a number)."""
+async def test_a_malformed_server_url_exits_2_without_its_password(name: str, tmp_path: Path) -> None:
+    """OPS-5: A traceback from inside the client library before (a port that is not a number)."""
     url, why = MALFORMED_URLS[name]
     other = {"NOVELBUS_NATS_URL": "nats://127.0.0.1:1", "NOVELBUS_DATABASE_URL": "postgresql://127.0.0.1:1/db"}
     code, out, err = await novel_list(tmp_path / "home", {**other, name: url})
@@ -158,8 +163,9 @@ BAD_BENCH_FLAGS = [
 
 
 @pytest.mark.parametrize(("args", "said"), BAD_BENCH_FLAGS, ids=[" ".join(a[1:]) for a, _ in BAD_BENCH_FLAGS])
-async def test_ops5_a_bad_bench_flag_exits_2_before_anything_starts(args: tuple[str, ...], said: str,
+async def test_a_bad_bench_flag_exits_2_before_anything_starts(args: tuple[str, ...], said: str,
                                                                    tmp_path: Path) -> None:
+    """OPS-5"""
     code, out, err = await novel_list(tmp_path / "home", {}, *args)
     assert code == 2, err
     assert [ln for ln in err.splitlines() if ln.strip()] == [f"error: {said}"]
@@ -168,9 +174,9 @@ async def test_ops5_a_bad_bench_flag_exits_2_before_anything_starts(args: tuple[
 
 @pytest.mark.parametrize("args", [("demo",), ("bench", "chaos"), ("bench", "cluster"), ("probe", "--model", "offline")],
                          ids=["demo", "bench chaos", "bench cluster", "probe"])
-async def test_ops5_a_timeout_that_is_not_positive_exits_2_before_anything_starts(args: tuple[str, ...],
+async def test_a_timeout_that_is_not_positive_exits_2_before_anything_starts(args: tuple[str, ...],
                                                                                  tmp_path: Path) -> None:
-    """`--timeout 0` ran a whole demo or chaos run that could only fail, and made `probe` end in a
+    """OPS-5: `--timeout 0` ran a whole demo or chaos run that could only fail, and made `probe` end in a
     traceback; typer now refuses it (its usage box, exit 2)."""
     home = tmp_path / "home"
     code, _, err = await novel_list(home, {}, *args, "--timeout", "0")

@@ -14,7 +14,8 @@ from novelbus.messages.events import NovelEvent, UnitCommitted
 from novelbus.messages.work import WorkNotice
 
 
-def test_bus1_encode_puts_type_and_schema_version_in_headers() -> None:
+def test_encode_puts_type_and_schema_version_in_headers() -> None:
+    """BUS-1"""
     data, headers = encode(ClaimUnit(novel_id="n1", unit_id="u1", intent_id="i1", mode="subagent"))
     assert headers == {TYPE_HEADER: "claims.claim", SCHEMA_HEADER: str(SCHEMA_VERSION)}
     # SPEC §16 Claim (PLAN-1, PLAN-4): the outline revision and watermark the claim was decided on
@@ -23,7 +24,8 @@ def test_bus1_encode_puts_type_and_schema_version_in_headers() -> None:
                                          "requirementWatermark": None, "beginDispatch": False}
 
 
-def test_bus1_tagged_union_decodes_to_the_right_struct() -> None:
+def test_tagged_union_decodes_to_the_right_struct() -> None:
+    """BUS-1"""
     data, headers = encode(WorkNotice(novel_id="n1", notice_id="x"))
     assert decode(data, WorkNotice, headers) == WorkNotice(novel_id="n1", notice_id="x")
     event = UnitCommitted(novel_id="n1", unit_id="u1", commit_id="commit-1", effective_characters=5,
@@ -32,14 +34,16 @@ def test_bus1_tagged_union_decodes_to_the_right_struct() -> None:
     assert decode(data, NovelEvent, headers) == event
 
 
-def test_bus4_unsupported_schema_version_is_refused() -> None:
+def test_unsupported_schema_version_is_refused() -> None:
+    """BUS-4"""
     data, _ = encode(WorkNotice(novel_id="n1", notice_id="x"))
     with pytest.raises(MessageError) as info:
         decode(data, WorkNotice, {SCHEMA_HEADER: "99"})
     assert info.value.code == "unknown-type" and "99" in str(info.value)
 
 
-def test_bus4_unknown_field_and_type_of_another_family_are_refused() -> None:
+def test_unknown_field_and_type_of_another_family_are_refused() -> None:
+    """BUS-4"""
     with pytest.raises(MessageError) as info:
         decode(b'{"type": "work.notice", "novelId": "n", "noticeId": "x", "token": "t"}', WorkNotice)
     assert info.value.code == "bad-message"
@@ -50,7 +54,8 @@ def test_bus4_unknown_field_and_type_of_another_family_are_refused() -> None:
 
 
 @given(st.binary(max_size=2_000))
-def test_bus4_arbitrary_bytes_never_escape_as_anything_but_a_message_error(raw: bytes) -> None:
+def test_arbitrary_bytes_never_escape_as_anything_but_a_message_error(raw: bytes) -> None:
+    """BUS-4"""
     try:
         decode(raw, ClaimsRequest)
     except MessageError as e:
@@ -58,7 +63,7 @@ def test_bus4_arbitrary_bytes_never_escape_as_anything_but_a_message_error(raw: 
 
 
 @given(st.text(alphabet=st.sampled_from(["a", "\\", "u", "0", "\x00", "\"", " "]), max_size=40))
-def test_bus4_a_message_is_refused_exactly_when_its_text_holds_a_nul(text: str) -> None:
+def test_a_message_is_refused_exactly_when_its_text_holds_a_nul(text: str) -> None:
     """BUS-4 (NUL refused at the edge; PERF-2 checks the literal before the regex): an escaped
     NUL anywhere is `bad-message`; the same characters after an escaped backslash are text."""
     data, headers = encode(WorkNotice(novel_id=text, notice_id="x"))

@@ -26,8 +26,8 @@ async def _pending(js: JetStreamContext, s: Subjects) -> tuple[int, int]:
     return info.num_pending, info.num_ack_pending
 
 
-async def test_bus2_perf2_one_pull_request_serves_many_deliveries(nats_url: str, namespace: str) -> None:
-    """20 notices, each published after the previous one was handled (the driver's pattern): all
+async def test_one_pull_request_serves_many_deliveries(nats_url: str, namespace: str) -> None:
+    """BUS-2, PERF-2: 20 notices, each published after the previous one was handled (the driver's pattern): all
     handled once and acked, with 2 pull requests (32, topped up at half) — not one per message."""
     nc = await nats.connect(nats_url)
     try:
@@ -64,8 +64,8 @@ async def test_bus2_perf2_one_pull_request_serves_many_deliveries(nats_url: str,
         await nc.close()
 
 
-async def test_rel6_perf2_an_expired_pull_request_is_renewed(nats_url: str, namespace: str) -> None:
-    """A pull request that expires (408) is asked again: a notice published after several
+async def test_an_expired_pull_request_is_renewed(nats_url: str, namespace: str) -> None:
+    """REL-6, PERF-2: A pull request that expires (408) is asked again: a notice published after several
     expiries is still handled at once; the count of open asks stays within the batch."""
     nc = await nats.connect(nats_url)
     try:

@@ -53,7 +53,8 @@ async def _follow(nc: NATS, s: Subjects, sends: list[tuple[str, str | None]]) ->
     return seen, follower.duplicates
 
 
-async def test_bus3_a_live_follower_hands_on_a_republished_event_once(nc: NATS, namespace: str) -> None:
+async def test_a_live_follower_hands_on_a_republished_event_once(nc: NATS, namespace: str) -> None:
+    """BUS-3"""
     s = Subjects(namespace)
     sends = [("ch-1", f"{namespace}ev-1"), ("ch-1", f"{namespace}ev-1"), ("ch-2", f"{namespace}ev-2"),
              ("ch-1", f"{namespace}ev-1"), ("ch-3", None), ("ch-3", None)]
@@ -63,8 +64,9 @@ async def test_bus3_a_live_follower_hands_on_a_republished_event_once(nc: NATS, 
     assert duplicates == 2
 
 
-async def test_bus3_a_follower_forgets_ids_beyond_its_window(nc: NATS, namespace: str,
+async def test_a_follower_forgets_ids_beyond_its_window(nc: NATS, namespace: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """BUS-3"""
     monkeypatch.setattr(follow, "RECENT_IDS", 2)
     s = Subjects(namespace)
     sends = [("ch-1", "a"), ("ch-2", "b"), ("ch-3", "c"), ("ch-1", "a"), ("ch-3", "c")]

@@ -59,8 +59,9 @@ async def _publish(nc: NATS, js: JetStreamContext, s: Subjects, novel: str, ids:
         await outbox.publish(nc, js, s.event(novel, "tool.started"), b"{}", {"Nats-Msg-Id": mid})
 
 
-async def test_bus3_settle_returns_with_every_event_stored_in_publish_order(
+async def test_settle_returns_with_every_event_stored_in_publish_order(
         bus: tuple[NATS, JetStreamContext, Subjects]) -> None:
+    """BUS-3"""
     nc, js, s = bus
     await outbox.settle()  # nothing pending: returns at once
 
@@ -76,9 +77,9 @@ async def test_bus3_settle_returns_with_every_event_stored_in_publish_order(
     assert not outbox._acks[nc].waiting  # every ack matched its event
 
 
-async def test_clm5_acks_come_to_the_connections_own_inbox(
+async def test_acks_come_to_the_connections_own_inbox(
         bus: tuple[NATS, JetStreamContext, Subjects], nats_url: str) -> None:
-    """With a user, replies go to `_INBOX_<user>.>`, which only that user may read (CLM-5)."""
+    """CLM-5: With a user, replies go to `_INBOX_<user>.>`, which only that user may read (CLM-5)."""
     nc, js, s = bus
     await _publish(nc, js, s, "inbox", ["inbox-1"])
     await outbox.settle()
@@ -87,8 +88,9 @@ async def test_clm5_acks_come_to_the_connections_own_inbox(
     assert outbox._acks[nc].prefix.startswith(f"_INBOX_{user}."), outbox._acks[nc].prefix
 
 
-async def test_rel2_a_late_ack_is_made_good_by_a_republish_stored_once(
+async def test_a_late_ack_is_made_good_by_a_republish_stored_once(
         bus: tuple[NATS, JetStreamContext, Subjects], monkeypatch: pytest.MonkeyPatch) -> None:
+    """REL-2"""
     nc, js, s = bus
     monkeypatch.setattr(outbox, "ACK_TIMEOUT_S", 0.0)  # every ack counts as late: each event is re-published
     ids = [f"late-{i}" for i in range(4)]
@@ -99,9 +101,10 @@ async def test_rel2_a_late_ack_is_made_good_by_a_republish_stored_once(
     assert await _stored(js, s, "late") == ids  # de-duplicated by Nats-Msg-Id: once each, in order
 
 
-async def test_rel6_an_ack_that_says_no_is_retried_then_left_to_the_ledger(
+async def test_an_ack_that_says_no_is_retried_then_left_to_the_ledger(
         bus: tuple[NATS, JetStreamContext, Subjects], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
+    """REL-6"""
     nc, js, s = bus
     monkeypatch.setattr(outbox, "REPUBLISH", replace(outbox.REPUBLISH, maximum_attempts=2))
     monkeypatch.setattr(outbox, "ACK_TIMEOUT_S", 0.5)
@@ -116,9 +119,9 @@ async def test_rel6_an_ack_that_says_no_is_retried_then_left_to_the_ledger(
     assert any("lost-1 kept in the ledger only" in r.getMessage() for r in caplog.records)
 
 
-async def test_perf1_a_settle_counts_as_blocked_only_when_an_ack_is_still_in_flight(
+async def test_a_settle_counts_as_blocked_only_when_an_ack_is_still_in_flight(
         bus: tuple[NATS, JetStreamContext, Subjects]) -> None:
-    """`publish_waits` counts settles with events to confirm; `ack_blocked` those that really waited
+    """PERF-1: `publish_waits` counts settles with events to confirm; `ack_blocked` those that really waited
     (issue 14: how many serial ack waits a unit has, beside how many settles)."""
     nc, js, s = bus
 
@@ -134,9 +137,9 @@ async def test_perf1_a_settle_counts_as_blocked_only_when_an_ack_is_still_in_fli
     assert (counted("publish_waits") - waits, counted("ack_blocked") - blocked) == (2, 1)
 
 
-async def test_rel6_settle_waits_for_the_republish_of_an_ack_that_failed_just_before_it(
+async def test_settle_waits_for_the_republish_of_an_ack_that_failed_just_before_it(
         bus: tuple[NATS, JetStreamContext, Subjects]) -> None:
-    """An ack that fails in the same loop iteration as `settle` starts (its done callback not yet
+    """REL-6: An ack that fails in the same loop iteration as `settle` starts (its done callback not yet
     run) is re-published before `settle` returns — not after the step that follows it."""
     nc, js, s = bus
     await _publish(nc, js, s, "n-race", ["n-race-0"])

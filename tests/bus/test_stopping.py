@@ -31,7 +31,8 @@ async def _deaf_once(ended: list[str]) -> None:
         ended.append("ended")
 
 
-async def test_rel6_cancel_and_wait_cancels_again_a_task_that_lost_its_cancel() -> None:
+async def test_cancel_and_wait_cancels_again_a_task_that_lost_its_cancel() -> None:
+    """REL-6"""
     ended: list[str] = []
     task = asyncio.create_task(_deaf_once(ended))
     await asyncio.sleep(0)
@@ -39,7 +40,8 @@ async def test_rel6_cancel_and_wait_cancels_again_a_task_that_lost_its_cancel() 
     assert stuck == set() and task.cancelled() and ended == ["ended"]
 
 
-async def test_rel6_cancel_and_wait_gives_up_after_its_grace_and_says_which() -> None:
+async def test_cancel_and_wait_gives_up_after_its_grace_and_says_which() -> None:
+    """REL-6"""
     async def deaf() -> None:
         while True:
             try:
@@ -55,7 +57,8 @@ async def test_rel6_cancel_and_wait_gives_up_after_its_grace_and_says_which() ->
     await asyncio.sleep(0)
 
 
-async def test_rel6_a_consumer_stops_although_its_fetch_swallowed_the_cancel(nats_url: str, namespace: str) -> None:
+async def test_a_consumer_stops_although_its_fetch_swallowed_the_cancel(nats_url: str, namespace: str) -> None:
+    """REL-6"""
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()

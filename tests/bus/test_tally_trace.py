@@ -11,7 +11,8 @@ from novelbus.bench.throughput import _exclusive, trace_breakdown
 from novelbus.bus import tally
 
 
-def test_perf1_spans_are_recorded_only_while_tracing_and_for_a_traced_task() -> None:
+def test_spans_are_recorded_only_while_tracing_and_for_a_traced_task() -> None:
+    """PERF-1"""
     async def traced() -> None:
         tally.trace_key.set("n-1")
         with tally.span("db"):
@@ -34,14 +35,16 @@ def test_perf1_spans_are_recorded_only_while_tracing_and_for_a_traced_task() -> 
     assert not tally.tracing and tally.stop_tracing() == {}
 
 
-def test_perf1_exclusive_time_goes_to_the_innermost_open_span() -> None:
+def test_exclusive_time_goes_to_the_innermost_open_span() -> None:
+    """PERF-1"""
     spans = [("rr RunWriter", 1.0, 5.0), ("event acks", 2.0, 3.0), ("db", 6.0, 7.0)]
     got = _exclusive(spans, 0.0, 8.0, "python")
     assert got == pytest.approx({"python": 3000.0, "rr RunWriter": 3000.0, "event acks": 1000.0, "db": 1000.0})
     assert sum(got.values()) == pytest.approx(8000.0)  # every instant counted once
 
 
-def test_perf1_breakdown_of_a_cycle_and_a_command_round_trip() -> None:
+def test_breakdown_of_a_cycle_and_a_command_round_trip() -> None:
+    """PERF-1"""
     traced = {
         "n-1": [("prepared", 0.0, 0.0), ("rr ClaimUnit", 0.001, 0.004), ("notice publish", 0.005, 0.006),
                 ("notice in", 0.007, 0.007), ("prepared", 0.010, 0.010)],

@@ -12,7 +12,8 @@ from typing import Any
 from novelbus.bench.chaos import ACTOR_KINDS, run_chaos
 
 
-async def test_rel1_rel8_chaos_40_units_14_sigkills_every_actor_kind(nats_url: str, new_database: Any) -> None:
+async def test_chaos_40_units_14_sigkills_every_actor_kind(nats_url: str, new_database: Any) -> None:
+    """REL-1, REL-8"""
     dsn = await new_database()
     lines: list[str] = []
     r = await run_chaos(nats_url, dsn, units=40, kills=14, seed=3, timeout=200, progress=lines.append)

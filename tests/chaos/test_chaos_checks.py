@@ -21,7 +21,8 @@ def _failing(r: ChaosResult, words: str) -> bool:
     return any(words in f for f in r.failures())
 
 
-async def test_rel8_each_chaos_check_fails_on_purpose(stack: Runtime) -> None:
+async def test_each_chaos_check_fails_on_purpose(stack: Runtime) -> None:
+    """REL-8"""
     ctx = stack.ctx
     pool = ctx.pool
     novel_id, _ = await run_novel(stack, parse_novel_file(sample_novel_bytes()))
@@ -83,7 +84,8 @@ async def test_rel8_each_chaos_check_fails_on_purpose(stack: Runtime) -> None:
     assert r.duplicate_events == 2 and r.events_by_type["stream"]["novel.finished"] == 2
 
 
-def test_rel8_kill_plan_kills_every_kind_twice() -> None:
+def test_kill_plan_kills_every_kind_twice() -> None:
+    """REL-8"""
     import random
     plan = kill_plan(24, random.Random(1))
     assert len(plan) == 24 and all(plan.count(k) >= 2 for k in set(plan)) and len(set(plan)) == 6

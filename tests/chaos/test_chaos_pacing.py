@@ -21,7 +21,8 @@ from novelbus.infra.supervise import ActorProcess, Supervisor
 
 
 @given(units=st.integers(1, 500), kills=st.integers(0, 300))
-def test_rel8_kill_schedule_spreads_kills_over_the_window_one_per_unit_at_most(units: int, kills: int) -> None:
+def test_kill_schedule_spreads_kills_over_the_window_one_per_unit_at_most(units: int, kills: int) -> None:
+    """REL-8"""
     if kills > int(KILL_SPAN * units):
         with pytest.raises(ValueError, match=f"--kills {kills} is more than --units {units} allows"):
             kill_schedule(units, kills)
@@ -34,7 +35,8 @@ def test_rel8_kill_schedule_spreads_kills_over_the_window_one_per_unit_at_most(u
         assert schedule[0] == 0
 
 
-def test_rel8_an_impossible_kill_request_names_the_units_it_needs() -> None:
+def test_an_impossible_kill_request_names_the_units_it_needs() -> None:
+    """REL-8"""
     check_kills(20, 12)  # 60 % of 20 units: 12 kills fit
     with pytest.raises(ValueError) as e:
         check_kills(20, 13)
@@ -42,7 +44,8 @@ def test_rel8_an_impossible_kill_request_names_the_units_it_needs() -> None:
     check_kills(22, 13)
 
 
-def test_rel8_the_kill_count_and_restart_checks_fail() -> None:
+def test_the_kill_count_and_restart_checks_fail() -> None:
+    """REL-8"""
     placed = ChaosResult(kills_target=10, kills=10, killed_pids=list(range(10)))
     assert not any("kills" in f or "restarted" in f for f in placed.failures())
     short = ChaosResult(kills_target=10, kills=9, killed_pids=list(range(9)))
@@ -65,7 +68,8 @@ async def _until(condition: object, seconds: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_rel1_a_killed_child_is_not_up_until_restarted_and_never_killed_twice() -> None:
+async def test_a_killed_child_is_not_up_until_restarted_and_never_killed_twice() -> None:
+    """REL-1"""
     sup = Supervisor("nats://unused", "postgresql://unused")
     sup.children["writer"] = _child("writer")
     await sup.children["writer"].spawn()
@@ -90,7 +94,8 @@ async def test_rel1_a_killed_child_is_not_up_until_restarted_and_never_killed_tw
 
 
 @given(kills=st.integers(6, 11), seed=st.integers(0, 10_000))
-def test_rel8_fewer_kills_than_two_rounds_still_kill_every_kind(kills: int, seed: int) -> None:
+def test_fewer_kills_than_two_rounds_still_kill_every_kind(kills: int, seed: int) -> None:
+    """REL-8"""
     import random
 
     from novelbus.bench.chaos import ACTOR_KINDS, kill_plan
@@ -98,7 +103,7 @@ def test_rel8_fewer_kills_than_two_rounds_still_kill_every_kind(kills: int, seed
     assert len(plan) == kills and set(plan) == set(ACTOR_KINDS)  # the driver too, not cut off by order
 
 
-async def test_rel1_rel8_the_driver_is_held_back_so_every_kill_lands_before_the_novel_finishes(
+async def test_the_driver_is_held_back_so_every_kill_lands_before_the_novel_finishes(
         nats_url: str, new_database: object) -> None:
     """REL-1, REL-8: only the usage sampler is killed — its absence delays no unit, so the novel
     outruns its restarts and each late kill must hold the driver back (SIGSTOP) until the sampler

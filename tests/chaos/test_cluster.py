@@ -23,7 +23,8 @@ from novelbus.messages.subjects import Subjects
 pytestmark = pytest.mark.timeout(300)
 
 
-async def test_rel10_cluster_loses_its_work_stream_leader_twice(tmp_home: Path) -> None:
+async def test_cluster_loses_its_work_stream_leader_twice(tmp_home: Path) -> None:
+    """REL-10"""
     lines: list[str] = []
     r = await run_cluster(tmp_home, units=40, seed=2, timeout=200, progress=lines.append)
     detail = f"{r.as_json()}\n" + "\n".join(lines)
@@ -36,7 +37,8 @@ async def test_rel10_cluster_loses_its_work_stream_leader_twice(tmp_home: Path) 
     assert any("3 replicas" in line for line in lines), detail
 
 
-async def test_rel10_rel11_cluster_nodes_require_credentials(tmp_home: Path) -> None:
+async def test_cluster_nodes_require_credentials(tmp_home: Path) -> None:
+    """REL-10, REL-11"""
     async with NatsCluster(tmp_home / "c", nodes=3) as cluster:
         nc = await nats.connect(cluster.urls[1], allow_reconnect=False, connect_timeout=3)
         await nc.close()
@@ -45,8 +47,8 @@ async def test_rel10_rel11_cluster_nodes_require_credentials(tmp_home: Path) -> 
             await nats.connect(bare, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)
 
 
-def test_rel10_deploy_cluster_configs_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
-    """deploy/cluster/node-{1,2,3}.conf (with ../nats.conf's users) pass `nats-server -t`."""
+def test_deploy_cluster_configs_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """REL-10: deploy/cluster/node-{1,2,3}.conf (with ../nats.conf's users) pass `nats-server -t`."""
     import subprocess
 
     from novelbus.infra.nats import nats_server_binary
@@ -81,7 +83,7 @@ async def wait_until_r3_cannot_be_placed(js: JetStreamContext, timeout: float = 
         raise AssertionError("an R3 stream was placed on two nodes")
 
 
-async def test_rel10_streams_created_on_a_forming_cluster_wait_for_its_last_peer(tmp_home: Path) -> None:
+async def test_streams_created_on_a_forming_cluster_wait_for_its_last_peer(tmp_home: Path) -> None:
     """REL-10: `ensure_streams` on a cluster with two of its three nodes online (a leader, but an R3
     stream's third peer missing: 10005, no suitable peers for placement) waits for the third node
     instead of failing the start (seen once in CI); the streams come up with 3 replicas."""

@@ -71,7 +71,8 @@ async def steer_step(steer: SteeringClient, pool: Any, novel_id: str, directives
     return False
 
 
-async def test_plan6_steering_during_chaos_keeps_rel_guarantees(nats_url: str, new_database: Any) -> None:
+async def test_steering_during_chaos_keeps_rel_guarantees(nats_url: str, new_database: Any) -> None:
+    """PLAN-6"""
     dsn = await new_database()
     rng = random.Random(11)
     subjects = Subjects(f"steer{secrets.token_hex(4)}.")

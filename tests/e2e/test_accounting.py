@@ -100,7 +100,7 @@ class CommitThenDie:
 
 
 @pytest.mark.parametrize("reconcile", [True, False], ids=["with-reconcile", "without-reconcile"])
-async def test_rel7_writer_killed_after_commit_then_driver_killed_turn_accounted_once(
+async def test_writer_killed_after_commit_then_driver_killed_turn_accounted_once(
         nats_url: str, new_database: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, reconcile: bool) -> None:
     """REL-7: the lost turn of issue 11. Without reconciliation (the check made to fail) the
     committed unit's turn, its usage and its writer run stay unaccounted forever."""
@@ -165,9 +165,9 @@ async def _status(pool: Any, novel_id: str, status: str) -> bool:
     return bool(await pool.fetchval("SELECT status FROM novels WHERE novel_id = $1", novel_id) == status)
 
 
-async def test_rel7_usage_sampler_down_delays_nothing_and_each_turn_is_sampled_once(
+async def test_usage_sampler_down_delays_nothing_and_each_turn_is_sampled_once(
         nats_url: str, new_database: Any, namespace: str) -> None:
-    """Usage sampling never delays a unit: with the sampler away the novel finishes; the samples
+    """REL-7: Usage sampling never delays a unit: with the sampler away the novel finishes; the samples
     land once the sampler is back (exactly once per turn: the turn ledger's key), and a sample
     re-sent for an already-sampled turn is a duplicate."""
     dsn, subjects = await new_database(), Subjects(namespace)
@@ -196,9 +196,9 @@ async def test_rel7_usage_sampler_down_delays_nothing_and_each_turn_is_sampled_o
             assert again.duplicate
 
 
-async def test_rel7_sampler_away_past_the_retry_window_marks_usage_missing_once(
+async def test_sampler_away_past_the_retry_window_marks_usage_missing_once(
         nats_url: str, new_database: Any, namespace: str) -> None:
-    """A sampler away longer than the retry window: each turn gets exactly one `usage.missing`
+    """REL-7: A sampler away longer than the retry window: each turn gets exactly one `usage.missing`
     marker, and a late sample for it is not recorded."""
     dsn, subjects = await new_database(), Subjects(namespace)
     names = tuple(n for n in SERVERS if n != "usage") + ("driver",)
@@ -224,9 +224,9 @@ async def test_rel7_sampler_away_past_the_retry_window_marks_usage_missing_once(
         assert await store.usage_totals(pool, novel_id) == {}
 
 
-async def test_rel7_reconcile_settles_a_commit_whose_claim_manager_died_before_its_event(
+async def test_reconcile_settles_a_commit_whose_claim_manager_died_before_its_event(
         nats_url: str, new_database: Any, namespace: str) -> None:
-    """A commit with no `unit.committed` (the claim manager died in between) and a finished novel
+    """REL-7: A commit with no `unit.committed` (the claim manager died in between) and a finished novel
     without `novel.finished` (the driver died in between) get their event exactly once."""
     dsn, subjects = await new_database(), Subjects(namespace)
     async with connected(nats_url, dsn, subjects=subjects, name="test") as ctx:

@@ -113,7 +113,7 @@ def of(events: list[Any], kind: type) -> list[Any]:
     return [e for e in events if isinstance(e, kind)]
 
 
-async def test_drv4_max_turns_is_a_hard_stop(nats_url: str, new_database: Any, namespace: str) -> None:
+async def test_max_turns_is_a_hard_stop(nats_url: str, new_database: Any, namespace: str) -> None:
     """DRV-4: maxTurns pauses the novel with reason `budget`; resuming does not lift a hard stop."""
     async with stack_with(nats_url, new_database, namespace) as rt:
         pool = rt.ctx.pool
@@ -132,7 +132,7 @@ async def test_drv4_max_turns_is_a_hard_stop(nats_url: str, new_database: Any, n
         assert len(await store.list_commits(pool, novel_id)) == 3
 
 
-async def test_drv4_max_duration_pauses_and_resume_resets_the_window(
+async def test_max_duration_pauses_and_resume_resets_the_window(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """DRV-4, SPEC §16: maxDurationMs is a hard stop; resume resets the duration window."""
     async def slow(_: list[Any]) -> None:
@@ -153,7 +153,7 @@ async def test_drv4_max_duration_pauses_and_resume_resets_the_window(
         assert len(await store.list_commits(pool, novel_id)) > written  # a fresh window
 
 
-async def test_drv4_external_retry_backs_off_and_does_not_count_as_unit_failure(
+async def test_external_retry_backs_off_and_does_not_count_as_unit_failure(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """DRV-4 externalRetry: turns lost to an unavailable provider are retried with backoff and do
     not count towards consecutiveFailureLimit (here 1), so the novel still finishes."""
@@ -176,8 +176,9 @@ async def test_drv4_external_retry_backs_off_and_does_not_count_as_unit_failure(
         assert novel.turns == 9 + 2 and novel.writer_runs == 9 and novel.consecutive_failures == 0
 
 
-async def test_drv4_external_retry_exhausted_pauses_recovery_required(
+async def test_external_retry_exhausted_pauses_recovery_required(
         nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-4"""
     async def away(_: list[Any]) -> None:
         raise ProviderError("provider-rate-limited", "test: always rate limited")
 
@@ -198,7 +199,7 @@ def guard_bait(args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-async def test_drv6_same_signature_stalls_after_recording_progress(
+async def test_same_signature_stalls_after_recording_progress(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """DRV-6: the same unit failing with the same signature pauses the novel `stalled` with that
     signature — checked after recording the turn, so exactly stallThresholdTurns turns ran."""
@@ -221,8 +222,9 @@ async def test_drv6_same_signature_stalls_after_recording_progress(
         assert await store.list_commits(pool, novel_id) == []
 
 
-async def test_drv4_consecutive_failures_pause_recovery_required(
+async def test_consecutive_failures_pause_recovery_required(
         nats_url: str, new_database: Any, namespace: str) -> None:
+    """DRV-4"""
     async def bait(args: dict[str, Any]) -> dict[str, Any]:
         return guard_bait(args)
 
@@ -235,7 +237,7 @@ async def test_drv4_consecutive_failures_pause_recovery_required(
         assert final.detail.startswith("2 consecutive failed units; last ")
 
 
-async def test_drv3_mode_switch_takes_effect_from_the_next_unit(
+async def test_mode_switch_takes_effect_from_the_next_unit(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """DRV-3: switching writerMode while a unit is claimed leaves that unit in its claimed mode
     (claim event and usage sample say `subagent`); the next unit is claimed `inline`."""
@@ -261,7 +263,7 @@ async def test_drv3_mode_switch_takes_effect_from_the_next_unit(
         assert totals["subagent"]["samples"] == 1 and totals["inline"]["samples"] == len(samples) - 1
 
 
-async def test_drv5_finish_guard_blocks_until_required_foreshadowing_is_resolved(
+async def test_finish_guard_blocks_until_required_foreshadowing_is_resolved(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """DRV-5: every chapter completes (one `chapter.completed` each), but the book does not finish
     while required foreshadowing is unresolved: the novel pauses naming the violation. Once the

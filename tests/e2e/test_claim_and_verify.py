@@ -29,7 +29,8 @@ async def _prepared(rt: Runtime) -> tuple[str, str]:
     return novel_id, unit_id
 
 
-async def test_clm1_claim_reply_has_ids_and_never_the_token(stack: Runtime) -> None:
+async def test_claim_reply_has_ids_and_never_the_token(stack: Runtime) -> None:
+    """CLM-1"""
     ctx = stack.ctx
     novel_id, unit_id = await _prepared(stack)
     data, headers = encode(cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-1", mode="subagent"))
@@ -44,7 +45,7 @@ async def test_clm1_claim_reply_has_ids_and_never_the_token(stack: Runtime) -> N
     assert delegation_id in reply
 
 
-async def test_perf2_claim_reply_carries_the_first_dispatch_grant_counted_against_the_limit(
+async def test_claim_reply_carries_the_first_dispatch_grant_counted_against_the_limit(
     stack: Runtime,
 ) -> None:
     """PERF-2 with CLM-3 and DRV-4: asked for it, the claim reply grants dispatch 1 (registered before
@@ -76,7 +77,8 @@ async def test_perf2_claim_reply_carries_the_first_dispatch_grant_counted_agains
     assert plain.dispatch is None and plain.dispatch_limit is None
 
 
-async def test_ver3_receipt_from_the_store_with_envelope(stack: Runtime) -> None:
+async def test_receipt_from_the_store_with_envelope(stack: Runtime) -> None:
+    """VER-3"""
     ctx = stack.ctx
     novel_id, _ = await run_novel(stack, parse_novel_file(sample_novel_bytes()))
     commit = (await store.list_commits(ctx.pool, novel_id))[0]
@@ -91,7 +93,8 @@ async def test_ver3_receipt_from_the_store_with_envelope(stack: Runtime) -> None
     assert r.run_id == commit.run_id and r.run_id.startswith("run-")
 
 
-async def test_ver1_ver4_structured_failures(stack: Runtime) -> None:
+async def test_structured_failures(stack: Runtime) -> None:
+    """VER-1, VER-4"""
     ctx = stack.ctx
     novel_id, unit_id = await _prepared(stack)
     claim = await request(ctx.nc, ctx.subjects.claims,
@@ -111,7 +114,8 @@ async def test_ver1_ver4_structured_failures(stack: Runtime) -> None:
 
 
 @pytest.mark.parametrize(("paragraph", "failure"), [("Chapter 17 begins here", "guard"), ("", "schema")])
-async def test_ver2_ver4_draft_validation_failures(stack: Runtime, paragraph: str, failure: str) -> None:
+async def test_draft_validation_failures(stack: Runtime, paragraph: str, failure: str) -> None:
+    """VER-2, VER-4"""
     ctx = stack.ctx
     novel_id, unit_id = await _prepared(stack)
     body = CommitBody(paragraphs=["A quiet beginning.", paragraph],

@@ -32,8 +32,9 @@ def _flags(stack: Runtime, nats_url: str) -> list[str]:
     return ["--nats-url", nats_url, "--database-url", dsn, "--namespace", stack.ctx.subjects.namespace]
 
 
-async def test_ops1_novel_create_rejects_a_bad_outline_naming_the_field(stack: Runtime, nats_url: str,
+async def test_novel_create_rejects_a_bad_outline_naming_the_field(stack: Runtime, nats_url: str,
                                                                         tmp_path: Path) -> None:
+    """OPS-1"""
     data = json.loads(sample_novel_bytes())
     data["outline"]["scenes"][0]["participants"] = ["nobody-here"]
     bad = tmp_path / "bad.json"
@@ -49,9 +50,9 @@ async def test_ops1_novel_create_rejects_a_bad_outline_naming_the_field(stack: R
     assert code == 2 and "not valid JSON" in err
 
 
-async def test_ops1_create_then_status_export_and_late_monitor(stack: Runtime, nats_url: str,
+async def test_create_then_status_export_and_late_monitor(stack: Runtime, nats_url: str,
                                                               tmp_path: Path) -> None:
-    """A novel created by the CLI is written by the running actors; `status`, `export` and a
+    """OPS-1: A novel created by the CLI is written by the running actors; `status`, `export` and a
     `monitor` started after the fact (catching up from the stream, BUS-3) all see it."""
     path = tmp_path / "novel.json"
     path.write_bytes(sample_novel_bytes())
@@ -84,14 +85,16 @@ async def test_ops1_create_then_status_export_and_late_monitor(stack: Runtime, n
     assert not any(k.lower() in ("token", "executiontoken", "paragraphs", "prompt") for e in events for k in e)
 
 
-async def test_ops1_notice_and_status_for_unknown_novel_fail_clearly(stack: Runtime, nats_url: str) -> None:
+async def test_notice_and_status_for_unknown_novel_fail_clearly(stack: Runtime, nats_url: str) -> None:
+    """OPS-1"""
     code, _, err = await novelbus("status", "no-such-novel", *_flags(stack, nats_url))
     assert code == 2 and "novel-not-found" in err
     code, _, err = await novelbus("notice", "no-such-novel", *_flags(stack, nats_url))
     assert code == 2 and "novel-not-found" in err
 
 
-async def test_bus5_schema_exports_work_notice_and_every_event(tmp_path: Path) -> None:
+async def test_schema_exports_work_notice_and_every_event(tmp_path: Path) -> None:
+    """BUS-5"""
     code, out, _ = await novelbus("schema")
     doc: dict[str, Any] = json.loads(out)
     assert code == 0
@@ -102,7 +105,8 @@ async def test_bus5_schema_exports_work_notice_and_every_event(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("args", [["actor", "nobody"], ["novel", "mode", "x", "sideways"]])
-async def test_ops4_bad_arguments_say_what_to_do(args: list[str]) -> None:
+async def test_bad_arguments_say_what_to_do(args: list[str]) -> None:
+    """OPS-4"""
     code, _, err = await novelbus(*args, env={"NOVELBUS_NATS_URL": "nats://127.0.0.1:1",
                                               "NOVELBUS_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"})
     assert code == 2 and "hint" in err

@@ -73,8 +73,8 @@ def _write(tmp_path: Path, name: str, data: Any) -> Path:
 
 # --- monitor ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", ["bad id!", "*", "n-1.>"])
-async def test_ops5_monitor_refuses_what_is_not_a_novel_id(bad: str) -> None:
-    """`--novel 'bad id!'` printed a Rich traceback (invalid subject); `'*'` was accepted."""
+async def test_monitor_refuses_what_is_not_a_novel_id(bad: str) -> None:
+    """OPS-5: `--novel 'bad id!'` printed a Rich traceback (invalid subject); `'*'` was accepted."""
     code, _, err = await novelbus("monitor", "--novel", bad, env=_env(
         {"NOVELBUS_NATS_URL": "nats://127.0.0.1:1", "NOVELBUS_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"}))
     assert code == 2, err
@@ -82,14 +82,14 @@ async def test_ops5_monitor_refuses_what_is_not_a_novel_id(bad: str) -> None:
     assert "Traceback" not in err and "ServerError" not in err
 
 
-async def test_ops5_monitor_of_an_unknown_novel_says_so(stack: Runtime, nats_url: str) -> None:
-    """`monitor --novel n-nope` waited forever without a word."""
+async def test_monitor_of_an_unknown_novel_says_so(stack: Runtime, nats_url: str) -> None:
+    """OPS-5: `monitor --novel n-nope` waited forever without a word."""
     code, _, err = await novelbus("monitor", "--novel", "n-nope", *_flags(stack, nats_url), timeout=30)
     assert code == 2 and "novel-not-found" in err and "n-nope" in err
 
 
-async def test_ops5_monitor_count_exits_promptly_and_cleanly(stack: Runtime, nats_url: str) -> None:
-    """`monitor --count 5` replayed at once, then waited out the NATS drain timeout (5 s) and printed
+async def test_monitor_count_exits_promptly_and_cleanly(stack: Runtime, nats_url: str) -> None:
+    """OPS-5: `monitor --count 5` replayed at once, then waited out the NATS drain timeout (5 s) and printed
     DrainTimeoutError (or `_GatheringFuture exception was never retrieved`)."""
     novel_id, _ = await run_novel(stack, parse_novel_file(json.dumps(_sample())))
     flags = _flags(stack, nats_url)
@@ -137,9 +137,9 @@ async def _interrupt(args: list[str], env: dict[str, str], ready: str | Path) ->
     return proc.returncode, err.decode()
 
 
-async def test_ops5_interrupting_an_attached_command_does_not_claim_it_stopped_servers(
+async def test_interrupting_an_attached_command_does_not_claim_it_stopped_servers(
         stack: Runtime, nats_url: str, tmp_home: Path) -> None:
-    """Commands attached to running servers printed "interrupted; servers stopped" although they
+    """OPS-5: Commands attached to running servers printed "interrupted; servers stopped" although they
     stopped nothing; one that started embedded servers itself still says it stopped them."""
     novel_id, _ = await run_novel(stack, parse_novel_file(json.dumps(_sample())))
     code, err = await _interrupt(["monitor", "--novel", novel_id, *_flags(stack, nats_url)], _env(), novel_id)
@@ -150,8 +150,8 @@ async def test_ops5_interrupting_an_attached_command_does_not_claim_it_stopped_s
 
 
 # --- piped output -------------------------------------------------------------------------------
-async def test_ops5_piped_output_is_not_wrapped(stack: Runtime, nats_url: str) -> None:
-    """Piped output was hard-wrapped at 80 columns, splitting errors and event lines mid-word."""
+async def test_piped_output_is_not_wrapped(stack: Runtime, nats_url: str) -> None:
+    """OPS-5: Piped output was hard-wrapped at 80 columns, splitting errors and event lines mid-word."""
     novel_id, _ = await run_novel(stack, parse_novel_file(json.dumps(_sample())))
     env = _env(columns=False)  # no COLUMNS: what a user's pipe gets
     code, out, _ = await novelbus("monitor", "--novel", novel_id, "--count", "8", *_flags(stack, nats_url), env=env)
@@ -167,16 +167,16 @@ async def test_ops5_piped_output_is_not_wrapped(stack: Runtime, nats_url: str) -
 
 
 # --- not found, nothing happens, nothing there --------------------------------------------------
-async def test_ops5_usage_of_an_unknown_novel_is_not_found(stack: Runtime, nats_url: str) -> None:
-    """`usage n-nope` printed an empty table and exited 0; now it fails like `status`."""
+async def test_usage_of_an_unknown_novel_is_not_found(stack: Runtime, nats_url: str) -> None:
+    """OPS-5: `usage n-nope` printed an empty table and exited 0; now it fails like `status`."""
     code, out, err = await novelbus("usage", "n-nope", *_flags(stack, nats_url))
     assert code == 2 and "novel-not-found" in err and out == ""
     code, out, err = await novelbus("usage", "n-nope", "--json", *_flags(stack, nats_url))
     assert code == 2 and "novel-not-found" in err and out == ""
 
 
-async def test_ops5_notice_on_a_paused_or_finished_novel_says_why(stack: Runtime, nats_url: str) -> None:
-    """`notice` on a paused or finished novel printed a notice id, exit 0, and nothing happened."""
+async def test_notice_on_a_paused_or_finished_novel_says_why(stack: Runtime, nats_url: str) -> None:
+    """OPS-5: `notice` on a paused or finished novel printed a notice id, exit 0, and nothing happened."""
     finished, _ = await run_novel(stack, parse_novel_file(json.dumps(_sample())))
     paused = await store.create_novel(stack.ctx.pool, parse_novel_file(json.dumps(_sample())))
     assert await store.pause_novel(stack.ctx.pool, paused, "user-request")
@@ -204,8 +204,8 @@ async def test_ops5_notice_on_a_paused_or_finished_novel_says_why(stack: Runtime
         await sub.unsubscribe()
 
 
-async def test_ops5_list_and_export_say_when_there_is_nothing(stack: Runtime, nats_url: str) -> None:
-    """`novel list` with no novels printed nothing; `export` before any commit wrote only the title."""
+async def test_list_and_export_say_when_there_is_nothing(stack: Runtime, nats_url: str) -> None:
+    """OPS-5: `novel list` with no novels printed nothing; `export` before any commit wrote only the title."""
     flags = _flags(stack, nats_url)
     code, out, err = await novelbus("novel", "list", *flags)
     assert code == 0 and out == "" and "no novels yet" in err and "novel create" in err
@@ -219,9 +219,9 @@ async def test_ops5_list_and_export_say_when_there_is_nothing(stack: Runtime, na
     assert code == 0 and novel_id in out and "no novels" not in err
 
 
-async def test_ops5_create_with_nothing_running_says_how_to_start(
+async def test_create_with_nothing_running_says_how_to_start(
         stack: Runtime, nats_url: str, new_database: Any, tmp_path: Path, tmp_home: Path) -> None:
-    """`novel create` with nothing running created an active novel nothing writes, silently."""
+    """OPS-5: `novel create` with nothing running created an active novel nothing writes, silently."""
     path = _write(tmp_path, "novel.json", _sample())
     # servers without actors
     bare = ["--nats-url", nats_url, "--database-url", await new_database(), "--namespace", "t-bare."]
@@ -238,9 +238,9 @@ async def test_ops5_create_with_nothing_running_says_how_to_start(
 
 
 # --- novel files --------------------------------------------------------------------------------
-async def test_ops5_create_refuses_fields_over_the_pack_limits(stack: Runtime, nats_url: str,
+async def test_create_refuses_fields_over_the_pack_limits(stack: Runtime, nats_url: str,
                                                               tmp_path: Path) -> None:
-    """A 100,000-character title was accepted, then every unit failed `pack-error … missing blocks:
+    """OPS-5: A 100,000-character title was accepted, then every unit failed `pack-error … missing blocks:
     story, chapter, scene` without naming it: the §7 field limits hold at create, naming the field."""
     data = _sample(title="A" * 100_000)
     data["outline"]["scenes"][2]["goal"] = "g" * 301
@@ -289,9 +289,9 @@ def _bad_chapter_id() -> dict[str, Any]:
     (lambda: b'{"title": "Caf\xe9"}', ["not UTF-8 text (invalid continuation byte at byte 14)"], ["Traceback"]),
     (lambda: None, ["is a directory, not a file"], ["Traceback"]),  # a directory where the file was
 ])
-async def test_ops5_novel_file_errors_say_what_is_expected(tmp_path: Path, content: Any, expected: list[str],
+async def test_novel_file_errors_say_what_is_expected(tmp_path: Path, content: Any, expected: list[str],
                                                           not_expected: list[str]) -> None:
-    """Relations as strings, outline layers at the top level, an empty file, an id failing its
+    """OPS-5: Relations as strings, outline layers at the top level, an empty file, an id failing its
     pattern, bytes that are not UTF-8, a directory: each error says what shape is expected (and
     shows the id), never with a traceback."""
     path = _write(tmp_path, "novel.json", content())
@@ -306,14 +306,15 @@ async def test_ops5_novel_file_errors_say_what_is_expected(tmp_path: Path, conte
         assert part not in text, err
 
 
-def test_ops5_field_limits_are_the_pack_limits() -> None:
-    """The create-time limits are the writer pack's (SPEC §7), not a second set of figures."""
+def test_field_limits_are_the_pack_limits() -> None:
+    """OPS-5: The create-time limits are the writer pack's (SPEC §7), not a second set of figures."""
     for name in ("STORY_FIELD_LIMIT", "CHAPTER_FIELD_LIMIT", "SCENE_FIELD_LIMIT", "FORESHADOWING_LIMIT"):
         assert getattr(outline_mod, name) == getattr(pack_mod, name), name
 
 
 # --- status -------------------------------------------------------------------------------------
-async def test_ops5_status_names_what_writer_output_chars_counts(stack: Runtime, nats_url: str) -> None:
+async def test_status_names_what_writer_output_chars_counts(stack: Runtime, nats_url: str) -> None:
+    """OPS-5"""
     novel_id, _ = await run_novel(stack, parse_novel_file(json.dumps(_sample())))
     code, out, _ = await novelbus("status", novel_id, *_flags(stack, nats_url))
     line = next(li for li in out.splitlines() if li.startswith("writerOutputChars"))
@@ -323,8 +324,8 @@ async def test_ops5_status_names_what_writer_output_chars_counts(stack: Runtime,
     assert info["writerOutputChars"] > info["characters"] > 0  # the figure the note explains
 
 
-async def test_ops5_long_titles_are_cut_to_one_line_in_list_and_status(stack: Runtime, nats_url: str) -> None:
-    """Titles from before the limit (or from the store directly) print on one line, cut with "…"."""
+async def test_long_titles_are_cut_to_one_line_in_list_and_status(stack: Runtime, nats_url: str) -> None:
+    """OPS-5: Titles from before the limit (or from the store directly) print on one line, cut with "…"."""
     nf = parse_novel_file(json.dumps(_sample()))
     novel_id = await store.create_novel(stack.ctx.pool, nf.model_copy(update={"title": "T" * 5_000}))
     code, out, _ = await novelbus("novel", "list", *_flags(stack, nats_url))
@@ -335,7 +336,8 @@ async def test_ops5_long_titles_are_cut_to_one_line_in_list_and_status(stack: Ru
 
 
 # --- optional plot ------------------------------------------------------------------------------
-def test_ops5_matplotlib_is_an_optional_extra() -> None:
+def test_matplotlib_is_an_optional_extra() -> None:
+    """OPS-5"""
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -343,9 +345,9 @@ def test_ops5_matplotlib_is_an_optional_extra() -> None:
     assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["plot"])
 
 
-async def test_ops5_bench_ab_without_matplotlib_writes_the_csv_and_says_how_to_plot(
+async def test_bench_ab_without_matplotlib_writes_the_csv_and_says_how_to_plot(
         nats_url: str, new_database: Any, tmp_path: Path) -> None:
-    """Without the `plot` extra, `bench ab` still runs: the CSV is written, the PNG is skipped with
+    """OPS-5: Without the `plot` extra, `bench ab` still runs: the CSV is written, the PNG is skipped with
     a word on how to get it, `--json` says `"png": null`."""
     without = "import sys; sys.modules['matplotlib'] = None; from novelbus.cli.main import app; app()"
     proc = await asyncio.create_subprocess_exec(
@@ -396,9 +398,9 @@ def _on_a_terminal(args: list[str], env: dict[str, str], timeout: float = 300) -
     return proc.returncode, b"".join(chunks).decode(errors="replace")
 
 
-async def test_ops4_demo_shows_live_progress_on_a_terminal_and_none_when_piped(
+async def test_demo_shows_live_progress_on_a_terminal_and_none_when_piped(
         nats_url: str, new_database: Any, tmp_path: Path) -> None:
-    """`demo` (with a real model it takes minutes) draws a live bar with the unit in flight on a
+    """OPS-4: `demo` (with a real model it takes minutes) draws a live bar with the unit in flight on a
     terminal; piped, its output is the same plain lines as before."""
     flags = ["--nats-url", nats_url, "--database-url", await new_database(), "--namespace", "t-demo1.",
              "--out", str(tmp_path)]
@@ -414,7 +416,8 @@ async def test_ops4_demo_shows_live_progress_on_a_terminal_and_none_when_piped(
     assert BAR not in out and "\x1b[" not in out
 
 
-async def test_ops4_probe_shows_a_spinner_on_a_terminal_but_json_stays_json(tmp_path: Path) -> None:
+async def test_probe_shows_a_spinner_on_a_terminal_but_json_stays_json(tmp_path: Path) -> None:
+    """OPS-4"""
     code, drawn = await asyncio.to_thread(_on_a_terminal, ["probe", "--home", str(tmp_path)], _env())
     assert code == 0, drawn[-2000:]
     assert CURSOR_HIDE in drawn and "probing offline" in drawn and "model repl" in drawn
@@ -423,9 +426,9 @@ async def test_ops4_probe_shows_a_spinner_on_a_terminal_but_json_stays_json(tmp_
     assert set(json.loads(drawn)) >= {"P1", "P2", "P3", "P4", "P5"}
 
 
-async def test_ops4_benches_show_progress_on_a_terminal_and_none_in_json(
+async def test_benches_show_progress_on_a_terminal_and_none_in_json(
         nats_url: str, new_database: Any, pg_admin_dsn: str, tmp_path: Path) -> None:
-    """`bench pack`, `bench ab` and `bench throughput` draw live bars on a terminal; `--json` on a
+    """OPS-4: `bench pack`, `bench ab` and `bench throughput` draw live bars on a terminal; `--json` on a
     terminal prints one JSON object and nothing else."""
     pack = ["bench", "pack", "--units", "10", "--chapters", "2", "--repeats", "1", "--database-url", pg_admin_dsn]
     code, drawn = await asyncio.to_thread(_on_a_terminal, pack, _env())
@@ -456,9 +459,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_ops5_unreachable_servers_give_a_clear_error_without_credentials(
+async def test_unreachable_servers_give_a_clear_error_without_credentials(
         nats_url: str, new_database: Any) -> None:
-    """A wrong --database-url printed a traceback; a wrong --nats-url hung forever, logging a
+    """OPS-5: A wrong --database-url printed a traceback; a wrong --nats-url hung forever, logging a
     traceback every half second. Now: a one-paragraph error naming the server (host and port, never
     the password), exit 1, and NATS is waited for COMMAND_NATS_WAIT_S (15 s), not forever."""
     port = _closed_port()

@@ -48,9 +48,10 @@ def _wait_gone(procs: list[psutil.Process], timeout: float = 20) -> list[psutil.
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_infra1_up_stops_its_servers_on_signal(tmp_home: Path, sig: signal.Signals) -> None:
+def test_up_stops_its_servers_on_signal(tmp_home: Path, sig: signal.Signals) -> None:
     # tmp_home, not tmp_path: another pytest run re-tightens pytest's tmp root to 0700 and locks the
     # postgres user out of a data directory under it (initdb: Permission denied)
+    """INFRA-1"""
     home = tmp_home / "home"
     proc = subprocess.Popen([sys.executable, "-m", "novelbus.cli.main", "up", "--home", str(home)], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -78,7 +79,8 @@ def test_infra1_up_stops_its_servers_on_signal(tmp_home: Path, sig: signal.Signa
             proc.wait()
 
 
-def test_infra1_demo_prints_summary_and_leaves_no_servers(tmp_home: Path) -> None:
+def test_demo_prints_summary_and_leaves_no_servers(tmp_home: Path) -> None:
+    """INFRA-1"""
     home = tmp_home / "home"
     before = {p.pid for p in psutil.process_iter() if _name(p) in ("nats-server", "postgres")}
     out = subprocess.run([sys.executable, "-m", "novelbus.cli.main", "demo", "--home", str(home)], cwd=REPO, env=_env(),

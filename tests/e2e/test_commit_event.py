@@ -55,8 +55,8 @@ async def _commit_statement(ctx: ActorContext, novel_id: str, unit_id: str, toke
                                               once_key=once_key_of_commit(novel_id, unit_id))
 
 
-async def test_perf2_store2_the_commit_writes_its_unit_committed_row_once_in_one_statement(stack: Runtime) -> None:
-    """One round trip writes the commit and exactly one `unit.committed` row (once-key set, payload
+async def test_the_commit_writes_its_unit_committed_row_once_in_one_statement(stack: Runtime) -> None:
+    """PERF-2, STORE-2: One round trip writes the commit and exactly one `unit.committed` row (once-key set, payload
     = the receipt's figures); a replay (REL-2) writes no second row and returns no seq."""
     ctx = stack.ctx
     novel_id, unit_id, claim = await _claimed(ctx)
@@ -74,8 +74,8 @@ async def test_perf2_store2_the_commit_writes_its_unit_committed_row_once_in_one
     assert len(await _rows(ctx, novel_id)) == 1
 
 
-async def test_perf2_store2_a_failure_after_the_statement_leaves_both_or_neither(stack: Runtime) -> None:
-    """Same transaction: the event row failing inside the statement (a trigger refusing it) leaves
+async def test_a_failure_after_the_statement_leaves_both_or_neither(stack: Runtime) -> None:
+    """PERF-2, STORE-2: Same transaction: the event row failing inside the statement (a trigger refusing it) leaves
     no commit and the unit claimed; a transaction rolled back right after the statement leaves
     neither; committed, both are there."""
     ctx = stack.ctx
@@ -109,8 +109,8 @@ async def test_perf2_store2_a_failure_after_the_statement_leaves_both_or_neither
     assert [r.seq for r in await _rows(ctx, novel_id)] == [seq]
 
 
-async def test_clm2_rel2_a_repeated_commit_unit_writes_no_second_row_and_publishes_once(stack: Runtime) -> None:
-    """Through the claim manager: CommitUnit, then the same CommitUnit again (a retry whose reply
+async def test_a_repeated_commit_unit_writes_no_second_row_and_publishes_once(stack: Runtime) -> None:
+    """CLM-2, REL-2: Through the claim manager: CommitUnit, then the same CommitUnit again (a retry whose reply
     was lost): the second is a duplicate receipt, no second row, one `unit.committed` in the stream."""
     ctx = stack.ctx
     nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
@@ -131,9 +131,9 @@ async def test_clm2_rel2_a_repeated_commit_unit_writes_no_second_row_and_publish
     assert await _in_stream(stack, novel_id, "unit.committed") == 1
 
 
-async def test_rel7_a_flow_alive_whose_commit_reply_failed_publishes_the_ledger_only_row_once(
+async def test_a_flow_alive_whose_commit_reply_failed_publishes_the_ledger_only_row_once(
         stack: Runtime) -> None:
-    """The claim manager died between the commit statement and the publish; the flow is alive and
+    """REL-7: The claim manager died between the commit statement and the publish; the flow is alive and
     finds its commit landed although the writer / commit reply failed (`UnitFlow.landed`, the
     success paths of run_claim): the row reaches the stream, once, before the flow returns."""
     ctx = stack.ctx
@@ -152,9 +152,9 @@ async def test_rel7_a_flow_alive_whose_commit_reply_failed_publishes_the_ledger_
     assert [m for m in await store.commits_without_event(ctx.pool, older_than_s=0) if m.novel_id == novel_id] == []
 
 
-async def test_rel7_clm4_a_restarted_claim_manager_publishes_a_ledger_only_row_once_in_order(
+async def test_a_restarted_claim_manager_publishes_a_ledger_only_row_once_in_order(
         stack: Runtime) -> None:
-    """A claim manager killed between the statement and the publish of unit 1 (its flow may have
+    """REL-7, CLM-4: A claim manager killed between the statement and the publish of unit 1 (its flow may have
     verified the commit meanwhile and gone on): its next life publishes the row before it serves
     anything, so the stream holds unit 1's `unit.committed` once, before unit 2's; a second restart
     adds nothing."""

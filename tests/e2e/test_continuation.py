@@ -42,7 +42,8 @@ async def _checked(stack: Runtime, novel_id: str) -> None:
     assert len(prepared) == len(units)  # no unit prepared twice by a continuation and its copy
 
 
-async def test_drv1_rel2_next_unit_runs_in_process_and_its_notice_copy_is_only_acked(stack: Runtime) -> None:
+async def test_next_unit_runs_in_process_and_its_notice_copy_is_only_acked(stack: Runtime) -> None:
+    """DRV-1, REL-2"""
     driver: Any = stack.actor("driver")
     novel_id, _ = await run_novel(stack, parse_novel_file(sample_novel_bytes()))
     units = len((await store.load_snapshot(stack.ctx.pool, novel_id)).units)
@@ -52,8 +53,9 @@ async def test_drv1_rel2_next_unit_runs_in_process_and_its_notice_copy_is_only_a
     assert not driver.state.continued
 
 
-async def test_drv1_a_failed_continuation_leaves_the_unit_to_its_notice(
+async def test_a_failed_continuation_leaves_the_unit_to_its_notice(
         stack: Runtime, caplog: pytest.LogCaptureFixture) -> None:
+    """DRV-1"""
     driver: Any = stack.actor("driver")
     original = driver.advance
     failed: list[str] = []
@@ -74,7 +76,7 @@ async def test_drv1_a_failed_continuation_leaves_the_unit_to_its_notice(
     assert not driver.state.continued
 
 
-async def test_bus3_an_event_whose_ledger_row_fails_fails_the_emit_and_the_reply(
+async def test_an_event_whose_ledger_row_fails_fails_the_emit_and_the_reply(
         stack: Runtime, new_database: Any) -> None:
     """BUS-3: `emit` returns only once the ledger row is written (the CLI and the panel answer
     right after it); a row that cannot be written fails the emit, and a command service answers

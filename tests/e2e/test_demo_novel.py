@@ -11,7 +11,7 @@ from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 
-async def test_drv1_drv2_sample_novel_completes_with_one_commit_per_unit(stack: Runtime) -> None:
+async def test_sample_novel_completes_with_one_commit_per_unit(stack: Runtime) -> None:
     """DRV-1, DRV-2, DRV-5, STORE-2, VER-1: the demo novel finishes; every unit has exactly one
     commit; prose order follows outline order; the Markdown export holds every scene."""
     nf = parse_novel_file(sample_novel_bytes())

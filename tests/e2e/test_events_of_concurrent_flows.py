@@ -16,7 +16,8 @@ from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 
 
-async def test_perf2_concurrent_events_share_ledger_inserts_and_all_reach_the_stream(stack: Runtime) -> None:
+async def test_concurrent_events_share_ledger_inserts_and_all_reach_the_stream(stack: Runtime) -> None:
+    """PERF-2"""
     ctx = stack.ctx
     novel_id = await store.create_novel(ctx.pool, parse_novel_file(sample_novel_bytes()))
     before = tally.snapshot()
@@ -51,7 +52,7 @@ async def test_perf2_concurrent_events_share_ledger_inserts_and_all_reach_the_st
 
 
 @pytest.mark.parametrize("mode", ["subagent", "inline"])
-async def test_perf2_a_runs_events_keep_their_order_when_written_with_the_run(
+async def test_a_runs_events_keep_their_order_when_written_with_the_run(
         mode: str, nats_url: str, new_database: object, namespace: str) -> None:
     """BUS-3 per-novel order with the one-statement writes (PERF-2): writer.dispatched (written
     with the run's row), the tool.started events (queued, batched; the inline loop announces its

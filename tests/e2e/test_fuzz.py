@@ -120,7 +120,8 @@ async def stream_messages(rt: Runtime) -> dict[str, int]:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(batch=st.lists(st.tuples(st.sampled_from(sorted(KINDS)), payloads) | valid_messages(), min_size=1, max_size=4))
-async def test_rel3_fuzzed_payloads_on_every_command_subject(stack: Runtime, batch: list[tuple[str, bytes]]) -> None:
+async def test_fuzzed_payloads_on_every_command_subject(stack: Runtime, batch: list[tuple[str, bytes]]) -> None:
+    """REL-3"""
     ctx = stack.ctx
     subjects = {"claims": ctx.subjects.claims, "claims-instance": claims_instance_subject(ctx.subjects, "claims-0"),
                 "commit": ctx.subjects.commit("claims-0"), "packs": ctx.subjects.packs, "runs": ctx.subjects.runs,
@@ -141,8 +142,8 @@ async def test_rel3_fuzzed_payloads_on_every_command_subject(stack: Runtime, bat
     assert await stream_messages(stack) == streams
 
 
-async def test_rel3_actors_keep_serving_after_fuzz(stack: Runtime) -> None:
-    """After a burst of garbage on every subject, a novel still runs to the end on the same actors."""
+async def test_actors_keep_serving_after_fuzz(stack: Runtime) -> None:
+    """REL-3: After a burst of garbage on every subject, a novel still runs to the end on the same actors."""
     ctx = stack.ctx
     garbage = [b"", b"\x00" * 50, b"{}", b'{"type": "claims.commit"}', b"[1, 2, 3]", b'"x"' * 1000]
     for subject in (ctx.subjects.claims, claims_instance_subject(ctx.subjects, "claims-0"),

@@ -166,7 +166,8 @@ def strategies(lv: Live) -> dict[str, st.SearchStrategy[bytes]]:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(data=st.data())
-async def test_rel3_fuzz_against_a_live_novel_changes_no_table(live: Live, subject: str, data: st.DataObject) -> None:
+async def test_fuzz_against_a_live_novel_changes_no_table(live: Live, subject: str, data: st.DataObject) -> None:
+    """REL-3"""
     ctx = live.rt.ctx
     target = {"claims": ctx.subjects.claims, "claims-instance": claims_instance_subject(ctx.subjects, "claims-0"),
               "commit": ctx.subjects.commit("claims-0"), "packs": ctx.subjects.packs, "runs": ctx.subjects.runs,
@@ -188,8 +189,8 @@ async def test_rel3_fuzz_against_a_live_novel_changes_no_table(live: Live, subje
     assert (await store.get_unit(ctx.pool, live.live_novel, live.live_unit)).state == "claimed"
 
 
-async def test_rel3_checksum_catches_an_update(stack: Runtime) -> None:
-    """The check can fail: an UPDATE that keeps every row count changes the checksum."""
+async def test_checksum_catches_an_update(stack: Runtime) -> None:
+    """REL-3: The check can fail: an UPDATE that keeps every row count changes the checksum."""
     ctx = stack.ctx
     novel_id, _ = await run_novel(stack, parse_novel_file(sample_novel_bytes()))
     before = await checksum(ctx.pool)

@@ -80,8 +80,9 @@ class ObedientWriter:
             for i, (name, args) in enumerate(calls)])
 
 
-async def test_clm6_delegation_planted_in_prose_lore_and_notes_widens_nothing(
+async def test_delegation_planted_in_prose_lore_and_notes_widens_nothing(
         nats_url: str, new_database: Any, namespace: str) -> None:
+    """CLM-6"""
     data = json.loads(sample_novel_bytes())
     data["novelId"] = None
     data["outline"]["lore"].append({
@@ -116,7 +117,7 @@ async def run_novel_by_id(rt: Runtime, novel_id: str) -> None:
     assert isinstance(final, ev.NovelFinished), final
 
 
-async def test_rel5_out_of_scope_and_unknown_delegations_refused_every_time(stack: Runtime) -> None:
+async def test_out_of_scope_and_unknown_delegations_refused_every_time(stack: Runtime) -> None:
     """REL-5: ten out-of-scope commits, ten unknown delegations, ten forged ids for another
     instance: all refused, each one recorded, nothing written; the delegation still works after."""
     ctx = stack.ctx

@@ -34,7 +34,7 @@ def briefs(history: list[Any]) -> int:
     )
 
 
-async def test_drv2_inline_writes_the_sample_novel_with_one_commit_per_unit(
+async def test_inline_writes_the_sample_novel_with_one_commit_per_unit(
     stack: Runtime,
 ) -> None:
     """DRV-2, USE-1, USE-3: the inline session completes the sample novel through the claim
@@ -71,7 +71,7 @@ async def test_drv2_inline_writes_the_sample_novel_with_one_commit_per_unit(
     assert await store.load_session(pool, session_id(subagent_id)) is None
 
 
-async def test_ab2_inline_compacts_at_the_configured_threshold(
+async def test_inline_compacts_at_the_configured_threshold(
     nats_url: str, new_database: Any, namespace: str
 ) -> None:
     """AB-2: with a small threshold the session compacts; the stored history then starts with
@@ -126,7 +126,7 @@ async def _usage_samples(pool: Any, novel_id: str, expected: int, timeout: float
         await asyncio.sleep(0.1)
 
 
-async def test_run5_inline_session_survives_a_restart_of_every_actor(
+async def test_inline_session_survives_a_restart_of_every_actor(
     nats_url: str, new_database: Any, namespace: str
 ) -> None:
     """RUN-5: the session lives in the store, not in an actor: after all actors restart, the

@@ -16,7 +16,8 @@ from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.inline import BRIEF_HEADER, session_id
 
 
-async def test_drv3_switching_inline_to_subagent_applies_from_the_next_unit(stack: Runtime) -> None:
+async def test_switching_inline_to_subagent_applies_from_the_next_unit(stack: Runtime) -> None:
+    """DRV-3"""
     ctx = stack.ctx
     nf = parse_novel_file(sample_novel_bytes())
     config = nf.config.model_copy(update={"writerMode": "inline"})

@@ -39,7 +39,7 @@ def novel_file(chapters: int = 1, scenes: int = 3, **config: Any) -> NovelFile:
     return NovelFile.model_validate(data)
 
 
-async def test_plan4_directive_idempotent_and_claims_refused_while_open(rt: Runtime) -> None:
+async def test_directive_idempotent_and_claims_refused_while_open(rt: Runtime) -> None:
     """PLAN-4: receiving is idempotent on the message id (one row, one event); the same id with
     another text is refused; while a requirement is pending a claim is refused, and a claim
     carrying a stale watermark is refused too (SPEC §16 Claim)."""
@@ -84,7 +84,7 @@ async def test_plan4_directive_idempotent_and_claims_refused_while_open(rt: Runt
     assert "harbourmaster" not in payloads  # never the directive text in an event
 
 
-async def test_plan4_blocked_pauses_and_a_cited_clarification_resumes(rt: Runtime) -> None:
+async def test_blocked_pauses_and_a_cited_clarification_resumes(rt: Runtime) -> None:
     """PLAN-4: a directive marked blocked pauses the novel `requirement-conflict`; resolving it
     needs `resolvedBy` citing a message in the ledger; the old conflict is kept; the novel goes on."""
     pool = rt.ctx.pool
@@ -127,7 +127,7 @@ async def test_plan4_blocked_pauses_and_a_cited_clarification_resumes(rt: Runtim
     assert len(events.of(ev.RequirementBlocked)) == 1
 
 
-async def test_plan5_budget_pause_goes_on_after_config(rt: Runtime) -> None:
+async def test_budget_pause_goes_on_after_config(rt: Runtime) -> None:
     """PLAN-5: invalid values are refused naming the field (nothing changed, never clamped); a
     novel paused for `budget` goes on by itself once `budgets.maxTurns` allows it again;
     `novel.config-changed` names the fields."""
@@ -156,7 +156,7 @@ async def test_plan5_budget_pause_goes_on_after_config(rt: Runtime) -> None:
     assert same.changed == [] and same.config["budgets"]["maxTurns"] == 400
 
 
-async def test_plan5_preflight_warns_when_the_outline_cannot_fit(rt: Runtime) -> None:
+async def test_preflight_warns_when_the_outline_cannot_fit(rt: Runtime) -> None:
     """PLAN-5: more scenes than maxTurns, or a length target under ~300 effective characters per
     unit, get a warning with the figure at revise and config time."""
     pool = rt.ctx.pool

@@ -238,9 +238,9 @@ def _usage_matches(sample: dict[str, Any], calls: list[Call]) -> None:
 
 
 @pytest.mark.timeout(1800)
-async def test_model3_model4_model5_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_units(
+async def test_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_units(
         local_model: Any, nats_url: str, new_database: Any, namespace: str, tmp_path: Path) -> None:
-    """The issue's check, as a user takes it: `novelbus novel create --model local` of a W2 and a
+    """MODEL-3, MODEL-4, MODEL-5: The issue's check, as a user takes it: `novelbus novel create --model local` of a W2 and a
     W1 novel of two units each — the MODEL-4 gate probes the real model (P1–P3 for W2 through the
     MODEL-3 policy, the evidence naming the forced calls; P6 for W1, from the cached report), and
     MODEL-5 writes the server's n_ctx into config.model.contextWindow — then the six actors (as
@@ -339,7 +339,7 @@ async def test_model3_model4_model5_local_w1_and_w2_novels_created_through_the_c
             assert second[0].options.get("tool_choice", {}).get("function", {}).get("name") in READ_TOOLS
 
 
-async def test_model5_inline_with_a_small_window_compacts_at_0_7_and_never_sends_an_oversized_request(
+async def test_inline_with_a_small_window_compacts_at_0_7_and_never_sends_an_oversized_request(
         model_stack: tuple[Runtime, Recorder]) -> None:
     """MODEL-5 / §16 compaction gate: an inline novel whose config.model.contextWindow is 2,048
     tokens compacts its session when the provider-reported prompt tokens, projected to the next
@@ -392,7 +392,7 @@ asyncio.run(main())
 """
 
 
-async def test_model1_the_embedded_server_is_owned_like_nats_and_postgres(local_model: Any) -> None:
+async def test_the_embedded_server_is_owned_like_nats_and_postgres(local_model: Any) -> None:
     """MODEL-1 / INFRA: loopback only, a per-start key required (not on its command line), a log
     only its owner reads, stopped with its provider, and killed with a parent that dies by SIGKILL."""
     import signal
@@ -441,8 +441,8 @@ async def test_model1_the_embedded_server_is_owned_like_nats_and_postgres(local_
             owner.kill()
 
 
-async def test_model1_weights_the_server_cannot_load_are_said_once_with_its_log(tmp_path: Path) -> None:
-    """A .gguf file llama.cpp cannot load: `novelbus probe` says the server exited during start-up,
+async def test_weights_the_server_cannot_load_are_said_once_with_its_log(tmp_path: Path) -> None:
+    """MODEL-1: A .gguf file llama.cpp cannot load: `novelbus probe` says the server exited during start-up,
     with the tail of its log, and exits 1 — not six probes failing with `provider-unavailable`."""
     _need_local_model()
     broken = tmp_path / "broken.gguf"

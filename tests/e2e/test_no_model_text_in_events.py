@@ -77,7 +77,8 @@ def leaks(event_texts: list[str], needles: set[str]) -> list[str]:
     return sorted({w for t in event_texts for w in windows(t) if w in needles})
 
 
-async def test_rel9_no_event_carries_model_text_or_prose(stack: Runtime) -> None:
+async def test_no_event_carries_model_text_or_prose(stack: Runtime) -> None:
+    """REL-9"""
     ctx = stack.ctx
     writer = stack.actor("writer")
     recorder = RecordingProvider(writer.state.provider)  # type: ignore[attr-defined]
@@ -102,8 +103,8 @@ async def test_rel9_no_event_carries_model_text_or_prose(stack: Runtime) -> None
     assert leaks(event_texts, needles) == []
 
 
-def test_rel9_scan_finds_a_planted_leak() -> None:
-    """The scan itself can fail: a basis sentence copied into an event payload is found."""
+def test_scan_finds_a_planted_leak() -> None:
+    """REL-9: The scan itself can fail: a basis sentence copied into an event payload is found."""
     basis = "The heroine finally opens the sealed door of the archive."
     reply = ModelReply(text=None, tool_calls=[])
     needles = model_windows([reply], [basis])
@@ -111,8 +112,8 @@ def test_rel9_scan_finds_a_planted_leak() -> None:
     assert leaks(strings({"summary": "x"}), needles) == []
 
 
-async def test_rel9_a_unit_id_the_writer_made_up_is_recorded_as_a_digest(stack: Runtime) -> None:
-    """The unit a commit asks for is the writer's text: an event about a refused commit keeps it
+async def test_a_unit_id_the_writer_made_up_is_recorded_as_a_digest(stack: Runtime) -> None:
+    """REL-9: The unit a commit asks for is the writer's text: an event about a refused commit keeps it
     only when it has the shape of an id (REL-5 still records the refusal)."""
     from novelbus.bus.client import RemoteError, request
     from novelbus.messages import claims as cm

@@ -28,7 +28,7 @@ def model_env(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.mark.parametrize("shape", ["W2", "W1"])
-async def test_run1_sample_novel_written_through_an_openai_compatible_server(
+async def test_sample_novel_written_through_an_openai_compatible_server(
         shape: str, model_env: Any, nats_url: str, new_database: Any, namespace: str) -> None:
     """RUN-1: every unit of the sample novel goes over the chat-completions wire (tools and tool calls for
     W2, a JSON draft for W1, streaming off); the tools sent are exactly `novelbus tools --list`; provider
@@ -73,7 +73,7 @@ async def test_run1_sample_novel_written_through_an_openai_compatible_server(
     (json_response({"error": {"message": "slow down"}}, 429, {"retry-after-ms": "5"}),
      "provider-error:provider-rate-limited"),
 ])
-async def test_run4_a_broken_model_server_fails_dispatches_with_the_reason_and_writes_nothing(
+async def test_a_broken_model_server_fails_dispatches_with_the_reason_and_writes_nothing(
         reply: Any, reason: str, model_env: Any, nats_url: str, new_database: Any, namespace: str) -> None:
     """RUN-4: a server answering 5xx, garbage or 429 (after the client's own retries) fails each dispatch
     with a provider-error reason; the unit's turn fails after writerDispatchLimit; nothing is committed."""

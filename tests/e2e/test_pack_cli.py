@@ -34,10 +34,10 @@ def flags(stack: Runtime, nats_url: str) -> list[str]:
     return ["--nats-url", nats_url, "--database-url", dsn]
 
 
-async def test_ops1_pack_prints_what_the_writer_saw_with_sizes_hashes_and_manifest(
+async def test_pack_prints_what_the_writer_saw_with_sizes_hashes_and_manifest(
     stack: Runtime, nats_url: str
 ) -> None:
-    """`novelbus pack` on a finished novel: a committed unit's pack is byte for byte the pack its
+    """OPS-1: `novelbus pack` on a finished novel: a committed unit's pack is byte for byte the pack its
     writer received; the summary shows sizes, the prefix hash and the manifest (CTX-8: the pack
     part carries no hash)."""
     seen: dict[str, str] = {}
@@ -88,7 +88,8 @@ async def test_ops1_pack_prints_what_the_writer_saw_with_sizes_hashes_and_manife
     assert json.loads(out)["asOf"] == 0
 
 
-async def test_ops1_pack_gives_clear_errors(stack: Runtime, nats_url: str) -> None:
+async def test_pack_gives_clear_errors(stack: Runtime, nats_url: str) -> None:
+    """OPS-1"""
     novel_id = await store.create_novel(stack.ctx.pool, parse_novel_file(sample_novel_bytes()))
     unit_id = await store.prepare_unit(stack.ctx.pool, novel_id, "ch1", "cold-lamp", fragment=1,
                                        continuation_anchor=None)

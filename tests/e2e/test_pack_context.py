@@ -51,7 +51,7 @@ async def capture_runs(rt: Runtime) -> tuple[list[rm.RunWriter], Any]:
 
 
 @pytest.mark.parametrize(("shape", "profile"), [("W2", "bounded"), ("W1", "wide")])
-async def test_ctx6_ctx9_every_receipt_carries_a_frozen_reproducible_context(
+async def test_every_receipt_carries_a_frozen_reproducible_context(
     stack: Runtime, shape: str, profile: str
 ) -> None:
     """CTX-6, CTX-9, CTX-8: the sample novel written by the actors (W2/trimmed/bounded and
@@ -168,7 +168,7 @@ async def assert_no_writer_and_paused(rt: Runtime, novel_id: str, events: list[A
     assert (novel.status, novel.pause_reason) == ("paused", "recovery-required")
 
 
-async def test_pack4_uncovered_participant_starts_no_writer_and_pauses_the_novel(stack: Runtime) -> None:
+async def test_uncovered_participant_starts_no_writer_and_pauses_the_novel(stack: Runtime) -> None:
     """PACK-4 through the actors (W1 = full pack): unit.failed names characters and canon, no
     writer.dispatched event or writer_runs row, and the novel pauses after
     consecutiveFailureLimit failed units."""
@@ -177,7 +177,7 @@ async def test_pack4_uncovered_participant_starts_no_writer_and_pauses_the_novel
     await assert_no_writer_and_paused(stack, novel_id, events, ["characters", "canon"])
 
 
-async def test_pack4_empty_prose_tail_starts_no_writer_and_pauses_the_novel(stack: Runtime) -> None:
+async def test_empty_prose_tail_starts_no_writer_and_pauses_the_novel(stack: Runtime) -> None:
     """PACK-4 through the actors (W2 = trimmed pack): the chapter has a commit whose prose is
     blank (planted in the database; the store's guard would refuse it), so the continuation's
     pack has no prose tail: unit.failed names prose-tail, no writer starts, the novel pauses."""
@@ -199,9 +199,10 @@ async def test_pack4_empty_prose_tail_starts_no_writer_and_pauses_the_novel(stac
     await assert_no_writer_and_paused(stack, novel_id, events, ["prose-tail"])
 
 
-async def test_ctx1_render_pack_command_rejects_a_future_as_of_and_serves_both_profiles(
+async def test_render_pack_command_rejects_a_future_as_of_and_serves_both_profiles(
     stack: Runtime,
 ) -> None:
+    """CTX-1"""
     ctx = stack.ctx
     pool = ctx.pool
     novel_id = await store.create_novel(pool, sample())

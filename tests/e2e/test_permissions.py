@@ -64,7 +64,8 @@ async def settle(*conns: Any) -> None:
     await asyncio.sleep(0.3)
 
 
-async def test_ops3_only_driver_and_writer_publish_commits_only_claims_subscribes(secured: dict[str, str]) -> None:
+async def test_only_driver_and_writer_publish_commits_only_claims_subscribes(secured: dict[str, str]) -> None:
+    """OPS-3"""
     conns = {u: Conn() for u in USERS}
     ncs = {u: await c.open(secured[u], u) for u, c in conns.items()}
     try:
@@ -104,7 +105,8 @@ async def test_ops3_only_driver_and_writer_publish_commits_only_claims_subscribe
                 await nc.close()
 
 
-async def test_ops3_a_novel_runs_with_one_nats_user_per_actor(secured: dict[str, str], new_database: Any) -> None:
+async def test_a_novel_runs_with_one_nats_user_per_actor(secured: dict[str, str], new_database: Any) -> None:
+    """OPS-3"""
     dsn = await new_database()
     subjects = Subjects("")  # deploy/nats.conf names the production subjects
     async with contextlib.AsyncExitStack() as stack:

@@ -48,7 +48,7 @@ def schema_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_plan3_planner_uses_only_nats_and_the_standard_library() -> None:
+def test_planner_uses_only_nats_and_the_standard_library() -> None:
     """PLAN-3: no novelbus import; its only third-party import is nats-py."""
     tree = ast.parse(PLANNER.read_text())
     roots: set[str] = set()
@@ -77,7 +77,7 @@ async def stop(proc: asyncio.subprocess.Process) -> str:
     return out.decode()
 
 
-async def test_plan3_one_chapter_novel_grows_to_four_chapters_and_finishes(
+async def test_one_chapter_novel_grows_to_four_chapters_and_finishes(
         rt: Runtime, nats_url: str, namespace: str, schema_file: Path) -> None:
     """PLAN-3: created with one chapter and plannedChapters 4, the novel is extended by the
     external planner chapter by chapter (each `outline.requested` answered by a compare-and-set
@@ -112,7 +112,7 @@ async def test_plan3_one_chapter_novel_grows_to_four_chapters_and_finishes(
     assert "follow the trail" not in log and data["outline"]["story"]["premise"][:30] not in log
 
 
-async def test_plan3_planner_with_a_model(rt: Runtime, nats_url: str, namespace: str, schema_file: Path) -> None:
+async def test_planner_with_a_model(rt: Runtime, nats_url: str, namespace: str, schema_file: Path) -> None:
     """PLAN-3: with a model configured the planner asks an OpenAI-compatible server (here an
     in-test one on 127.0.0.1) for the chapter's title and purpose; an unusable answer falls back to
     the offline plan. Its log still carries no outline text."""
@@ -145,9 +145,9 @@ async def test_plan3_planner_with_a_model(rt: Runtime, nats_url: str, namespace:
         assert "Drowned" not in log and "model answer unusable" in log
 
 
-async def test_plan4_planner_applies_a_directive(rt: Runtime, nats_url: str, namespace: str,
+async def test_planner_applies_a_directive(rt: Runtime, nats_url: str, namespace: str,
                                                  schema_file: Path) -> None:
-    """PLAN-3/4: a directive sent while the novel runs holds the claims; the planner applies it by
+    """PLAN-4, PLAN-3/4: a directive sent while the novel runs holds the claims; the planner applies it by
     citing its id in a revision, the watermark moves, and the novel goes on to finish."""
     pool = rt.ctx.pool
     data = generate_novel_file(1, 3, unit_chars=500)
@@ -179,7 +179,7 @@ async def test_plan4_planner_applies_a_directive(rt: Runtime, nats_url: str, nam
         [e.payload for e in await store.list_events(pool, novel_id)])
 
 
-async def test_plan6_two_planners_one_revision_wins(rt: Runtime, nats_url: str) -> None:
+async def test_two_planners_one_revision_wins(rt: Runtime, nats_url: str) -> None:
     """PLAN-6: two planners revise against the same expected revision at the same moment (real
     concurrency: two connections, requests in flight together): exactly one wins, the other gets
     `revision-conflict` naming the winner's revision, and the loser's content is nowhere."""

@@ -186,7 +186,7 @@ def drafts_only(request: dict[str, Any]) -> Any:
     return completion(content=json.dumps(body))
 
 
-async def test_model4_creation_gate_per_shape_names_failing_probes_and_working_shapes(
+async def test_creation_gate_per_shape_names_failing_probes_and_working_shapes(
         stack: Runtime, nats_url: str, tmp_path: Path) -> None:
     """MODEL-4 / PROBE: a W2 or inline novel needs P1–P3, a W1 novel needs P6. A refusal names the
     probes that failed and the shapes that would work with this model; nothing is created; a
@@ -234,7 +234,7 @@ async def test_model4_creation_gate_per_shape_names_failing_probes_and_working_s
     assert sorted(n.writer_mode for n in await store.list_novels(stack.ctx.pool)) == ["inline", "subagent"]
 
 
-async def test_model5_openai_window_is_read_from_the_model_listing_or_creation_is_refused(
+async def test_openai_window_is_read_from_the_model_listing_or_creation_is_refused(
         stack: Runtime, nats_url: str, tmp_path: Path) -> None:
     """MODEL-5: an `openai:` novel with no config.model.contextWindow and no
     NOVELBUS_MODEL_CONTEXT_WINDOW takes the window the server reports in `GET /models` (vLLM
@@ -279,7 +279,7 @@ async def test_model5_openai_window_is_read_from_the_model_listing_or_creation_i
     assert novel.config.model.contextWindow == 12288
 
 
-async def test_model5_create_refuses_a_w2_novel_whose_first_request_cannot_fit_the_window(
+async def test_create_refuses_a_w2_novel_whose_first_request_cannot_fit_the_window(
         stack: Runtime, nats_url: str, tmp_path: Path) -> None:
     """MODEL-5: at `novel create` the trimmed W2 pack + tool definitions + a reply reserve must fit
     the known window (config.model.contextWindow, NOVELBUS_MODEL_CONTEXT_WINDOW: the smaller);
@@ -337,7 +337,7 @@ async def test_model5_create_refuses_a_w2_novel_whose_first_request_cannot_fit_t
     assert len(await store.list_novels(stack.ctx.pool)) == 2
 
 
-async def test_model5_probe_sets_the_w2_floor_against_the_window(tmp_path: Path) -> None:
+async def test_probe_sets_the_w2_floor_against_the_window(tmp_path: Path) -> None:
     """MODEL-5: `novelbus probe` prints the known window beside what every W2 request needs before
     its pack (tool definitions, instruction, reply reserve), and says when W2 cannot fit at all."""
     from novelbus.app.window_fit import w2_floor

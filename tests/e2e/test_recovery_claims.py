@@ -47,9 +47,9 @@ async def commit(ctx: Any, c: cm.ClaimGranted, novel_id: str, body: CommitBody =
                                        body=body, run_id="run-test"), cm.CommitReceipt, timeout=10)
 
 
-async def test_clm3_clm4_restart_recovers_own_claims_and_old_delegation_is_refused(
+async def test_restart_recovers_own_claims_and_old_delegation_is_refused(
         nats_url: str, new_database: Any, namespace: str) -> None:
-    """CLM-4: the registry is volatile; a restarted instance returns its claimed, uncommitted
+    """CLM-3, CLM-4: the registry is volatile; a restarted instance returns its claimed, uncommitted
     units to prepared (attempt + 1, STORE-4), records it and reschedules the novel. CLM-3: a
     writer still running on an old delegation gets `delegation-not-found`; nothing is written.
     Another instance's claims are not touched."""
@@ -100,7 +100,7 @@ async def test_clm3_clm4_restart_recovers_own_claims_and_old_delegation_is_refus
         await notices.unsubscribe()
 
 
-async def test_clm5_claims_spread_over_instances_and_route_to_the_holder(
+async def test_claims_spread_over_instances_and_route_to_the_holder(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """CLM-5: two instances share claims (queue group); a commit reaches the instance holding its
     delegation; dispatch grants sent to either instance are forwarded to the holder; the wrong
@@ -133,7 +133,7 @@ async def test_clm5_claims_spread_over_instances_and_route_to_the_holder(
             assert len(await store.list_commits(ctx.pool, novel_id)) == 1
 
 
-async def test_rel2_retried_claim_and_commit_change_nothing_twice(stack: Any) -> None:
+async def test_retried_claim_and_commit_change_nothing_twice(stack: Any) -> None:
     """REL-2: a ClaimUnit retried with the same intent gets the same delegation; a CommitUnit retried
     after its claim ended replays the receipt (duplicate=True); a different body is a conflict."""
     ctx = stack.ctx
@@ -157,7 +157,7 @@ async def test_rel2_retried_claim_and_commit_change_nothing_twice(stack: Any) ->
     assert len(committed) == 1
 
 
-async def test_store4_leases_lapsed_and_held_claims(new_database: Any) -> None:
+async def test_leases_lapsed_and_held_claims(new_database: Any) -> None:
     """REL-1, STORE-4: a leased claim is kept while its lease runs; a lapsed one, or an unleased
     one older than the grace, goes back to prepared; a restarting driver gets back exactly the
     claims it leased. Claims of excluded (locally driven) novels are left alone."""
@@ -190,7 +190,7 @@ async def test_store4_leases_lapsed_and_held_claims(new_database: Any) -> None:
         await pool.close()
 
 
-async def test_rel2_account_turn_counts_once_per_claim(new_database: Any) -> None:
+async def test_account_turn_counts_once_per_claim(new_database: Any) -> None:
     """REL-2, DRV-4, DRV-6: turn accounting keyed by the claim changes nothing twice."""
     dsn = await new_database()
     pool = await store.connect(dsn)
@@ -221,7 +221,7 @@ async def test_rel2_account_turn_counts_once_per_claim(new_database: Any) -> Non
         await pool.close()
 
 
-async def test_rel1_claim_of_a_driver_that_never_returns_is_released_after_its_lease(
+async def test_claim_of_a_driver_that_never_returns_is_released_after_its_lease(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """REL-1, CLM-5: a claim leased by a driver instance that died and never comes back (its
     claim manager gone too) is returned to prepared by a live driver once the lease lapses

@@ -93,8 +93,9 @@ async def slow(_: list[Any]) -> None:
     await asyncio.sleep(0.1)  # leaves room for an outage in the middle of the run
 
 
-async def test_rel6_database_away_for_seconds_delays_then_completes(
+async def test_database_away_for_seconds_delays_then_completes(
         own_servers: tuple[EmbeddedNats, EmbeddedPostgres], namespace: str) -> None:
+    """REL-6"""
     nats, pg = own_servers
     async with running(nats.url, pg.dsn, subjects=Subjects(namespace),
                        actor_kwargs={"writer": {"provider": HookedProvider(before=slow)}}) as rt:
@@ -111,8 +112,9 @@ async def test_rel6_database_away_for_seconds_delays_then_completes(
         await check_nothing_lost_or_doubled(rt, novel_id)
 
 
-async def test_rel6_nats_away_for_seconds_delays_then_completes(
+async def test_nats_away_for_seconds_delays_then_completes(
         own_servers: tuple[EmbeddedNats, EmbeddedPostgres], namespace: str) -> None:
+    """REL-6"""
     nats, pg = own_servers
     async with running(nats.url, pg.dsn, subjects=Subjects(namespace),
                        actor_kwargs={"writer": {"provider": HookedProvider(before=slow)}}) as rt:

@@ -44,7 +44,7 @@ async def assert_one_commit_per_unit(pool: Any, novel_id: str) -> None:
     assert snap.outline is not None and len(snap.commits) == len(snap.outline.scenes)
 
 
-async def test_clm5_two_claim_manager_processes_one_dies_for_good_mid_claim(
+async def test_two_claim_manager_processes_one_dies_for_good_mid_claim(
         nats_url: str, new_database: Any, namespace: str, tmp_path: Path) -> None:
     """CLM-5: claims spread over two instances; commits reach the holder. One instance is killed
     while it holds an uncommitted claim and never comes back: the driver finds the delegation
@@ -100,7 +100,7 @@ async def test_clm5_two_claim_manager_processes_one_dies_for_good_mid_claim(
         assert commit is not None
 
 
-async def test_ops1_up_processes_supervises_six_actor_processes(
+async def test_up_processes_supervises_six_actor_processes(
         nats_url: str, new_database: Any, namespace: str, tmp_path: Path) -> None:
     """OPS-1, REL-1: `novelbus up --processes` starts every actor as its own process and restarts
     one that is SIGKILLed (the driver, twice, mid-run); SIGTERM stops all of them."""

@@ -48,7 +48,7 @@ async def ledger(rt: Runtime, novel_id: str) -> dict[str, Any]:
                                               "unit.claimed", "usage.sampled", "unit.failed")}}
 
 
-async def test_bus2_duplicate_publish_with_message_id_is_stored_once(stack: Runtime) -> None:
+async def test_duplicate_publish_with_message_id_is_stored_once(stack: Runtime) -> None:
     """BUS-2: the Nats-Msg-Id de-duplication window drops a repeated publish of one notice."""
     ctx = stack.ctx
     data, headers = encode(WorkNotice(novel_id="n-dup", notice_id="after-u1-claim-1", reason="next-unit"))
@@ -58,7 +58,7 @@ async def test_bus2_duplicate_publish_with_message_id_is_stored_once(stack: Runt
     assert len({a.seq for a in acks}) == 1
 
 
-async def test_rel2_duplicate_notices_during_and_after_a_run_change_nothing_twice(stack: Runtime) -> None:
+async def test_duplicate_notices_during_and_after_a_run_change_nothing_twice(stack: Runtime) -> None:
     """REL-2: extra notices published during the run (a scheduler repeating itself) and after the
     novel finished (late redeliveries) leave exactly one commit per unit, one accounted turn and
     one usage sample per unit, and one event of each kind."""
@@ -95,7 +95,7 @@ async def test_rel2_duplicate_notices_during_and_after_a_run_change_nothing_twic
     assert await ledger(stack, novel_id) == before
 
 
-async def test_rel2_accounting_the_same_claim_again_counts_nothing(stack: Runtime) -> None:
+async def test_accounting_the_same_claim_again_counts_nothing(stack: Runtime) -> None:
     """REL-2: the driver's turn accounting repeated for a claim it already accounted (a retried
     flow) records no second turn, no second usage sample, no second chapter event."""
     ctx = stack.ctx
@@ -113,7 +113,7 @@ async def test_rel2_accounting_the_same_claim_again_counts_nothing(stack: Runtim
     assert await ledger(stack, novel_id) == before
 
 
-async def test_bus2_poison_notices_are_dead_lettered_with_their_error(
+async def test_poison_notices_are_dead_lettered_with_their_error(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """BUS-2: a notice that fails every time is redelivered up to the bound, then lands on
     `novelbus.dlq.work` with its error code and delivery count; a malformed one goes there at once.

@@ -37,7 +37,8 @@ async def _in_stream(rt: Runtime, novel_id: str, tag: str) -> int:
         await sub.unsubscribe()
 
 
-async def test_rel7_a_unit_committed_left_in_the_ledger_only_is_republished_once(stack: Runtime) -> None:
+async def test_a_unit_committed_left_in_the_ledger_only_is_republished_once(stack: Runtime) -> None:
+    """REL-7"""
     ctx = stack.ctx
     novel_id = await store.create_novel(ctx.pool, parse_novel_file(sample_novel_bytes()))
     unit_id = "u-1"
@@ -98,7 +99,7 @@ def _first_scene(nf: Any, index: int = 0) -> tuple[str, str]:
     return chapter, scene.sceneId
 
 
-async def test_rel7_the_sweep_publishes_a_ledger_only_unit_committed_of_a_dead_flow(stack: Runtime) -> None:
+async def test_the_sweep_publishes_a_ledger_only_unit_committed_of_a_dead_flow(stack: Runtime) -> None:
     """REL-7 wiring: the sweep that accounts a commit whose flow is gone (here: the driver instance
     restarted) makes its ledger-only `unit.committed` visible in the stream, once, with no other
     action; a second sweep (redelivery) adds nothing."""
@@ -118,7 +119,7 @@ async def test_rel7_the_sweep_publishes_a_ledger_only_unit_committed_of_a_dead_f
     assert await _in_stream(stack, novel_id, "unit.committed") == 1
 
 
-async def test_rel7_an_interrupted_flow_publishes_its_ledger_only_unit_committed(stack: Runtime) -> None:
+async def test_an_interrupted_flow_publishes_its_ledger_only_unit_committed(stack: Runtime) -> None:
     """REL-7 wiring: `UnitFlow.settle` of a flow whose commit landed but whose reply never came (the
     claim manager died after its ledger row) makes `unit.committed` visible in the stream, once."""
     from novelbus.actors.unit_flow import UnitFlow
@@ -153,7 +154,7 @@ async def _once_only_in_stream(rt: Runtime, novel_id: str) -> list[str]:
     return out
 
 
-async def test_rel7_chapter_completed_and_novel_finished_left_ledger_only_are_published_once_in_order(
+async def test_chapter_completed_and_novel_finished_left_ledger_only_are_published_once_in_order(
         stack: Runtime) -> None:
     """REL-7: the driver died between writing `chapter.completed` / `novel.finished` and publishing
     them. Its restart's reconciliation publishes both from their rows: each once in the stream,

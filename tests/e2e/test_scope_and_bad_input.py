@@ -43,7 +43,8 @@ BODY = CommitBody(paragraphs=["The lamps along the quay went out one by one."],
                   scene_completion=SceneCompletion(completed=True, basis="the meeting happened"))
 
 
-async def test_clm2_commit_for_another_unit_is_refused_and_recorded(stack: Runtime) -> None:
+async def test_commit_for_another_unit_is_refused_and_recorded(stack: Runtime) -> None:
+    """CLM-2"""
     ctx = stack.ctx
     novel_id, u1, u2, claim = await _claimed_novel(stack)
     with pytest.raises(RemoteError) as info:
@@ -63,7 +64,8 @@ async def test_clm2_commit_for_another_unit_is_refused_and_recorded(stack: Runti
     assert receipt.unit_id == u1 and not receipt.duplicate
 
 
-async def test_clm2_unknown_delegation_is_refused_and_recorded(stack: Runtime) -> None:
+async def test_unknown_delegation_is_refused_and_recorded(stack: Runtime) -> None:
+    """CLM-2"""
     ctx = stack.ctx
     novel_id, u1, _, claim = await _claimed_novel(stack)
     with pytest.raises(RemoteError) as info:
@@ -103,7 +105,8 @@ BAD_PAYLOADS = [
 ]
 
 
-async def test_bus4_malformed_messages_get_error_replies_and_actors_keep_serving(stack: Runtime) -> None:
+async def test_malformed_messages_get_error_replies_and_actors_keep_serving(stack: Runtime) -> None:
+    """BUS-4"""
     ctx = stack.ctx
     novel_id, _, _, claim = await _claimed_novel(stack)
     probes = _valid_probe(ctx.subjects, claim, novel_id)

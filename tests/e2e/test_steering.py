@@ -93,7 +93,7 @@ def scene(ch: int, n: int, participants: list[str]) -> dict[str, Any]:
             "goal": f"The search goes on in part {ch}, step {n}.", "participants": participants}
 
 
-async def test_plan1_revise_overlay_cas_and_event(rt: Runtime) -> None:
+async def test_revise_overlay_cas_and_event(rt: Runtime) -> None:
     """PLAN-1: an overlay carries omitted layers forward; a stale expected revision is refused with
     the current revision named; `outline.revised` has counts and the revision, never content."""
     pool = rt.ctx.pool
@@ -139,7 +139,7 @@ async def test_plan1_revise_overlay_cas_and_event(rt: Runtime) -> None:
     assert [r.reason for r in history.revisions] == ["create", "add chapter 2"]
 
 
-async def test_plan1_committed_chapters_stay_and_removed_scenes_supersede(rt: Runtime) -> None:
+async def test_committed_chapters_stay_and_removed_scenes_supersede(rt: Runtime) -> None:
     """PLAN-1, SPEC §16: chapters with commits may not disappear or change relative order; a
     prepared unit of a scene the revision removes is superseded (and announced)."""
     pool = rt.ctx.pool
@@ -174,7 +174,7 @@ async def test_plan1_committed_chapters_stay_and_removed_scenes_supersede(rt: Ru
     assert e.unit_id == unit
 
 
-async def test_plan1_revision_held_until_the_claim_settles(rt: Runtime) -> None:
+async def test_revision_held_until_the_claim_settles(rt: Runtime) -> None:
     """PLAN-1 (choice: hold): a revision sent while a unit is claimed waits for the claim to settle
     and then lands before the next claim; with holdMs 0 it is refused at once with unit-in-flight."""
     pool = rt.ctx.pool
@@ -204,7 +204,7 @@ async def test_plan1_revision_held_until_the_claim_settles(rt: Runtime) -> None:
     del events
 
 
-async def test_plan2_outline_requested_and_a_resolving_revision_resumes(rt: Runtime) -> None:
+async def test_outline_requested_and_a_resolving_revision_resumes(rt: Runtime) -> None:
     """PLAN-2: a novel planned with 2 chapters but outlined with 1 pauses `awaiting-outline` after
     chapter 1 and publishes `outline.requested` (why next-chapter, the revision, characters, next
     chapter order); a revision adding chapter 2 resumes it by itself, and it finishes."""
@@ -238,7 +238,7 @@ async def test_plan2_outline_requested_and_a_resolving_revision_resumes(rt: Runt
     assert {c.chapter_id for c in await store.list_commits(pool, novel_id)} == {"ch001", "ch002"}
 
 
-async def test_plan2_revision_that_does_not_resolve_keeps_the_pause(rt: Runtime) -> None:
+async def test_revision_that_does_not_resolve_keeps_the_pause(rt: Runtime) -> None:
     """PLAN-2: a revision that leaves the chapter count short of the plan does not resume."""
     pool = rt.ctx.pool
     novel_id = await store.create_novel(pool, novel_file(chapters=1, scenes=1, plannedChapters=3))

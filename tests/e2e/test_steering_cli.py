@@ -19,7 +19,8 @@ from tests.e2e.test_cli import _flags, novelbus
 from tests.e2e.test_steering import chapter, scene, watch
 
 
-async def test_plan1_cli_outline_revise_and_a_stale_expect(stack: Runtime, nats_url: str, tmp_path: Path) -> None:
+async def test_cli_outline_revise_and_a_stale_expect(stack: Runtime, nats_url: str, tmp_path: Path) -> None:
+    """PLAN-1"""
     pool = stack.ctx.pool
     novel_id = await store.create_novel(pool, NovelFile.model_validate(generate_novel_file(1, 2)))
     await store.pause_novel(pool, novel_id, "user-request")
@@ -50,8 +51,9 @@ async def test_plan1_cli_outline_revise_and_a_stale_expect(stack: Runtime, nats_
     assert code == 2 and "unknown chapter 'ch009'" in err
 
 
-async def test_plan4_plan5_cli_direct_requirements_and_config(stack: Runtime, nats_url: str,
+async def test_cli_direct_requirements_and_config(stack: Runtime, nats_url: str,
                                                              tmp_path: Path) -> None:
+    """PLAN-4, PLAN-5"""
     pool = stack.ctx.pool
     data: dict[str, Any] = generate_novel_file(1, 3, unit_chars=400)
     data["config"]["budgets"] = {"maxTurns": 1}

@@ -37,7 +37,8 @@ async def _read_stream(js: Any, stream: str, subject: str) -> list[Any]:
     return out
 
 
-async def test_rel4_execution_token_never_on_the_wire(stack: Runtime) -> None:
+async def test_execution_token_never_on_the_wire(stack: Runtime) -> None:
+    """REL-4"""
     ctx = stack.ctx
     claims = stack.actor("claims")
     recorder = RecordingDelegations()

@@ -68,9 +68,9 @@ async def accounted_in_commit_order(rt: Runtime, novel_id: str) -> None:
     assert novel.writer_runs == len(rows) == novel.turns
 
 
-async def test_rel6_rel7_a_committed_unit_whose_settle_meets_a_dropped_connection_is_accounted_by_its_flow(
+async def test_a_committed_unit_whose_settle_meets_a_dropped_connection_is_accounted_by_its_flow(
         stack: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The observed cause: `InternalClientError` is the database going away (REL-6), so the flow
+    """REL-7: The observed cause: `InternalClientError` is the database going away (REL-6), so the flow
     waits it out and accounts its own turn; the novel never sees the window."""
     window = Window(monkeypatch, asyncpg.InternalClientError("cannot switch to state 11; another operation (2)"
                                                              " is in progress"))
@@ -80,9 +80,9 @@ async def test_rel6_rel7_a_committed_unit_whose_settle_meets_a_dropped_connectio
     assert not [r for r in caplog.records if NOT_SETTLED in r.getMessage()]
 
 
-async def test_rel7_a_committed_unit_whose_settle_fails_is_accounted_before_its_novel_moves_on(
+async def test_a_committed_unit_whose_settle_fails_is_accounted_before_its_novel_moves_on(
         stack: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Whatever makes the settle fail, the driver does not move past a unit it saw claimed: the
+    """REL-7: Whatever makes the settle fail, the driver does not move past a unit it saw claimed: the
     novel's next step settles that flow first, so the turn is accounted before the next unit."""
     caplog.set_level(logging.WARNING, logger="novelbus.actors.driver")
     window = Window(monkeypatch, RuntimeError("settle failed (injected)"))

@@ -28,7 +28,7 @@ def generated(chapters: int, scenes: int, mode: str = "subagent", **kw: Any) -> 
     return parse_novel_file(json.dumps(data))
 
 
-async def test_use1_the_four_way_split_adds_up_to_every_calls_raw_input(stack: Runtime) -> None:
+async def test_the_four_way_split_adds_up_to_every_calls_raw_input(stack: Runtime) -> None:
     """USE-1: for every model call of every turn, in both modes, history + new tool results +
     brief/pack + prose echo == raw input characters; per-tool result bytes and the window peak
     are recorded; the offline provider's (estimated) token counts come through."""
@@ -64,8 +64,8 @@ async def test_use1_the_four_way_split_adds_up_to_every_calls_raw_input(stack: R
             assert all(s["proseEchoChars"] > 0 for s in samples[1:])
 
 
-async def test_use1_subagent_input_does_not_grow_with_the_unit_index(stack: Runtime) -> None:
-    """AB-1/AB-3 regression on a 30-unit novel through the actors: a W2 writer's input depends
+async def test_subagent_input_does_not_grow_with_the_unit_index(stack: Runtime) -> None:
+    """USE-1, AB-1/AB-3 regression on a 30-unit novel through the actors: a W2 writer's input depends
     on the unit's place in its chapter, not on how far the book has come; the same novel in
     inline mode grows."""
     pool = stack.ctx.pool
@@ -118,7 +118,7 @@ def turn(novel_id: str, n: int, claim_id: str = "claim-x", calls: int = 1) -> um
     )
 
 
-async def test_use2_the_ring_keeps_exactly_the_last_50_and_a_redelivery_counts_once(
+async def test_the_ring_keeps_exactly_the_last_50_and_a_redelivery_counts_once(
     stack: Runtime,
 ) -> None:
     """USE-2: 55 turns through the sampler leave the last 50 in the ring and all 55 in the
@@ -151,7 +151,7 @@ async def test_use2_the_ring_keeps_exactly_the_last_50_and_a_redelivery_counts_o
     assert "inputTokens" not in totals  # nothing reported, nothing invented (USE-2)
 
 
-async def test_use2_missing_provider_usage_never_fails_a_run(
+async def test_missing_provider_usage_never_fails_a_run(
     nats_url: str, new_database: Any, namespace: str
 ) -> None:
     """USE-2 fail-open: a provider that reports no usage at all still writes the whole novel, in

@@ -44,9 +44,10 @@ def novelbus(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[st
     )
 
 
-async def test_ab1_bench_ab_json_compares_the_same_novel_in_both_modes(
+async def test_bench_ab_json_compares_the_same_novel_in_both_modes(
     nats_url: str, new_database: Any, tmp_path: Path
 ) -> None:
+    """AB-1"""
     dsn = await new_database()
     out = novelbus(
         "bench",
@@ -200,7 +201,7 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
     assert 0 < run["handler"] <= run["round_trip"] and "rr CommitUnit" in run
 
 
-async def test_issue14_bench_throughput_measures_a_novel_longer_than_the_usage_ring(
+async def test_bench_throughput_measures_a_novel_longer_than_the_usage_ring(
     nats_url: str, new_database: Any
 ) -> None:
     """Issue 14: a unit's model time comes from its `usage.sampled` event, not from the usage
@@ -235,7 +236,7 @@ class _NoUsageOnCompaction(OfflineProvider):
 
 
 @pytest.mark.parametrize("provider", ["reports-all", "no-usage-on-compaction"])
-async def test_model6_bench_ab_provider_figures_are_every_calls_reported_sum_or_unknown(
+async def test_bench_ab_provider_figures_are_every_calls_reported_sum_or_unknown(
     nats_url: str, new_database: Any, namespace: str, provider: str
 ) -> None:
     """MODEL-6/7, §16: the bench's provider prompt tokens are the sum of EVERY call's reported
@@ -276,7 +277,7 @@ class _SlowOffline(OfflineProvider):
         return await super().complete(messages, tools, **kw)
 
 
-async def test_ops4_bench_ab_piped_progress_is_never_silent_on_a_slow_model(
+async def test_bench_ab_piped_progress_is_never_silent_on_a_slow_model(
     nats_url: str, new_database: Any, namespace: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str]
 ) -> None:

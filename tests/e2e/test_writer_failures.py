@@ -31,7 +31,7 @@ async def _ledger(pool: Any, novel_id: str) -> list[Any]:
     return await store.list_events(pool, novel_id, limit=10_000)
 
 
-async def test_run3_tool_outside_the_allow_list_is_refused_recorded_and_never_run(
+async def test_tool_outside_the_allow_list_is_refused_recorded_and_never_run(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """RUN-3 / REL-5: a claim tool and an invented tool are refused host-side, recorded as tool.started
     (refused) + tool.refused, listed in the run's manifest as errors; the writer still commits."""
@@ -67,7 +67,7 @@ async def test_run3_tool_outside_the_allow_list_is_refused_recorded_and_never_ru
     assert "novel_claim_unit" not in offered and len(offered) == 10
 
 
-async def test_clm2_writer_committing_another_unit_is_refused_then_redispatched(
+async def test_writer_committing_another_unit_is_refused_then_redispatched(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """CLM-2 / REL-5 / RUN-4 / USE-3: the writer of unit 2 commits unit 1 (already committed) and a unit of
     another novel; both are refused as scope-violation and recorded, neither unit changes; the dispatch
@@ -113,7 +113,7 @@ async def test_clm2_writer_committing_another_unit_is_refused_then_redispatched(
     assert novel.writer_runs == 2 and len(runs) == 3  # USE-3
 
 
-async def test_run3_two_commits_in_one_reply_only_the_first_runs(
+async def test_two_commits_in_one_reply_only_the_first_runs(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """RUN-3 / STORE-2: the first successful commit ends the run; the second commit of the same reply is
     never executed, the model is not called again, and exactly one commit (the first body) stands."""
@@ -156,7 +156,7 @@ def _research_forever(v: RunView) -> ModelReply:
     (_chatter, "not-committed"),
     (_research_forever, "tool-round-limit"),
 ])
-async def test_run4_drv4_failing_writer_is_redispatched_up_to_the_limit_then_the_turn_fails(
+async def test_failing_writer_is_redispatched_up_to_the_limit_then_the_turn_fails(
         behaviour: Any, reason: str, nats_url: str, new_database: Any, namespace: str) -> None:
     """RUN-4 / DRV-4: empty output, a writer that never commits, or one that researches past the tool-round
     limit: each dispatch fails with its reason and is recorded; the claim is re-dispatched up to the
@@ -183,7 +183,7 @@ async def test_run4_drv4_failing_writer_is_redispatched_up_to_the_limit_then_the
         assert len(d.of(ev.ToolStarted)) == 4  # every executed call recorded, even in failed runs
 
 
-async def test_run2_ver2_w1_invalid_and_guarded_drafts_fail_then_a_valid_one_commits(
+async def test_w1_invalid_and_guarded_drafts_fail_then_a_valid_one_commits(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """RUN-2 / VER-2: a reply that is not a draft fails the dispatch (invalid-draft); a draft whose prose
     carries a chapter heading is refused by the verifier (guard) and never committed; the third dispatch
@@ -206,7 +206,7 @@ async def test_run2_ver2_w1_invalid_and_guarded_drafts_fail_then_a_valid_one_com
     assert novel.writer_runs == 2 and all(v.tools is None for v in provider.views)  # W1: no tools offered
 
 
-async def test_tool4_read_tools_not_enabled_fails_w2_closed_before_any_model_call(
+async def test_read_tools_not_enabled_fails_w2_closed_before_any_model_call(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """TOOL-4: with read tools disabled, a W2 dispatch fails closed before the model is called, recorded
     as READ_TOOLS_NOT_ENABLED; a W1 novel (no tools) on the same stack is unaffected."""

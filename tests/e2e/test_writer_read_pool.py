@@ -11,7 +11,8 @@ from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
 
 
-async def test_perf2_tool5_writer_snapshot_is_one_read_only_statement(stack: Runtime) -> None:
+async def test_writer_snapshot_is_one_read_only_statement(stack: Runtime) -> None:
+    """PERF-2, TOOL-5"""
     read_pool = stack.ctx.read_pool
     assert read_pool is not None
     assert read_pool.get_size() == 1  # warmed by the writer's start

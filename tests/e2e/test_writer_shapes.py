@@ -19,9 +19,9 @@ from tests.writers.harness import PerRun, drive, sample_with, text_reply, tiny_n
 
 
 @pytest.mark.parametrize("shape", ["W1", "W2"])
-async def test_run2_run3_each_shape_completes_the_sample_novel(shape: str, nats_url: str, new_database: Any,
+async def test_each_shape_completes_the_sample_novel(shape: str, nats_url: str, new_database: Any,
                                                               namespace: str) -> None:
-    """RUN-2 / VER-2 (W1: JSON draft, validated, committed by the orchestrator) and RUN-3 (W2: research,
+    """RUN-3, RUN-2 / VER-2 (W1: JSON draft, validated, committed by the orchestrator) and RUN-3 (W2: research,
     then the writer commits itself). RUN-6: W2 runs store their dependency manifest and announce every
     tool call as it starts (before the commit it leads to is published); W1 runs store none. USE-3."""
     async with writer_stack(nats_url, new_database, namespace) as rt:
@@ -58,7 +58,7 @@ async def test_run2_run3_each_shape_completes_the_sample_novel(shape: str, nats_
     assert len(started) == sum(len(r.manifest or []) for r in runs)
 
 
-async def test_run6_receipt_dependency_summary_and_run5_redispatch_continues_a_session(
+async def test_receipt_dependency_summary_and_run5_redispatch_continues_a_session(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """RUN-6: the run's reply carries the dependency summary (count, where stored) for a successful run
     with tool calls, nothing for a failed run or a W1 run. RUN-5: a re-dispatch naming the session id

@@ -18,7 +18,7 @@ from tests.e2e.test_probe import _flags, novelbus
 UNREACHABLE = {"NOVELBUS_NATS_URL": "nats://127.0.0.1:1", "NOVELBUS_DATABASE_URL": "postgresql://x@127.0.0.1:1/x"}
 
 
-async def test_tool3_list_is_the_registry_and_equals_what_the_model_is_offered() -> None:
+async def test_list_is_the_registry_and_equals_what_the_model_is_offered() -> None:
     """TOOL-1 / TOOL-3: `tools --list` prints the one registry; its name/description/parameters are
     exactly the function definitions a W2 writer is offered, in the same order."""
     code, out, err = await novelbus("tools", "--list")
@@ -41,13 +41,14 @@ async def test_tool3_list_is_the_registry_and_equals_what_the_model_is_offered()
     (["novel_lore_search", "--novel", "n-1", "--args", '{"query": ""}'], "query"),
     (["novel_body_commit", "--novel", "n-1", "--args", "{}"], "write tool"),
 ])
-async def test_tool3_contract_errors_exit_2_before_any_server_is_contacted(args: list[str], needle: str) -> None:
+async def test_contract_errors_exit_2_before_any_server_is_contacted(args: list[str], needle: str) -> None:
+    """TOOL-3"""
     code, out, err = await novelbus("tools", "call", *args, env=UNREACHABLE)
     assert code == 2 and out == ""
     assert "tool-contract" in err and needle in err and "--list" in err
 
 
-async def test_tool4_gate_from_config() -> None:
+async def test_gate_from_config() -> None:
     """TOOL-4: NOVELBUS_READ_TOOLS=0 (Settings.read_tools_enabled) fails closed; a bad value is named."""
     code, _, err = await novelbus("tools", "call", "novel_status_read", "--novel", "n-1",
                                   env={**UNREACHABLE, "NOVELBUS_READ_TOOLS": "0"})
@@ -57,7 +58,7 @@ async def test_tool4_gate_from_config() -> None:
     assert code == 2 and "NOVELBUS_READ_TOOLS" in err
 
 
-async def test_tool5_calls_read_one_novel_with_the_search_cap(stack: Runtime, nats_url: str) -> None:
+async def test_calls_read_one_novel_with_the_search_cap(stack: Runtime, nats_url: str) -> None:
     """TOOL-2 / TOOL-5 / memory tools: real calls against a novel in the store; searches stop at 50 rows
     and say so; unknown ids and unknown novels are clear errors with exit 2."""
     pool = stack.ctx.pool

@@ -47,9 +47,10 @@ async def _select_one(dsn: str) -> int:
         await conn.close()
 
 
-async def test_infra1_embedded_servers_start_answer_and_stop(
+async def test_embedded_servers_start_answer_and_stop(
     tmp_home: Path, namespace: str
 ) -> None:
+    """INFRA-1"""
     lines: list[str] = []
     async with Infrastructure(home=tmp_home, fast=True, log=lines.append, environ={}) as infra:
         assert infra.embedded == {"nats": True, "postgres": True}
@@ -71,10 +72,10 @@ async def test_infra1_embedded_servers_start_answer_and_stop(
     assert (tmp_home / "nats" / "jetstream").is_dir() and (tmp_home / "pg" / "data").is_dir()
 
 
-async def test_infra1_cancelled_start_leaves_nothing_and_the_next_start_works(
+async def test_cancelled_start_leaves_nothing_and_the_next_start_works(
     tmp_home: Path,
 ) -> None:
-    """Cancel at several points of start-up (also mid-initdb); then a full start succeeds.
+    """INFRA-1: Cancel at several points of start-up (also mid-initdb); then a full start succeeds.
 
     The points are found by watching start-up, not by fixed delays: a fresh start takes
     0.6-1.1 s here, so a delay could outlast it and cancel nothing."""
@@ -101,8 +102,8 @@ async def test_infra1_cancelled_start_leaves_nothing_and_the_next_start_works(
     assert servers_under(tmp_home) == []
 
 
-async def test_infra1_a_start_whose_cancel_was_swallowed_still_ends_cancelled() -> None:
-    """Python 3.11's nested wait_for can drop a cancel that lands as its inner step finishes;
+async def test_a_start_whose_cancel_was_swallowed_still_ends_cancelled() -> None:
+    """INFRA-1: Python 3.11's nested wait_for can drop a cancel that lands as its inner step finishes;
     a server start checks after its last step, so a cancelled start never returns running."""
     finished_steps: list[str] = []
 
@@ -123,10 +124,10 @@ async def test_infra1_a_start_whose_cancel_was_swallowed_still_ends_cancelled() 
     raise_if_cancelled()  # a task nobody cancelled goes on
 
 
-async def test_infra1_an_interrupted_initdb_is_redone_even_when_the_directory_looks_complete(
+async def test_an_interrupted_initdb_is_redone_even_when_the_directory_looks_complete(
     tmp_home: Path,
 ) -> None:
-    """A cancel can land late in initdb: template0/template1 and the "postgres" directory exist
+    """INFRA-1: A cancel can land late in initdb: template0/template1 and the "postgres" directory exist
     but the catalog has no "postgres" yet. Such a directory must be initialised again, not
     adopted as a cluster from elsewhere (which then never accepts connections)."""
     data_dir = tmp_home / "pg"
@@ -146,9 +147,10 @@ async def test_infra1_an_interrupted_initdb_is_redone_even_when_the_directory_lo
     assert not (data_dir / ".novelbus-initdb-running").exists()
 
 
-async def test_infra1_orphaned_postgres_of_a_dead_owner_is_stopped_and_replaced(
+async def test_orphaned_postgres_of_a_dead_owner_is_stopped_and_replaced(
     tmp_home: Path,
 ) -> None:
+    """INFRA-1"""
     old = EmbeddedPostgres(tmp_home, fast=True)
     await old.start()
     old_pid = old.pid
@@ -167,7 +169,8 @@ async def test_infra1_orphaned_postgres_of_a_dead_owner_is_stopped_and_replaced(
         old.stop_sync()
 
 
-async def test_infra1_server_in_use_by_a_live_process_is_not_taken_over(tmp_home: Path) -> None:
+async def test_server_in_use_by_a_live_process_is_not_taken_over(tmp_home: Path) -> None:
+    """INFRA-1"""
     async with EmbeddedPostgres(tmp_home / "pg", fast=True) as first:
         with pytest.raises(ServerStartError, match="in use by the running process"):
             await EmbeddedPostgres(tmp_home / "pg", fast=True).start()
@@ -178,7 +181,8 @@ async def test_infra1_server_in_use_by_a_live_process_is_not_taken_over(tmp_home
         assert first_nats.running
 
 
-async def test_infra1_nats_start_failure_shows_the_server_log(tmp_home: Path) -> None:
+async def test_nats_start_failure_shows_the_server_log(tmp_home: Path) -> None:
+    """INFRA-1"""
     config = tmp_home / "broken.conf"
     config.write_text("this is { not a valid config\n")
     server = EmbeddedNats(tmp_home / "nats", config_file=config)
@@ -188,8 +192,8 @@ async def test_infra1_nats_start_failure_shows_the_server_log(tmp_home: Path) ->
     assert not server.running
 
 
-def test_infra1_a_unix_socket_of_any_port_must_fit_in_107_bytes() -> None:
-    """PostgreSQL refuses a socket path over 107 bytes; the path is the directory plus
+def test_a_unix_socket_of_any_port_must_fit_in_107_bytes() -> None:
+    """INFRA-1: PostgreSQL refuses a socket path over 107 bytes; the path is the directory plus
     "/.s.PGSQL.<port>" (15 bytes with a five-digit port), counted in bytes."""
     assert socket_dir_fits(Path("/" + "d" * 91))  # 92 + 15 = 107
     assert not socket_dir_fits(Path("/" + "d" * 92))  # 108: the old rule (directory ≤ 100) let it by
@@ -197,8 +201,8 @@ def test_infra1_a_unix_socket_of_any_port_must_fit_in_107_bytes() -> None:
 
 
 @pytest.mark.parametrize("run_dir_bytes", [92, 93, 100])
-async def test_infra1_postgres_starts_under_a_long_home(tmp_home: Path, run_dir_bytes: int) -> None:
-    """A home whose socket directory (`<home>/run`) is 93–100 bytes long used to pass the length
+async def test_postgres_starts_under_a_long_home(tmp_home: Path, run_dir_bytes: int) -> None:
+    """INFRA-1: A home whose socket directory (`<home>/run`) is 93–100 bytes long used to pass the length
     check and then stop PostgreSQL at start-up ("could not create any Unix-domain sockets"), as
     under pytest-xdist's longer temporary paths. Such a home gets a short socket directory."""
     pad = run_dir_bytes - len(str(tmp_home / "x" / "run")) + 1
@@ -210,7 +214,8 @@ async def test_infra1_postgres_starts_under_a_long_home(tmp_home: Path, run_dir_
     assert servers_under(tmp_home) == []
 
 
-async def test_infra1_postgres_on_a_busy_fixed_port_fails_with_the_log(tmp_home: Path) -> None:
+async def test_postgres_on_a_busy_fixed_port_fails_with_the_log(tmp_home: Path) -> None:
+    """INFRA-1"""
     port = free_port()
     blocker = await asyncio.start_server(lambda r, w: None, "127.0.0.1", port)
     try:
@@ -223,18 +228,20 @@ async def test_infra1_postgres_on_a_busy_fixed_port_fails_with_the_log(tmp_home:
         await blocker.wait_closed()
 
 
-def test_infra1_missing_nats_binary_is_a_clear_error(
+def test_missing_nats_binary_is_a_clear_error(
     tmp_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """INFRA-1"""
     monkeypatch.setattr("sys.executable", str(tmp_home / "python"))
     monkeypatch.setenv("PATH", str(tmp_home))
     with pytest.raises(ServerStartError, match="nats-server not found.*NOVELBUS_NATS_URL"):
         asyncio.run(EmbeddedNats(tmp_home).start())
 
 
-async def test_infra2_external_urls_start_nothing(
+async def test_external_urls_start_nothing(
     infra: Infrastructure, tmp_home: Path, namespace: str
 ) -> None:
+    """INFRA-2"""
     lines: list[str] = []
     external = Infrastructure(
         home=tmp_home / "unused",
@@ -254,9 +261,10 @@ async def test_infra2_external_urls_start_nothing(
     assert await _select_one(infra.database_url) == 1  # the external servers still run
 
 
-async def test_infra2_environment_variables_select_external_servers(
+async def test_environment_variables_select_external_servers(
     infra: Infrastructure, tmp_home: Path
 ) -> None:
+    """INFRA-2"""
     env = {
         "NOVELBUS_NATS_URL": infra.nats_url,
         "NOVELBUS_DATABASE_URL": infra.database_url,
@@ -272,7 +280,8 @@ async def test_infra2_environment_variables_select_external_servers(
         assert explicit.nats_url == infra.nats_url
 
 
-async def test_infra2_one_external_one_embedded(infra: Infrastructure, tmp_home: Path) -> None:
+async def test_one_external_one_embedded(infra: Infrastructure, tmp_home: Path) -> None:
+    """INFRA-2"""
     async with Infrastructure(
         home=tmp_home, nats_url=infra.nats_url, fast=True, environ={}
     ) as mixed:

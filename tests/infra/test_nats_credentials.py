@@ -19,8 +19,9 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-async def test_rel11_embedded_nats_refuses_a_connection_without_the_home_credentials(
+async def test_embedded_nats_refuses_a_connection_without_the_home_credentials(
         tmp_home: Path, server_tracker: object) -> None:
+    """REL-11"""
     server = EmbeddedNats(tmp_home / "nats")
     await server.start()
     try:

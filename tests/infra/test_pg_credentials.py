@@ -35,8 +35,9 @@ async def _select_one(dsn: str) -> int:
         await conn.close()
 
 
-async def test_rel11_embedded_postgres_refuses_connections_without_the_home_password(
+async def test_embedded_postgres_refuses_connections_without_the_home_password(
         tmp_home: Path, server_tracker: object, caplog: pytest.LogCaptureFixture) -> None:
+    """REL-11"""
     caplog.set_level(logging.DEBUG)
     lines: list[str] = []
     async with Infrastructure(home=tmp_home, nats_url="nats://127.0.0.1:1", fast=True,
@@ -70,8 +71,9 @@ async def test_rel11_embedded_postgres_refuses_connections_without_the_home_pass
     assert not (tmp_home / "pg" / ".initdb-pwfile").exists()
 
 
-async def test_rel11_a_data_dir_initialised_with_trust_is_migrated_keeping_its_data(
+async def test_a_data_dir_initialised_with_trust_is_migrated_keeping_its_data(
         tmp_home: Path, server_tracker: object) -> None:
+    """REL-11"""
     async with Infrastructure(home=tmp_home, nats_url="nats://127.0.0.1:1", fast=True,
                               environ={}) as infra:
         assert infra.postgres is not None and infra.postgres.pid is not None
@@ -103,8 +105,9 @@ async def test_rel11_a_data_dir_initialised_with_trust_is_migrated_keeping_its_d
     assert password not in (tmp_home / "pg" / "postgres.log").read_text(errors="replace")
 
 
-async def test_rel11_a_replaced_password_file_gives_a_clear_error(
+async def test_a_replaced_password_file_gives_a_clear_error(
         tmp_home: Path, server_tracker: object) -> None:
+    """REL-11"""
     async with Infrastructure(home=tmp_home, nats_url="nats://127.0.0.1:1", fast=True,
                               environ={}) as infra:
         assert infra.postgres is not None and infra.postgres.pid is not None

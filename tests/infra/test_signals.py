@@ -63,11 +63,12 @@ def _server_pids(p: InfraProcess) -> list[int]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_infra1_signal_stops_both_servers_and_leaves_no_orphans(
+def test_signal_stops_both_servers_and_leaves_no_orphans(
     sig: signal.Signals,
     tmp_home: Path,
     start_infra: Callable[[], InfraProcess],
 ) -> None:
+    """INFRA-1"""
     p = start_infra()
     assert p.ready["embedded"] == {"nats": True, "postgres": True}
     assert all(alive(pid) for pid in p.pids.values())
@@ -82,9 +83,10 @@ def test_infra1_signal_stops_both_servers_and_leaves_no_orphans(
     assert not (tmp_home / "pg" / "data" / "postmaster.pid").exists()  # clean shutdown
 
 
-def test_infra1_sigkill_of_parent_takes_servers_down_via_pdeathsig(
+def test_sigkill_of_parent_takes_servers_down_via_pdeathsig(
     tmp_home: Path, start_infra: Callable[[], InfraProcess]
 ) -> None:
+    """INFRA-1"""
     p = start_infra()
     pids = _server_pids(p)
 
@@ -94,9 +96,10 @@ def test_infra1_sigkill_of_parent_takes_servers_down_via_pdeathsig(
     assert servers_under(tmp_home) == []
 
 
-async def test_infra1_restart_after_sigkill_reuses_home_and_keeps_data(
+async def test_restart_after_sigkill_reuses_home_and_keeps_data(
     tmp_home: Path, start_infra: Callable[[], InfraProcess]
 ) -> None:
+    """INFRA-1"""
     first = start_infra()
     pids = _server_pids(first)
     conn = await asyncpg.connect(first.ready["databaseUrl"])
@@ -151,7 +154,8 @@ asyncio.run(main())
 """
 
 
-def test_infra1_atexit_backstop_stops_servers_left_running(tmp_home: Path) -> None:
+def test_atexit_backstop_stops_servers_left_running(tmp_home: Path) -> None:
+    """INFRA-1"""
     pids: dict[str, int] = {}
     set_child_subreaper(True)
     try:

@@ -31,8 +31,9 @@ def _novel_json() -> str:
     return json.dumps(data, indent=2)
 
 
-async def test_ops2_create_pause_switch_resume_follow_to_finished_in_a_browser(
+async def test_create_pause_switch_resume_follow_to_finished_in_a_browser(
         panel: Panel, browser: Any, shots: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """OPS-2"""
     caplog.set_level(logging.DEBUG)
     pool = panel.rt.ctx.pool
     context = await browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
@@ -130,8 +131,9 @@ async def test_ops2_create_pause_switch_resume_follow_to_finished_in_a_browser(
     await context.close()
 
 
-async def test_ops2_a_bad_file_shows_the_field_error_and_creates_nothing(
+async def test_a_bad_file_shows_the_field_error_and_creates_nothing(
         panel: Panel, browser: Any, shots: Path, tmp_path: Path) -> None:
+    """OPS-2"""
     data = json.loads(sample_novel_bytes())
     data["outline"]["scenes"][0]["participants"] = ["nobody-here"]
     bad = tmp_path / "bad-novel.json"

@@ -82,7 +82,8 @@ async def _novel(panel: Panel, *, start: bool) -> str:
     return await actions.create(panel.rt.ctx, nf.model_copy(update={"config": config}), start=start)
 
 
-async def test_ops2_state_changes_need_a_post_with_the_csrf_token_from_the_same_origin(panel: Panel) -> None:
+async def test_state_changes_need_a_post_with_the_csrf_token_from_the_same_origin(panel: Panel) -> None:
+    """OPS-2"""
     novel_id = await _novel(panel, start=False)  # nothing publishes a notice: it stays active, idle
     pool = panel.rt.ctx.pool
     pause = f"{panel.url}api/novels/{novel_id}/pause"
@@ -117,7 +118,8 @@ async def test_ops2_state_changes_need_a_post_with_the_csrf_token_from_the_same_
     assert "script-src 'self'" in headers["content-security-policy"]
 
 
-async def test_ops2_events_resume_after_a_reconnect_from_last_event_id(panel: Panel) -> None:
+async def test_events_resume_after_a_reconnect_from_last_event_id(panel: Panel) -> None:
+    """OPS-2"""
     novel_id = await _novel(panel, start=False)
     ctx = panel.rt.ctx
     for _ in range(3):  # five events of this novel on the stream: created by the panel's own actions
@@ -137,8 +139,8 @@ async def test_ops2_events_resume_after_a_reconnect_from_last_event_id(panel: Pa
         assert status == 400 and b"Last-Event-ID" in body, (bad, status)
 
 
-async def test_ops2_a_port_in_use_is_a_panel_error_naming_it(panel: Panel) -> None:
-    """uvicorn's own bind failure is a SystemExit(3) that escaped the event loop: `novelbus panel`
+async def test_a_port_in_use_is_a_panel_error_naming_it(panel: Panel) -> None:
+    """OPS-2: uvicorn's own bind failure is a SystemExit(3) that escaped the event loop: `novelbus panel`
     on a busy port printed uvicorn's bare log line and no error of ours. The panel binds first."""
     import socket
 
@@ -152,7 +154,8 @@ async def test_ops2_a_port_in_use_is_a_panel_error_naming_it(panel: Panel) -> No
         assert (await http(url))[0] == 200
 
 
-async def test_ops2_a_token_guards_the_panel_and_logs_in_by_post(panel: Panel) -> None:
+async def test_a_token_guards_the_panel_and_logs_in_by_post(panel: Panel) -> None:
+    """OPS-2"""
     with pytest.raises(PanelError, match="needs a token"):
         resolve_token("0.0.0.0", None)
     with pytest.raises(PanelError, match="at least 16"):
@@ -178,8 +181,8 @@ async def test_ops2_a_token_guards_the_panel_and_logs_in_by_post(panel: Panel) -
         assert (await http(base + "api/novels", headers=session))[0] == 200
 
 
-async def test_ops2_the_novels_api_says_why_a_novel_paused(panel: Panel) -> None:
-    """A budget pause by the driver: reason and detail, as `status` shows them."""
+async def test_the_novels_api_says_why_a_novel_paused(panel: Panel) -> None:
+    """OPS-2: A budget pause by the driver: reason and detail, as `status` shows them."""
     nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
     budgets = nf.config.budgets.model_copy(update={"maxTurns": 2})
     config = nf.config.model_copy(update={"writerMode": "inline", "budgets": budgets})
@@ -207,8 +210,8 @@ async def test_ops2_the_novels_api_says_why_a_novel_paused(panel: Panel) -> None
     assert len(detail["usage"]["recent"]) == 2 and detail["counters"]["turns"] == 2
 
 
-async def test_ops2_an_uploaded_file_that_is_not_utf8_is_refused_by_name(panel: Panel) -> None:
-    """A Latin-1 file uploaded to create: a 422 saying so (it was a 500 from the decoder), nothing
+async def test_an_uploaded_file_that_is_not_utf8_is_refused_by_name(panel: Panel) -> None:
+    """OPS-2: A Latin-1 file uploaded to create: a 422 saying so (it was a 500 from the decoder), nothing
     created — the CLI's message, since both read a novel file the same way."""
     csrf = await csrf_of(panel.url)
     boundary = "novelbus-test-boundary"
@@ -224,7 +227,8 @@ async def test_ops2_an_uploaded_file_that_is_not_utf8_is_refused_by_name(panel: 
     assert await store.list_novels(panel.rt.ctx.pool) == before
 
 
-def test_ops2_create_errors_name_the_field() -> None:
+def test_create_errors_name_the_field() -> None:
+    """OPS-2"""
     assert field_errors("outline: Value error, scenes[0].participants: unknown character 'x'") == [
         {"field": "outline.scenes[0].participants", "message": "unknown character 'x'"}]
     assert field_errors("title: Field required; not valid JSON: line 1 column 2: oops") == [
@@ -254,7 +258,8 @@ async def _serve_command(args: list[str], env: dict[str, str]) -> tuple[str, int
     return url, proc.returncode, err.decode()
 
 
-async def test_ops2_panel_and_up_panel_print_their_url_and_serve_it(panel: Panel, nats_url: str) -> None:
+async def test_panel_and_up_panel_print_their_url_and_serve_it(panel: Panel, nats_url: str) -> None:
+    """OPS-2"""
     dsn = panel.rt.ctx.pool._connect_args[0]  # type: ignore[attr-defined]
     flags = ["--nats-url", nats_url, "--database-url", dsn, "--namespace", panel.rt.ctx.subjects.namespace]
     env = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")} | {"COLUMNS": "200"}

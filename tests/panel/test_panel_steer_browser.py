@@ -27,8 +27,9 @@ pytestmark = pytest.mark.timeout(180)
 DIRECTIVE = "Let it rain in every scene of the new chapter, softly."
 
 
-async def test_ops2_plan1_plan4_plan5_steer_a_budget_paused_novel_from_the_novel_page(
+async def test_steer_a_budget_paused_novel_from_the_novel_page(
         panel: Panel, browser: Any, shots: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """OPS-2, PLAN-1, PLAN-4, PLAN-5"""
     caplog.set_level(logging.DEBUG)
     ctx = panel.rt.ctx
     pool = ctx.pool

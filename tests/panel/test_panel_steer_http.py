@@ -34,7 +34,8 @@ def _multipart(fields: dict[str, str], file: tuple[str, bytes] | None = None) ->
         "Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
-async def test_ops2_plan1_revise_from_the_panel_cas_field_errors_and_csrf(panel: Panel) -> None:
+async def test_revise_from_the_panel_cas_field_errors_and_csrf(panel: Panel) -> None:
+    """OPS-2, PLAN-1"""
     pool = panel.rt.ctx.pool
     novel_id = await _novel(panel, start=False)
     await store.pause_novel(pool, novel_id, "user-request")
@@ -95,7 +96,8 @@ async def test_ops2_plan1_revise_from_the_panel_cas_field_errors_and_csrf(panel:
     assert len(await store.list_revisions(pool, novel_id)) == 2
 
 
-async def test_ops2_plan4_plan5_directives_and_config_from_the_panel(panel: Panel) -> None:
+async def test_directives_and_config_from_the_panel(panel: Panel) -> None:
+    """OPS-2, PLAN-4, PLAN-5"""
     pool = panel.rt.ctx.pool
     novel_id = await _novel(panel, start=False)
     await store.pause_novel(pool, novel_id, "user-request")
@@ -151,8 +153,8 @@ async def test_ops2_plan4_plan5_directives_and_config_from_the_panel(panel: Pane
     assert status == 404 and b"not found" in raw
 
 
-async def test_ops2_steering_without_a_driver_says_so(panel: Panel) -> None:
-    """A panel on subjects nobody serves (no driver running): 503 with what to start."""
+async def test_steering_without_a_driver_says_so(panel: Panel) -> None:
+    """OPS-2: A panel on subjects nobody serves (no driver running): 503 with what to start."""
     novel_id = await _novel(panel, start=False)
     lonely = dataclasses.replace(panel.rt.ctx, subjects=Subjects(panel.rt.ctx.subjects.namespace + "x"))
     async with panel_server(lonely, PanelOptions(port=0)) as url:
@@ -165,8 +167,8 @@ async def test_ops2_steering_without_a_driver_says_so(panel: Panel) -> None:
     assert (await store.get_novel(panel.rt.ctx.pool, novel_id)).config.budgets.maxTurns == 200
 
 
-async def test_ops2_plan1_revise_a_running_novel_from_the_panel(panel: Panel) -> None:
-    """A novel being written gets a chapter from the panel (held while a unit is claimed, PLAN-1)
+async def test_revise_a_running_novel_from_the_panel(panel: Panel) -> None:
+    """OPS-2, PLAN-1: A novel being written gets a chapter from the panel (held while a unit is claimed, PLAN-1)
     and finishes with it: the revision is in the ledger before `novel.finished`."""
     ctx = panel.rt.ctx
     data = generate_novel_file(1, 6, seed=2, unit_chars=300)

@@ -46,8 +46,9 @@ reasons = st.sampled_from(["verify:schema", "pack-error", "dispatch-limit", "com
 
 @PURE
 @given(budgets_st, counts, counts, counts)
-def test_drv4_a_committed_turn_always_schedules_the_next_unit_once(b: Budgets, stall: int, fails: int,
+def test_a_committed_turn_always_schedules_the_next_unit_once(b: Budgets, stall: int, fails: int,
                                                                    lost: int) -> None:
+    """DRV-4"""
     d = after_turn(unit_id="u-1", claim_id="c-9", ok=True, reason="committed", budgets=b, stall_count=stall,
                    consecutive_failures=fails, external_failures=lost)
     assert d == NextUnit(dedupe="after-u-1-c-9")  # REL-2: one de-duplicated notice per claim
@@ -55,7 +56,8 @@ def test_drv4_a_committed_turn_always_schedules_the_next_unit_once(b: Budgets, s
 
 @PURE
 @given(budgets_st, counts, counts, reasons)
-def test_drv6_failed_turns_pause_exactly_at_the_limits(b: Budgets, stall: int, fails: int, reason: str) -> None:
+def test_failed_turns_pause_exactly_at_the_limits(b: Budgets, stall: int, fails: int, reason: str) -> None:
+    """DRV-6"""
     if reason in EXTERNAL_REASONS:
         return
     d = after_turn(unit_id="u-1", claim_id="c", ok=False, reason=reason, budgets=b, stall_count=stall,
@@ -71,9 +73,9 @@ def test_drv6_failed_turns_pause_exactly_at_the_limits(b: Budgets, stall: int, f
 
 @PURE
 @given(budgets_st, counts, counts, counts, st.sampled_from(EXTERNAL_REASONS))
-def test_drv4_provider_outages_retry_with_growing_backoff_then_pause(b: Budgets, stall: int, fails: int,
+def test_provider_outages_retry_with_growing_backoff_then_pause(b: Budgets, stall: int, fails: int,
                                                                      lost: int, reason: str) -> None:
-    """externalRetry: the stall and failure counters do not apply to a provider outage."""
+    """DRV-4: externalRetry: the stall and failure counters do not apply to a provider outage."""
     assert turn_kind(False, reason) == "external"
     d = after_turn(unit_id="u", claim_id="c", ok=False, reason=reason, budgets=b, stall_count=stall,
                    consecutive_failures=fails, external_failures=lost)
@@ -95,7 +97,8 @@ def test_turn_kind_classifies_outcomes() -> None:
 
 @PURE
 @given(budgets_st, st.integers(0, 60), st.floats(0, 20_000, allow_nan=False))
-def test_drv4_budget_pauses_before_a_unit_starts(b: Budgets, turns: int, elapsed_ms: float) -> None:
+def test_budget_pauses_before_a_unit_starts(b: Budgets, turns: int, elapsed_ms: float) -> None:
+    """DRV-4"""
     d = budget_exhausted(b, turns=turns, elapsed_ms=elapsed_ms)
     if turns >= b.maxTurns:
         assert d == Pause("budget", f"maxTurns {b.maxTurns} reached")
@@ -105,7 +108,8 @@ def test_drv4_budget_pauses_before_a_unit_starts(b: Budgets, turns: int, elapsed
         assert d is None
 
 
-def test_spec16_prepared_units_of_removed_scenes_are_found() -> None:
+def test_prepared_units_of_removed_scenes_are_found() -> None:
+    """SPEC §16"""
     chapters = [Chapter(chapterId="a", order=1, title="First")]
     scenes = [Scene(sceneId="a1", chapterId="a", order=1, goal="Row out."),
               Scene(sceneId="a2", chapterId="a", order=2, goal="Search the room.")]

@@ -35,7 +35,7 @@ def book(n: int) -> list[CommitView]:
 
 
 @given(n=st.integers(0, 40), data=st.data())
-def test_issue14_merge_of_known_and_the_commits_after_it_is_the_whole_index(n: int, data: st.DataObject) -> None:
+def test_merge_of_known_and_the_commits_after_it_is_the_whole_index(n: int, data: st.DataObject) -> None:
     """CTX-4 holds: whatever was known (a prefix of the book) and whatever asOf the read has,
     known + the commits the statement read after it = the commits a whole read gives."""
     commits = book(n)
@@ -49,7 +49,7 @@ def test_issue14_merge_of_known_and_the_commits_after_it_is_the_whole_index(n: i
     assert merge(known, 0, visible, up_to) == visible
 
 
-def test_issue14_merge_refuses_a_read_that_does_not_follow_what_was_known() -> None:
+def test_merge_refuses_a_read_that_does_not_follow_what_was_known() -> None:
     known = Known(tuple(book(3)), "m3")
     with pytest.raises(ValueError, match="knew up to 3"):
         merge(known, 2, [commit(3)], None)
@@ -57,7 +57,7 @@ def test_issue14_merge_refuses_a_read_that_does_not_follow_what_was_known() -> N
         merge(known, 3, [commit(3), commit(4)], None)
 
 
-def test_issue14_the_process_index_is_bounded_and_drops_the_least_recently_read() -> None:
+def test_the_process_index_is_bounded_and_drops_the_least_recently_read() -> None:
     cache = CommitIndexCache(max_commits=10)
     cache.remember("a", 0, book(4), "m4")
     cache.remember("b", 0, book(4), "m4")
@@ -88,7 +88,7 @@ def unit(i: int, state: str, attempt: int = 0) -> UnitView:
 
 
 @given(st.lists(st.tuples(st.integers(0, 12), st.sampled_from(STATES)), max_size=40), st.data())
-def test_issue14_known_units_and_the_units_written_since_are_all_units(
+def test_known_units_and_the_units_written_since_are_all_units(
     writes: list[tuple[int, str]], data: st.DataObject
 ) -> None:
     """Whatever was known at some point of a history of unit writes (creations and state
@@ -114,7 +114,7 @@ def test_issue14_known_units_and_the_units_written_since_are_all_units(
     assert merge_units(known, False, everything) == everything
 
 
-def test_issue14_the_process_units_are_bounded_and_a_read_replaces_them() -> None:
+def test_the_process_units_are_bounded_and_a_read_replaces_them() -> None:
     cache = UnitsCache(max_units=5)
     cache.remember("a", False, [(1, unit(1, "prepared")), (2, unit(2, "prepared"))], "s1", "m")
     cache.remember("b", False, [(1, unit(1, "prepared")), (2, unit(2, "claimed"))], "s1", "m")
@@ -126,7 +126,7 @@ def test_issue14_the_process_units_are_bounded_and_a_read_replaces_them() -> Non
     assert (cache.full_reads, cache.partial_reads) == (3, 1)
 
 
-def test_issue14_a_unit_created_before_a_known_one_but_seen_after_it_is_placed_by_creation() -> None:
+def test_a_unit_created_before_a_known_one_but_seen_after_it_is_placed_by_creation() -> None:
     """Creation seqs are given at INSERT, visibility at COMMIT: a read may know unit 3 but not
     unit 2 yet. Unit 2 arriving later (with unit 3 changed) lands between 1 and 3, and 3 is
     replaced, not duplicated (the known units are searched by bisection on `created_seq`)."""
@@ -136,7 +136,7 @@ def test_issue14_a_unit_created_before_a_known_one_but_seen_after_it_is_placed_b
         (1, unit(1, "committed")), (2, unit(2, "committed")), (3, unit(3, "claimed")), (4, unit(4, "prepared"))]
 
 
-def test_issue14_units_numbered_otherwise_are_merged_by_id() -> None:
+def test_units_numbered_otherwise_are_merged_by_id() -> None:
     """A row whose `created_seq` names another known unit (not this store's numbering) is not
     taken for it: the merge falls back to matching units by id."""
     known = KnownUnits(((1, unit(1, "committed")), (2, unit(2, "prepared"))), "s", "m")

@@ -155,7 +155,8 @@ def test_business_hash_deterministic_and_sensitive(b: CommitBody) -> None:
     assert business_hash(changed) != business_hash(b)
 
 
-def test_store3_rewrite_sources_points_inline_at_the_commit() -> None:
+def test_rewrite_sources_points_inline_at_the_commit() -> None:
+    """STORE-3"""
     b = body(sources=["inline", "inline#1", "commit-3#0"])
     (change,) = rewrite_sources(b, "commit-7")
     assert change.sources == ["commit-7", "commit-7#1", "commit-3#0"]
@@ -233,7 +234,7 @@ _SOURCES = st.one_of(
 @given(st.lists(st.lists(_SOURCES, min_size=1, max_size=3), max_size=3),
        st.dictionaries(st.integers(1, 4).map(lambda n: f"commit-{n}"), st.integers(1, 4)))
 @PURE
-def test_perf2_commit_references_are_what_the_source_check_needs_from_the_book(
+def test_commit_references_are_what_the_source_check_needs_from_the_book(
         sources: list[list[str]], known: dict[str, int]) -> None:
     """PERF-2 (nb_commit_body checks sources in SQL): a body whose database-free checks pass
     fails the source check against a book exactly when a commit it references is missing or

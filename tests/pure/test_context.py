@@ -120,16 +120,18 @@ GOOD = {
         ("as_of", True, "asOf must be a commit seq >= 0"),
     ],
 )
-def test_ctx1_unknown_or_bad_input_is_rejected_naming_it(
+def test_unknown_or_bad_input_is_rejected_naming_it(
     field: str, value: object, named: str
 ) -> None:
+    """CTX-1"""
     with pytest.raises(ContextInputError) as err:
         validate_request(**{**GOOD, field: value})  # type: ignore[arg-type]
     assert named in str(err.value)
     assert err.value.code == "context-input"
 
 
-def test_ctx1_every_known_value_is_accepted_and_kept() -> None:
+def test_every_known_value_is_accepted_and_kept() -> None:
+    """CTX-1"""
     for scenario in ("generation", "extraction", "planning", "detection"):
         for purpose in ("production", "evaluation", "diagnostic"):
             for profile in PROFILES:
@@ -139,14 +141,16 @@ def test_ctx1_every_known_value_is_accepted_and_kept() -> None:
                 assert (req.scenario, req.purpose, req.profile) == (scenario, purpose, profile)
 
 
-def test_ctx1_the_assembler_never_defaults_a_bad_scenario_or_purpose() -> None:
+def test_the_assembler_never_defaults_a_bad_scenario_or_purpose() -> None:
+    """CTX-1"""
     snapshot, unit_id = BOOK[1]
     for kw in ({"scenario": "write"}, {"purpose": "prod"}, {"profile": "medium"}):
         with pytest.raises(ContextInputError):
             freeze(snapshot, unit_id, **kw)
 
 
-def test_ctx1_ctx8_writer_projection_serves_generation_only() -> None:
+def test_writer_projection_serves_generation_only() -> None:
+    """CTX-1, CTX-8"""
     snapshot, unit_id = BOOK[1]
     for scenario in ("extraction", "planning", "detection"):
         frozen = freeze(snapshot, unit_id, scenario=scenario)
@@ -154,7 +158,8 @@ def test_ctx1_ctx8_writer_projection_serves_generation_only() -> None:
             render_writer_pack(frozen, "full")
 
 
-def test_ctx1_as_of_must_name_an_existing_commit_before_the_units_own() -> None:
+def test_as_of_must_name_an_existing_commit_before_the_units_own() -> None:
+    """CTX-1"""
     snapshot = FINAL  # every unit committed
     with pytest.raises(ContextInputError, match="after the novel's latest commit"):
         freeze(snapshot, "u0003", as_of=snapshot.as_of_seq + 1)
@@ -164,7 +169,8 @@ def test_ctx1_as_of_must_name_an_existing_commit_before_the_units_own() -> None:
     assert freeze(snapshot, "u0003").manifest.request.as_of == own - 1
 
 
-def test_ctx1_manifest_summary_is_for_diagnostic_purpose_only() -> None:
+def test_manifest_summary_is_for_diagnostic_purpose_only() -> None:
+    """CTX-1"""
     snapshot, unit_id = BOOK[5]
     with pytest.raises(ContextInputError, match="purpose 'diagnostic'"):
         manifest_summary(freeze(snapshot, unit_id))
@@ -175,7 +181,8 @@ def test_ctx1_manifest_summary_is_for_diagnostic_purpose_only() -> None:
 # --- CTX-2: the plan is fixed from the outline before anything is read ------------------------
 
 
-def test_ctx2_plan_depends_on_outline_and_unit_only_not_on_commits() -> None:
+def test_plan_depends_on_outline_and_unit_only_not_on_commits() -> None:
+    """CTX-2"""
     snapshot, unit_id = BOOK[3]
     frozen = freeze(snapshot, unit_id)
     request = frozen.manifest.request
@@ -208,8 +215,8 @@ def test_ctx2_plan_depends_on_outline_and_unit_only_not_on_commits() -> None:
     assert freeze(replanned, unit_id).manifest.plan_sha256 != frozen.manifest.plan_sha256
 
 
-def test_ctx2_ctx4_prose_is_read_only_by_pointer() -> None:
-    """Bounded reads the current chapter's commits; wide adds the four preceding chapters and
+def test_prose_is_read_only_by_pointer() -> None:
+    """CTX-2, CTX-4: Bounded reads the current chapter's commits; wide adds the four preceding chapters and
     the commits participants' canon facts point at — nothing else."""
     snapshot, unit_id = LONG[-1]  # chapter 7
     unit = unit_of(snapshot, unit_id)
@@ -251,7 +258,8 @@ def _with_fact(snapshot: NovelSnapshot, commit_index: int, fact: CanonChange) ->
     return msgspec.structs.replace(snapshot, commits=commits)
 
 
-def test_ctx3_a_card_without_a_verifiable_pointer_is_only_a_hint() -> None:
+def test_a_card_without_a_verifiable_pointer_is_only_a_hint() -> None:
+    """CTX-3"""
     snapshot, unit_id = BOOK[4]  # chapter 2, first scene; participants include wren
     last = len(snapshot.commits) - 1
     bogus = [
@@ -291,7 +299,8 @@ def test_ctx3_a_card_without_a_verifiable_pointer_is_only_a_hint() -> None:
     assert verified and all(card.verified for card in verified)
 
 
-def test_ctx3_recall_returns_the_prose_a_card_points_at_not_its_summary() -> None:
+def test_recall_returns_the_prose_a_card_points_at_not_its_summary() -> None:
+    """CTX-3"""
     snapshot, unit_id = LONG[-1]
     frozen = freeze(snapshot, unit_id, profile="wide")
     recall = frozen.context.l1.recall
@@ -308,8 +317,8 @@ def test_ctx3_recall_returns_the_prose_a_card_points_at_not_its_summary() -> Non
 # --- CTX-4: every source at or before asOf, fail closed ---------------------------------------
 
 
-def test_ctx4_future_commits_never_leak_into_context_or_pack() -> None:
-    """Render an earlier unit's context from the FINAL snapshot: everything after its asOf
+def test_future_commits_never_leak_into_context_or_pack() -> None:
+    """CTX-4: Render an earlier unit's context from the FINAL snapshot: everything after its asOf
     (prose, canon facts, lengths, foreshadowing) must be invisible."""
     marker = "Futuremark"
     final = FINAL
@@ -353,7 +362,8 @@ def _sources(snapshot: NovelSnapshot, unit_id: str, profile: str = "bounded"):  
     )
 
 
-def test_ctx4_a_planted_future_source_fails_closed() -> None:
+def test_a_planted_future_source_fails_closed() -> None:
+    """CTX-4"""
     snapshot, unit_id = BOOK[3]
     sources = _sources(snapshot, unit_id)
     future = msgspec.structs.replace(
@@ -378,8 +388,8 @@ def test_ctx4_a_planted_future_source_fails_closed() -> None:
     assert assemble_context(sources).context_sha256
 
 
-def test_ctx4_proven_once_per_sources_object_and_a_failure_is_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 14: the store and the assembly prove the same sources object once between them; a
+def test_proven_once_per_sources_object_and_a_failure_is_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CTX-4: Issue 14: the store and the assembly prove the same sources object once between them; a
     proof that failed fails again each time it is asked (nothing remembers a failure as a pass)."""
     import novelbus.novel.context._sources as module
 
@@ -406,9 +416,10 @@ def test_ctx4_proven_once_per_sources_object_and_a_failure_is_never_kept(monkeyp
 
 @given(claimed_snapshots(), st.sampled_from(PROFILES), st.randoms(use_true_random=False))
 @PURE
-def test_ctx5_same_sources_same_context_and_manifest_hashes(
+def test_same_sources_same_context_and_manifest_hashes(
     claimed: tuple[NovelSnapshot, UnitView], profile: str, rnd: random.Random
 ) -> None:
+    """CTX-5"""
     snapshot, unit = claimed
     a = freeze(snapshot, unit.unit_id, profile=profile)
     shuffled = list(snapshot.commits)
@@ -423,10 +434,10 @@ def test_ctx5_same_sources_same_context_and_manifest_hashes(
 
 @given(claimed_snapshots(), st.sampled_from(PROFILES))
 @PURE
-def test_ctx5_ranked_candidates_follow_the_one_ordering(
+def test_ranked_candidates_follow_the_one_ordering(
     claimed: tuple[NovelSnapshot, UnitView], profile: str
 ) -> None:
-    """Within each ranked kind, included sources come in ``score DESC, sourceVersion ASC,
+    """CTX-5: Within each ranked kind, included sources come in ``score DESC, sourceVersion ASC,
     sourceId ASC, sourceOffset ASC`` order and every omitted candidate ranks after every
     included one that lost to a cap or budget."""
     snapshot, unit = claimed
@@ -447,7 +458,8 @@ def test_ctx5_ranked_candidates_follow_the_one_ordering(
             assert max(kept) < min(cut), kind
 
 
-def test_ctx5_bounded_window_and_caps_are_recorded_as_trims_and_omissions() -> None:
+def test_bounded_window_and_caps_are_recorded_as_trims_and_omissions() -> None:
+    """CTX-5"""
     snapshot, unit_id = BOOK[-1]  # chapter 3: long prose, many canon facts
     frozen = freeze(snapshot, unit_id)
     m = frozen.manifest
@@ -471,7 +483,8 @@ def test_ctx5_bounded_window_and_caps_are_recorded_as_trims_and_omissions() -> N
         assert all(p not in blob for p in c.paragraphs)
 
 
-def test_ctx5_wide_recall_is_trimmed_stably_and_recorded() -> None:
+def test_wide_recall_is_trimmed_stably_and_recorded() -> None:
+    """CTX-5"""
     snapshot, unit_id = LONG[-1]
     tight = msgspec.structs.replace(BUDGETS["wide"], recall_excerpts=2, recall_chars=10_000)
     frozen = freeze(snapshot, unit_id, profile="wide", budget=tight)
@@ -491,7 +504,8 @@ def test_ctx5_wide_recall_is_trimmed_stably_and_recorded() -> None:
     assert any(t.kind == "recall" for t in small.manifest.trims)
 
 
-def test_ctx5_baseline_or_l0_that_cannot_fit_fails_loud() -> None:
+def test_baseline_or_l0_that_cannot_fit_fails_loud() -> None:
+    """CTX-5"""
     snapshot, unit_id = LONG[-1]
     frozen = freeze(snapshot, unit_id, profile="wide")
     used = frozen.manifest.used_tokens
@@ -510,7 +524,8 @@ def test_ctx5_baseline_or_l0_that_cannot_fit_fails_loud() -> None:
 # --- CTX-7: four layers ---------------------------------------------------------------------
 
 
-def test_ctx7_four_layers_with_their_contents() -> None:
+def test_four_layers_with_their_contents() -> None:
+    """CTX-7"""
     snapshot, unit_id = BOOK[6]  # false-light, second fragment
     ctx = freeze(snapshot, unit_id).context
     unit = unit_of(snapshot, unit_id)
@@ -607,7 +622,7 @@ def test_wide_recall_is_deduplicated_by_immutable_source_and_skips_the_baseline(
 
 @given(outlines(max_chapters=4), st.data())
 @PURE_SLOW
-def test_pack3_wide_prefix_stable_within_chapter(outline: Outline, data: st.DataObject) -> None:
+def test_wide_prefix_stable_within_chapter(outline: Outline, data: st.DataObject) -> None:
     """PACK-3 for the wide profile: the earlier-chapters block closes the prefix and is
     byte-identical for every unit of one chapter."""
     snapshot = base_snapshot(outline, LengthBudget(kind="unbounded"))
@@ -697,10 +712,10 @@ CREATIVE_KEYS = {
 
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_ctx8_sample_packs_carry_no_ids_hashes_manifests_or_verdicts(
+def test_sample_packs_carry_no_ids_hashes_manifests_or_verdicts(
     shape: str, profile: str
 ) -> None:
-    """Every pack of the sample novel: none of the context's hashes, the plan or manifest, the
+    """CTX-8: Every pack of the sample novel: none of the context's hashes, the plan or manifest, the
     outline revision, body hashes, or words naming runs, claims, permissions or verdicts."""
     for snapshot, unit_id in BOOK:
         frozen = freeze(snapshot, unit_id, profile=profile)
@@ -727,7 +742,8 @@ def test_ctx8_sample_packs_carry_no_ids_hashes_manifests_or_verdicts(
         assert pack.context_sha256 == frozen.context_sha256
 
 
-def test_ctx9_pack_reports_the_context_it_projects() -> None:
+def test_pack_reports_the_context_it_projects() -> None:
+    """CTX-9"""
     snapshot, unit_id = BOOK[2]
     frozen = freeze(snapshot, unit_id)
     pack = render_pack(snapshot, unit_id, "full")
@@ -740,7 +756,8 @@ def test_ctx9_pack_reports_the_context_it_projects() -> None:
     assert render_pack(snapshot, unit_id, "trimmed").context_sha256 == frozen.context_sha256
 
 
-def test_pack4_errors_from_the_assembler_keep_their_contract() -> None:
+def test_errors_from_the_assembler_keep_their_contract() -> None:
+    """PACK-4"""
     snapshot, unit_id = BOOK[0]
     with pytest.raises(WriterPackError) as err:
         freeze(snapshot, "u-missing")

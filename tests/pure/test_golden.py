@@ -28,7 +28,8 @@ POSITIONS = {"first": 0, "middle": len(BOOK) // 2, "last": len(BOOK) - 1}
 
 @pytest.mark.parametrize("shape", ["full", "trimmed"])
 @pytest.mark.parametrize("position", list(POSITIONS))
-def test_pack1_golden_sample_pack(position: str, shape: str) -> None:
+def test_golden_sample_pack(position: str, shape: str) -> None:
+    """PACK-1"""
     snapshot, unit_id = BOOK[POSITIONS[position]]
     pack = render_pack(snapshot, unit_id, shape)  # type: ignore[arg-type]
     path = GOLDEN / f"sample-{position}-{shape}.txt"

@@ -75,7 +75,8 @@ GOOD = [
 
 
 @pytest.mark.parametrize(("paragraph", "rule"), BAD)
-def test_store6_guard_catches_bookkeeping(paragraph: str, rule: str) -> None:
+def test_guard_catches_bookkeeping(paragraph: str, rule: str) -> None:
+    """STORE-6"""
     hit = check_paragraph(paragraph)
     assert hit is not None and hit[0] == rule
     with pytest.raises(ProseGuardError) as err:
@@ -87,11 +88,13 @@ def test_store6_guard_catches_bookkeeping(paragraph: str, rule: str) -> None:
 
 
 @pytest.mark.parametrize("paragraph", GOOD)
-def test_store6_guard_passes_ordinary_prose(paragraph: str) -> None:
+def test_guard_passes_ordinary_prose(paragraph: str) -> None:
+    """STORE-6"""
     guard_prose([paragraph])
 
 
-def test_store6_guard_error_names_index_and_rule_never_the_text() -> None:
+def test_guard_error_names_index_and_rule_never_the_text() -> None:
+    """STORE-6"""
     secret = "Mara whispered the password swordfish-7781 and then: Chapter 9"
     with pytest.raises(ProseGuardError) as err:
         guard_prose(["Fine.", "Also fine.", secret])
@@ -100,7 +103,8 @@ def test_store6_guard_error_names_index_and_rule_never_the_text() -> None:
     assert "swordfish" not in message and "Mara" not in message and "Chapter 9" not in message
 
 
-def test_store6_guard_rules_are_named() -> None:
+def test_guard_rules_are_named() -> None:
+    """STORE-6"""
     assert set(RULES) >= {
         "chapter-number",
         "scene-number",
@@ -116,7 +120,8 @@ def test_store6_guard_rules_are_named() -> None:
 
 @given(st.lists(prose_paragraphs(max_sentences=8), min_size=1, max_size=6))
 @PURE
-def test_store6_generated_ordinary_prose_passes(paragraphs: list[str]) -> None:
+def test_generated_ordinary_prose_passes(paragraphs: list[str]) -> None:
+    """STORE-6"""
     guard_prose(paragraphs)
 
 
@@ -126,9 +131,10 @@ def test_store6_generated_ordinary_prose_passes(paragraphs: list[str]) -> None:
     st.data(),
 )
 @PURE
-def test_store6_bad_pattern_anywhere_is_caught_at_its_index(
+def test_bad_pattern_anywhere_is_caught_at_its_index(
     paragraphs: list[str], bad: tuple[str, str], data: st.DataObject
 ) -> None:
+    """STORE-6"""
     index = data.draw(st.integers(0, len(paragraphs)))
     paragraphs = [*paragraphs[:index], bad[0], *paragraphs[index:]]
     with pytest.raises(ProseGuardError) as err:
@@ -162,13 +168,15 @@ _FRAGMENTS = [
 
 @given(st.lists(st.sampled_from(_FRAGMENTS), max_size=14).map("".join))
 @PURE
-def test_store6_gated_guard_is_the_ungated_guard_on_pattern_fragments(paragraph: str) -> None:
+def test_gated_guard_is_the_ungated_guard_on_pattern_fragments(paragraph: str) -> None:
+    """STORE-6"""
     assert check_paragraph(paragraph) == check_paragraph_ungated(paragraph)
 
 
 @given(st.text(max_size=60))
 @PURE
-def test_store6_gated_guard_is_the_ungated_guard_on_any_text(paragraph: str) -> None:
+def test_gated_guard_is_the_ungated_guard_on_any_text(paragraph: str) -> None:
+    """STORE-6"""
     assert check_paragraph(paragraph) == check_paragraph_ungated(paragraph)
 
 
@@ -183,5 +191,6 @@ _TRAPS = [
 
 
 @pytest.mark.parametrize("paragraph", [p for p, _ in BAD] + GOOD + _TRAPS)
-def test_store6_gated_guard_is_the_ungated_guard_on_the_examples(paragraph: str) -> None:
+def test_gated_guard_is_the_ungated_guard_on_the_examples(paragraph: str) -> None:
+    """STORE-6"""
     assert check_paragraph(paragraph) == check_paragraph_ungated(paragraph)

@@ -68,13 +68,15 @@ def fresh(**kwargs: object) -> NovelSnapshot:
     return base_snapshot(outline(**kwargs), UNBOUNDED)  # type: ignore[arg-type]
 
 
-def test_drv1_first_unit_is_first_scene_of_first_chapter_by_order() -> None:
+def test_first_unit_is_first_scene_of_first_chapter_by_order() -> None:
+    """DRV-1"""
     assert next_work(fresh()) == WriteUnit(
         chapter_id="a", scene_id="a1", unit_id=None, fragment=1, continuation_anchor="Dawn."
     )
 
 
-def test_drv1_outline_order_chapter_then_scene() -> None:
+def test_outline_order_chapter_then_scene() -> None:
+    """DRV-1"""
     s = fresh()
     visited = []
     while isinstance(d := next_work(s), WriteUnit):
@@ -84,7 +86,8 @@ def test_drv1_outline_order_chapter_then_scene() -> None:
     assert next_work(s) == Finish()
 
 
-def test_drv1_continuation_keeps_previous_next_anchor() -> None:
+def test_continuation_keeps_previous_next_anchor() -> None:
+    """DRV-1"""
     s = write(fresh(), done(completed=False, anchor="Halfway up the stair."))
     assert next_work(s) == WriteUnit(
         chapter_id="a",
@@ -101,7 +104,8 @@ def test_drv1_continuation_keeps_previous_next_anchor() -> None:
     assert isinstance(d, WriteUnit) and (d.scene_id, d.fragment) == ("a2", 1)
 
 
-def test_drv1_existing_prepared_unit_is_reused() -> None:
+def test_existing_prepared_unit_is_reused() -> None:
+    """DRV-1"""
     s = fresh()
     d = next_work(s)
     assert isinstance(d, WriteUnit)
@@ -109,7 +113,8 @@ def test_drv1_existing_prepared_unit_is_reused() -> None:
     assert next_work(s) == msgspec.structs.replace(d, unit_id=unit_id)
 
 
-def test_drv1_units_strictly_sequential_claimed_unit_is_in_flight() -> None:
+def test_units_strictly_sequential_claimed_unit_is_in_flight() -> None:
+    """DRV-1"""
     s = fresh()
     d = next_work(s)
     assert isinstance(d, WriteUnit)
@@ -176,7 +181,8 @@ def test_superseded_units_and_their_commits_are_ignored() -> None:
     assert isinstance(d2, WriteUnit) and d2.unit_id is None
 
 
-def test_drv5_completed_chapters_and_remaining_scenes() -> None:
+def test_completed_chapters_and_remaining_scenes() -> None:
+    """DRV-5"""
     s = fresh()
     assert completed_chapters(s) == () and remaining_scenes(s) == 3
     s = write(s, done())
@@ -187,7 +193,8 @@ def test_drv5_completed_chapters_and_remaining_scenes() -> None:
     assert completed_chapters(s) == ("a", "b") and remaining_scenes(s) == 0
 
 
-def test_drv5_finish_blocked_by_required_foreshadowing() -> None:
+def test_finish_blocked_by_required_foreshadowing() -> None:
+    """DRV-5"""
     fs = [
         Foreshadowing(id="scarf", description="d", required=True, status="planted"),
         Foreshadowing(id="ring", description="d", required=False, status="open"),
@@ -255,8 +262,8 @@ def test_decisions_are_tagged_msgspec_structs() -> None:
 
 @given(outlines(max_chapters=3), st.data())
 @PURE
-def test_drv1_property_sequential_in_outline_order(o: Outline, data: st.DataObject) -> None:
-    """Whatever the completion claims, units follow outline order, one at a time, and the book
+def test_property_sequential_in_outline_order(o: Outline, data: st.DataObject) -> None:
+    """DRV-1: Whatever the completion claims, units follow outline order, one at a time, and the book
     ends with every scene finished."""
     s = base_snapshot(o, UNBOUNDED)
     order = [

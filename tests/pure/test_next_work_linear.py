@@ -192,7 +192,8 @@ def messy_snapshots(draw: st.DrawFn) -> NovelSnapshot:
 
 @given(messy_snapshots())
 @PURE
-def test_perf2_grouped_helpers_equal_their_per_scene_definitions(s: NovelSnapshot) -> None:
+def test_grouped_helpers_equal_their_per_scene_definitions(s: NovelSnapshot) -> None:
+    """PERF-2"""
     assert s.outline is not None
     grouped = commits_by_scene(s)
     keys = {(c.chapter_id, c.scene_id) for c in s.commits} | {(x.chapterId, x.sceneId) for x in s.outline.scenes}
@@ -206,7 +207,8 @@ def test_perf2_grouped_helpers_equal_their_per_scene_definitions(s: NovelSnapsho
 
 @given(messy_snapshots())
 @PURE
-def test_drv1_drv5_decision_equals_the_per_scene_reference(s: NovelSnapshot) -> None:
+def test_decision_equals_the_per_scene_reference(s: NovelSnapshot) -> None:
+    """DRV-1, DRV-5"""
     assert list(completed_chapters(s)) == ref_completed_chapters(s)
     assert remaining_scenes(s) == ref_remaining_scenes(s)
     assert finish_violations(s) == ref_finish_violations(s)

@@ -141,7 +141,8 @@ def assert_well_formed(pack: WriterPack, snapshot: NovelSnapshot, unit_id: str) 
 # --- example-based -------------------------------------------------------------------------
 
 
-def test_pack5_shapes_and_block_order_on_the_sample() -> None:
+def test_shapes_and_block_order_on_the_sample() -> None:
+    """PACK-5"""
     snapshot, unit_id = BOOK[4]  # chapter 2, first scene: canon and lore exist, no prose yet
     full = render_pack(snapshot, unit_id, "full")
     trimmed = render_pack(snapshot, unit_id, "trimmed")
@@ -203,7 +204,8 @@ def test_pack_story_chapter_scene_fields_in_fixed_order() -> None:
     assert scene["continuationAnchor"].startswith("The rowing boat grinds")
 
 
-def test_pack3_characters_are_union_of_all_participants_in_declaration_order() -> None:
+def test_characters_are_union_of_all_participants_in_declaration_order() -> None:
+    """PACK-3"""
     snapshot, unit_id = BOOK[0]  # the scene has one participant; the block still holds all four
     lines = parse_pack(render_pack(snapshot, unit_id, "full").text)["characters"]
     heads = [line for line in lines if line.startswith("- ")]
@@ -353,7 +355,8 @@ def test_pack_prose_lines_that_look_like_headers_cannot_split_blocks() -> None:
 # --- PACK-4: fail loud ----------------------------------------------------------------------
 
 
-def test_pack4_no_outline_revision() -> None:
+def test_no_outline_revision() -> None:
+    """PACK-4"""
     snapshot, unit_id = BOOK[0]
     for broken in (
         msgspec.structs.replace(snapshot, outline=None),
@@ -367,7 +370,8 @@ def test_pack4_no_outline_revision() -> None:
             assert err.value.code == "pack-error"
 
 
-def test_pack4_chapter_has_commits_but_prose_tail_is_empty() -> None:
+def test_chapter_has_commits_but_prose_tail_is_empty() -> None:
+    """PACK-4"""
     snapshot, unit_id = BOOK[1]  # chapter 1 has one commit
     blank = msgspec.structs.replace(snapshot.commits[0], paragraphs=["  ", ""])
     broken = msgspec.structs.replace(snapshot, commits=[blank])
@@ -402,7 +406,8 @@ def _seven_character_outline() -> Outline:
     )
 
 
-def test_pack4_participant_covered_by_neither_characters_nor_canon() -> None:
+def test_participant_covered_by_neither_characters_nor_canon() -> None:
+    """PACK-4"""
     snapshot = base_snapshot(_seven_character_outline(), LengthBudget(kind="unbounded"))
     claimed = claim_next(snapshot)
     assert claimed is not None
@@ -423,7 +428,8 @@ def test_pack4_participant_covered_by_neither_characters_nor_canon() -> None:
     assert "characters" not in render_pack(snapshot, unit.unit_id, "trimmed").blocks
 
 
-def test_pack4_participant_covered_by_a_canon_fact_passes() -> None:
+def test_participant_covered_by_a_canon_fact_passes() -> None:
+    """PACK-4"""
     snapshot = base_snapshot(_seven_character_outline(), LengthBudget(kind="unbounded"))
     claimed = claim_next(snapshot)
     assert claimed is not None
@@ -448,7 +454,8 @@ def test_pack4_participant_covered_by_a_canon_fact_passes() -> None:
     assert canon == ["- commit-1 character-state [Person 6 (c6)]: Person 6 waits outside."]
 
 
-def test_pack4_unknown_or_superseded_unit() -> None:
+def test_unknown_or_superseded_unit() -> None:
+    """PACK-4"""
     snapshot, unit_id = BOOK[0]
     with pytest.raises(WriterPackError) as err:
         render_pack(snapshot, "u-nope", "full")
@@ -457,7 +464,8 @@ def test_pack4_unknown_or_superseded_unit() -> None:
         render_pack(set_state(snapshot, unit_id, "superseded"), unit_id, "full")
 
 
-def test_pack4_unit_scene_removed_by_revision() -> None:
+def test_unit_scene_removed_by_revision() -> None:
+    """PACK-4"""
     snapshot, unit_id = BOOK[0]
     assert snapshot.outline is not None
     outline = snapshot.outline.model_copy(
@@ -474,9 +482,10 @@ def test_pack4_unit_scene_removed_by_revision() -> None:
 
 @given(claimed_snapshots(), st.sampled_from(SHAPES))
 @PURE
-def test_pack1_same_snapshot_same_bytes(
+def test_same_snapshot_same_bytes(
     claimed: tuple[NovelSnapshot, UnitView], shape: str
 ) -> None:
+    """PACK-1"""
     snapshot, unit = claimed
     a = render_pack(snapshot, unit.unit_id, shape)  # type: ignore[arg-type]
     copy = msgspec.structs.replace(
@@ -489,8 +498,8 @@ def test_pack1_same_snapshot_same_bytes(
 
 @given(outlines(max_chapters=3), st.data())
 @PURE_SLOW
-def test_pack3_prefix_stable_within_chapter(outline: Outline, data: st.DataObject) -> None:
-    """Every unit of one chapter, within one outline revision, gets byte-identical prefixes."""
+def test_prefix_stable_within_chapter(outline: Outline, data: st.DataObject) -> None:
+    """PACK-3: Every unit of one chapter, within one outline revision, gets byte-identical prefixes."""
     snapshot = base_snapshot(outline, LengthBudget(kind="unbounded"))
     prefixes: dict[tuple[str, str], set[str]] = {}
     for _ in range(25):
@@ -513,9 +522,10 @@ def test_pack3_prefix_stable_within_chapter(outline: Outline, data: st.DataObjec
     claimed_snapshots(), st.sampled_from(SHAPES), st.sampled_from(["premise", "style", "chapter"])
 )
 @PURE
-def test_pack3_prefix_changes_with_outline_revision(
+def test_prefix_changes_with_outline_revision(
     claimed: tuple[NovelSnapshot, UnitView], shape: str, what: str
 ) -> None:
+    """PACK-3"""
     snapshot, unit = claimed
     assert snapshot.outline is not None and snapshot.outline_revision is not None
     outline = snapshot.outline
@@ -543,10 +553,10 @@ PLANTED = "PLANTEDSECRET"
 
 @given(claimed_snapshots(), st.sampled_from(SHAPES))
 @PURE
-def test_ctx8_writer_pack_never_shows_run_ids_hashes_tokens(
+def test_writer_pack_never_shows_run_ids_hashes_tokens(
     claimed: tuple[NovelSnapshot, UnitView], shape: str
 ) -> None:
-    """Fields the writer must not see are planted with markers; none reaches the pack."""
+    """CTX-8: Fields the writer must not see are planted with markers; none reaches the pack."""
     snapshot, unit = claimed
     token = "ab" * 32
     units = [
@@ -576,9 +586,10 @@ def test_ctx8_writer_pack_never_shows_run_ids_hashes_tokens(
 
 @given(claimed_snapshots(outline=outlines(participants_from_first=None)))
 @PURE
-def test_pack4_full_shape_either_covers_every_participant_or_fails_loud(
+def test_full_shape_either_covers_every_participant_or_fails_loud(
     claimed: tuple[NovelSnapshot, UnitView],
 ) -> None:
+    """PACK-4"""
     snapshot, unit = claimed
     assert snapshot.outline is not None
     scene = snapshot.outline.scene(unit.scene_id)

@@ -11,7 +11,8 @@ class Frozen:
         self.value = value
 
 
-def test_perf2_once_per_object_by_identity_and_bounded() -> None:
+def test_once_per_object_by_identity_and_bounded() -> None:
+    """PERF-2"""
     calls: list[int] = []
 
     @per_object
@@ -33,8 +34,8 @@ def test_perf2_once_per_object_by_identity_and_bounded() -> None:
     assert len(calls) == 73
 
 
-def test_perf2_scene_progress_once_per_snapshot() -> None:
-    """The driver's and the tools' questions about one snapshot share one pass over its commits:
+def test_scene_progress_once_per_snapshot() -> None:
+    """PERF-2: The driver's and the tools' questions about one snapshot share one pass over its commits:
     the same snapshot gives the same (immutable) answers, a new one is computed afresh."""
     from novelbus.novel.next_work import completed_chapters, finished_scenes, live_commits
     from tests.pure.test_next_work import done, fresh, write

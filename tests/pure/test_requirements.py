@@ -29,13 +29,15 @@ def ledger(*statuses: str) -> list[RequirementView]:
 
 
 @given(st.lists(st.sampled_from(STATUSES), max_size=12))
-def test_plan4_watermark_is_the_last_sequence_of_the_settled_prefix(statuses: list[str]) -> None:
+def test_watermark_is_the_last_sequence_of_the_settled_prefix(statuses: list[str]) -> None:
+    """PLAN-4"""
     mark = watermark(ledger(*statuses))
     assert all(s in ("applied", "superseded") for s in statuses[:mark])
     assert mark == len(statuses) or statuses[mark] in ("pending", "blocked")
 
 
-def test_plan4_pending_to_applied_blocked_superseded() -> None:
+def test_pending_to_applied_blocked_superseded() -> None:
+    """PLAN-4"""
     lg = ledger("pending", "pending", "pending")
     ts = plan_transitions(lg, [
         RequirementUpdate(requirement_id="req-1", status="applied"),
@@ -64,8 +66,8 @@ def test_plan4_pending_to_applied_blocked_superseded() -> None:
                        resolved_by=ResolvedBy(kind="withdrawal", message_id="m-1")), "requirement-refused",
      "only for a blocked"),
 ])
-def test_plan4_refused_transitions_name_the_rule(update: RequirementUpdate, code: str, says: str) -> None:
-    """SPEC §16: blocked → applied|superseded only with resolvedBy citing a ledger message;
+def test_refused_transitions_name_the_rule(update: RequirementUpdate, code: str, says: str) -> None:
+    """PLAN-4: SPEC §16: blocked → applied|superseded only with resolvedBy citing a ledger message;
     applied/superseded are final; fields only where they belong."""
     with pytest.raises(RequirementError) as e:
         plan_transitions(ledger("applied", "blocked", "pending"), [update])
@@ -73,7 +75,8 @@ def test_plan4_refused_transitions_name_the_rule(update: RequirementUpdate, code
 
 
 @pytest.mark.parametrize("kind", ["clarification", "withdrawal"])
-def test_plan4_blocked_resolution_keeps_the_old_conflict(kind: str) -> None:
+def test_blocked_resolution_keeps_the_old_conflict(kind: str) -> None:
+    """PLAN-4"""
     lg = ledger("applied", "blocked", "pending")
     target = "applied" if kind == "clarification" else "superseded"
     ts = plan_transitions(lg, [RequirementUpdate(
@@ -88,7 +91,8 @@ def test_plan4_blocked_resolution_keeps_the_old_conflict(kind: str) -> None:
             r2.resolved_conflict.resolved_by.message_id) == ("clash", kind, "m-3")
 
 
-def test_plan4_directive_validation_never_echoes_the_text() -> None:
+def test_directive_validation_never_echoes_the_text() -> None:
+    """PLAN-4"""
     with pytest.raises(RequirementError) as e:
         check_directive("x" * 5000, "m-1")
     assert "xxxx" not in str(e.value) and "5000" in str(e.value)

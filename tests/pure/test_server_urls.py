@@ -22,7 +22,8 @@ def pg(url: str) -> str | None:
     return url_problem(url, POSTGRES_SCHEMES, host_required=False)
 
 
-def test_ops5_usable_server_urls_pass() -> None:
+def test_usable_server_urls_pass() -> None:
+    """OPS-5"""
     for url in ("nats://127.0.0.1:4222", "nats://u:p@h", "tls://h:4443", "ws://h:8080", "127.0.0.1:4222",
                 "localhost", "nats://a:4222, nats://b:4222,", "nats://[::1]:4222"):
         assert nats(url) is None, url
@@ -31,7 +32,8 @@ def test_ops5_usable_server_urls_pass() -> None:
         assert pg(url) is None, url
 
 
-def test_ops5_unusable_server_urls_are_refused_saying_why() -> None:
+def test_unusable_server_urls_are_refused_saying_why() -> None:
+    """OPS-5"""
     assert nats("http://h:4222") == ("the URL must start with nats:// or tls:// or ws:// or wss://, "
                                      "got http://")
     assert nats("nats://u:p@h:42x2") == "the port in 'h:42x2' is not a number from 0 to 65535"
@@ -49,7 +51,8 @@ PORT = st.one_of(st.integers(0, 70000).map(str), st.text(alphabet=string.ascii_l
 
 
 @given(SECRET, PORT, st.sampled_from(["nats", "http", "postgresql", "mysql", ""]))
-def test_rel11_no_message_repeats_the_password(secret: str, port: str, scheme: str) -> None:
+def test_no_message_repeats_the_password(secret: str, port: str, scheme: str) -> None:
+    """REL-11"""
     prefix = f"{scheme}://" if scheme else ""
     url = f"{prefix}user:{secret}@db.example:{port}/novels"
     for said in (nats(url), pg(url), redact_url(url), server_names(url), database_name(url)):

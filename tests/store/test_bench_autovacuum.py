@@ -12,8 +12,8 @@ from novelbus.bench.common import analyze_due, maintain_due_tables, vacuum_due
 from tests.store.helpers import make_body, novel_file
 
 
-async def test_perf2_the_benchmarks_maintenance_follows_autovacuums_rules(pool: asyncpg.Pool, dsn: str) -> None:
-    """`bench throughput` applies autovacuum's rules to its scratch database (issue 14): a table is
+async def test_the_benchmarks_maintenance_follows_autovacuums_rules(pool: asyncpg.Pool, dsn: str) -> None:
+    """PERF-2: `bench throughput` applies autovacuum's rules to its scratch database (issue 14): a table is
     analyzed once more rows changed than 50 + 10 % of its rows (which also drops the plans cached
     for it) and vacuumed once it holds more dead rows than 50 + 20 %. A store never analyzed kept
     the plans made when its tables held a few rows — sequential scans — however many commits
@@ -39,7 +39,8 @@ async def test_perf2_the_benchmarks_maintenance_follows_autovacuums_rules(pool: 
 
 
 @given(st.integers(0, 10**7), st.floats(-1, 10**7))
-def test_perf2_analyze_and_vacuum_due_are_autovacuums_rules(changed: int, rows: float) -> None:
+def test_analyze_and_vacuum_due_are_autovacuums_rules(changed: int, rows: float) -> None:
+    """PERF-2"""
     assert analyze_due(changed, rows) == (changed > 50 + 0.1 * max(rows, 0))
     assert vacuum_due(changed, rows) == (changed > 50 + 0.2 * max(rows, 0))
     assert not analyze_due(50, -1) and analyze_due(51, -1)  # never analyzed: counted as empty

@@ -14,9 +14,10 @@ from novelbus.novel.outline import is_valid_id
 from tests.store.helpers import dump_database, novel_file
 
 
-async def test_store1_claim_returns_256_bit_token_once_and_stores_only_its_sha256(
+async def test_claim_returns_256_bit_token_once_and_stores_only_its_sha256(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-1"""
     claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
     assert re.fullmatch(r"[0-9a-f]{64}", claim.token)  # 32 random bytes as hex
     assert re.fullmatch(r"claim-[0-9a-f]{16}", claim.claim_id)
@@ -38,9 +39,10 @@ async def test_store1_claim_returns_256_bit_token_once_and_stores_only_its_sha25
     assert "token" not in unit.__struct_fields__ and "token_hash" not in unit.__struct_fields__
 
 
-async def test_store1_second_claim_of_a_claimed_unit_fails_clearly(
+async def test_second_claim_of_a_claimed_unit_fails_clearly(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-1"""
     first = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
     with pytest.raises(store.UnitNotClaimable) as err:
         await store.claim_unit(pool, novel_id, unit_id, "intent-2", mode="subagent")
@@ -51,9 +53,10 @@ async def test_store1_second_claim_of_a_claimed_unit_fails_clearly(
     assert (unit.claim_id, unit.attempt) == (first.claim_id, 1)  # the loser changed nothing
 
 
-async def test_store1_concurrent_claims_exactly_one_wins(
+async def test_concurrent_claims_exactly_one_wins(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-1"""
     results = await asyncio.gather(
         *(
             store.claim_unit(pool, novel_id, unit_id, f"intent-{i}", mode="subagent")
@@ -66,9 +69,10 @@ async def test_store1_concurrent_claims_exactly_one_wins(
     assert all(isinstance(r, store.UnitNotClaimable) for r in results if r not in winners)
 
 
-async def test_store1_claim_bumps_only_the_unit(
+async def test_claim_bumps_only_the_unit(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-1"""
     before = await store.get_novel(pool, novel_id)
     await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="inline")
     assert await store.get_novel(pool, novel_id) == before

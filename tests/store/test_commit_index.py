@@ -42,7 +42,7 @@ def structure(s: NovelSnapshot) -> NovelSnapshot:
     return msgspec.structs.replace(s, commits=[msgspec.structs.replace(c, paragraphs=[]) for c in s.commits])
 
 
-async def test_issue14_snapshots_after_the_known_commits_equal_whole_reads_commit_by_commit(
+async def test_snapshots_after_the_known_commits_equal_whole_reads_commit_by_commit(
     pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """ARCH-3, CTX-4, TOOL-5: as the book grows, every incremental read equals the whole read —
@@ -71,7 +71,7 @@ async def test_issue14_snapshots_after_the_known_commits_equal_whole_reads_commi
     assert CACHE.known(novel_id).after == 6
 
 
-async def test_issue14_the_statement_returns_only_the_commits_after_the_known_mark(
+async def test_the_statement_returns_only_the_commits_after_the_known_mark(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """The read really is incremental: told the 3rd commit's mark, the statement sends commits 4
@@ -89,7 +89,7 @@ async def test_issue14_the_statement_returns_only_the_commits_after_the_known_ma
         assert row.mark == marks[4]["mark"]
 
 
-async def test_issue14_a_known_index_of_another_database_is_never_served(
+async def test_a_known_index_of_another_database_is_never_served(
     new_database: Callable[[], Awaitable[str]],
 ) -> None:
     """The same novel id in two databases (as a restored backup, or tests, have it), each with as
@@ -121,7 +121,7 @@ async def test_issue14_a_known_index_of_another_database_is_never_served(
             await p.close()
 
 
-async def test_issue14_a_known_index_ahead_of_the_read_gives_the_read_its_own_asof(
+async def test_a_known_index_ahead_of_the_read_gives_the_read_its_own_asof(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """CTX-4: the process knows commits beyond a context read's asOf (another actor read later):
@@ -158,7 +158,7 @@ def _states(s: NovelSnapshot) -> list[tuple[str, str, int]]:
     return [(u.unit_id, u.state, u.attempt) for u in s.units]
 
 
-async def test_issue14_units_written_since_the_known_snapshot_equal_a_whole_read(
+async def test_units_written_since_the_known_snapshot_equal_a_whole_read(
     pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """ARCH-3: through prepare, claim, release, commit and a revision, every read that sends the
@@ -207,7 +207,7 @@ async def test_issue14_units_written_since_the_known_snapshot_equal_a_whole_read
     assert not row.units_known and len(row.unit_rows) == 2
 
 
-async def test_issue14_a_reader_older_than_the_known_units_reads_its_own_snapshot(
+async def test_a_reader_older_than_the_known_units_reads_its_own_snapshot(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """A repeatable-read reader whose snapshot predates what the process knows (another read saw

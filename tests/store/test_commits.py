@@ -21,9 +21,10 @@ async def _claim(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> store.Claim
     return await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
 
 
-async def test_store2_commit_writes_once_and_marks_the_unit_committed(
+async def test_commit_writes_once_and_marks_the_unit_committed(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-2"""
     claim = await _claim(pool, novel_id, unit_id)
     body = make_body("Mira climbed the stairs.", "The lamp was cold.")
     receipt = await store.commit_body(
@@ -51,9 +52,10 @@ async def test_store2_commit_writes_once_and_marks_the_unit_committed(
     assert claim.token not in str(await pool.fetchval("SELECT row_to_json(c) FROM commits c"))
 
 
-async def test_store2_commit_needs_a_claim_and_the_right_token(
+async def test_commit_needs_a_claim_and_the_right_token(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-2"""
     body = make_body()
     with pytest.raises(store.UnitNotClaimed) as not_claimed:
         await store.commit_body(
@@ -77,9 +79,10 @@ async def test_store2_commit_needs_a_claim_and_the_right_token(
     assert (await store.get_unit(pool, novel_id, unit_id)).state == "claimed"
 
 
-async def test_store2_replay_returns_the_same_commit_and_a_different_body_conflicts(
+async def test_replay_returns_the_same_commit_and_a_different_body_conflicts(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-2"""
     claim = await _claim(pool, novel_id, unit_id)
     body = make_body("The tide turned.")
     first = await store.commit_body(
@@ -114,9 +117,10 @@ def store_fields(receipt: store.Receipt) -> dict[str, object]:
     return {f: getattr(receipt, f) for f in receipt.__struct_fields__}
 
 
-async def test_store2_twenty_concurrent_commits_of_one_unit_leave_one_commit_row(
+async def test_twenty_concurrent_commits_of_one_unit_leave_one_commit_row(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-2"""
     claim = await _claim(pool, novel_id, unit_id)
     bodies = [make_body("The tide turned.")] * 10 + [
         make_body(f"Variant {chr(65 + i)} of the night.") for i in range(10)
@@ -139,9 +143,10 @@ async def test_store2_twenty_concurrent_commits_of_one_unit_leave_one_commit_row
     assert await store.count_commits_per_unit(pool, novel_id) == {unit_id: 1}
 
 
-async def test_store2_one_live_commit_per_unit_is_a_database_constraint(
+async def test_one_live_commit_per_unit_is_a_database_constraint(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-2"""
     claim = await _claim(pool, novel_id, unit_id)
     await store.commit_body(
         pool, novel_id, unit_id, claim.token, make_body(), run_id="r", context_hash=None
@@ -155,9 +160,10 @@ async def test_store2_one_live_commit_per_unit_is_a_database_constraint(
         )
 
 
-async def test_store2_commit_seq_and_totals_grow_across_units(
+async def test_commit_seq_and_totals_grow_across_units(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-2"""
     claim = await _claim(pool, novel_id, unit_id)
     await store.commit_body(
         pool, novel_id, unit_id, claim.token, make_body("abc def"), run_id="r1", context_hash=None
@@ -187,9 +193,10 @@ async def test_store2_commit_seq_and_totals_grow_across_units(
     ]
 
 
-async def test_store3_canon_sources_are_rewritten_to_the_commit_id(
+async def test_canon_sources_are_rewritten_to_the_commit_id(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-3"""
     claim = await _claim(pool, novel_id, unit_id)
     first_body = make_body("Mira arrived.", "She lit the lamp.")
     await store.commit_body(
@@ -246,9 +253,10 @@ async def test_store3_canon_sources_are_rewritten_to_the_commit_id(
     assert snapshot.commits[1].canon_changes[1].sources == ["commit-2#1", "commit-1#1"]
 
 
-async def test_store3_bad_canon_source_writes_nothing(
+async def test_bad_canon_source_writes_nothing(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-3"""
     claim = await _claim(pool, novel_id, unit_id)
     body = make_body(
         "Mira arrived.",
@@ -263,9 +271,10 @@ async def test_store3_bad_canon_source_writes_nothing(
     assert (await store.get_unit(pool, novel_id, unit_id)).state == "claimed"
 
 
-async def test_store6_guarded_paragraph_is_rejected_nothing_written_unit_stays_claimed(
+async def test_guarded_paragraph_is_rejected_nothing_written_unit_stays_claimed(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-6"""
     claim = await _claim(pool, novel_id, unit_id)
     for bad in (
         "Chapter 12 began in the rain.",

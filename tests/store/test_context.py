@@ -104,7 +104,7 @@ async def ctx(pool: asyncpg.Pool, novel_id: str, unit_id: str, **kw: object) -> 
     return await store.load_context(pool, novel_id=novel_id, unit_id=unit_id, **args)  # type: ignore[arg-type]
 
 
-async def test_ctx4_a_future_commit_never_leaks_from_the_store(
+async def test_a_future_commit_never_leaks_from_the_store(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """CTX-4: a commit after asOf (prose, canon fact, its characters) is absent from the
@@ -129,10 +129,10 @@ async def test_ctx4_a_future_commit_never_leaks_from_the_store(
     assert MARK in render_writer_pack(latest, "full").text
 
 
-async def test_ctx4_one_repeatable_read_read_only_transaction(
+async def test_one_repeatable_read_read_only_transaction(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    """The isolation level is read back from the server and recorded; a change committed by
+    """CTX-4: The isolation level is read back from the server and recorded; a change committed by
     another connection after the plan is fixed is invisible to the read-back."""
     u1, _, u3 = await two_commits(pool, novel_id)
 
@@ -171,7 +171,8 @@ async def test_ctx4_one_repeatable_read_read_only_transaction(
     assert frozen.manifest.readback.isolation == "repeatable read"
 
 
-async def test_ctx2_store_reads_prose_by_pointer_only(pool: asyncpg.Pool, novel_id: str) -> None:
+async def test_store_reads_prose_by_pointer_only(pool: asyncpg.Pool, novel_id: str) -> None:
+    """CTX-2"""
     _, _, u3 = await two_commits(pool, novel_id)
     sources = await store.read_context_sources(
         pool,
@@ -209,9 +210,10 @@ async def test_ctx2_store_reads_prose_by_pointer_only(pool: asyncpg.Pool, novel_
     assert wide.plan.baseline_chapters == ["ch-a", "ch-b"]
 
 
-async def test_ctx4_store_and_in_memory_read_back_assemble_the_same_context(
+async def test_store_and_in_memory_read_back_assemble_the_same_context(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """CTX-4"""
     _, _, u3 = await two_commits(pool, novel_id)
     snapshot = await store.load_snapshot(pool, novel_id)
     for profile in ("bounded", "wide"):
@@ -227,9 +229,10 @@ async def test_ctx4_store_and_in_memory_read_back_assemble_the_same_context(
             assert a.text == b.text and a.prefix_sha256 == b.prefix_sha256
 
 
-async def test_ctx1_store_rejects_bad_input_before_touching_the_database(
+async def test_store_rejects_bad_input_before_touching_the_database(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """CTX-1"""
     _, _, u3 = await two_commits(pool, novel_id)
     with pytest.raises(ContextInputError, match="unknown scenario 'draft'"):
         await ctx(pool, "no-such-novel", u3, scenario="draft")
@@ -246,9 +249,10 @@ async def test_ctx1_store_rejects_bad_input_before_touching_the_database(
     assert err.value.missing_blocks == ["unit"]
 
 
-async def test_ctx6_freeze_is_append_only_and_idempotent_on_the_manifest_hash(
+async def test_freeze_is_append_only_and_idempotent_on_the_manifest_hash(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """CTX-6"""
     _, _, u3 = await two_commits(pool, novel_id)
     frozen = await ctx(pool, novel_id, u3)
     again = await ctx(pool, novel_id, u3)

@@ -37,10 +37,10 @@ async def _prepare(pool: asyncpg.Pool, novel_id: str, chapter_id: str = "ch-a", 
         event=_prepared_event(novel_id, chapter_id, scene_id) if event else None)
 
 
-async def test_perf2_drv1_rel1_prepare_event_intent_and_lease_in_one_round_trip(
+async def test_prepare_event_intent_and_lease_in_one_round_trip(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    """One statement: the unit exists, its unit.prepared row carries the unit's id, the intent is
+    """PERF-2, DRV-1, REL-1: One statement: the unit exists, its unit.prepared row carries the unit's id, the intent is
     recorded (DRV-1) and the unit leased under it (REL-1) — so the claim that carries the intent
     is accepted."""
     before = _round_trips()
@@ -63,10 +63,10 @@ async def test_perf2_drv1_rel1_prepare_event_intent_and_lease_in_one_round_trip(
     assert claim.unit_id == prepared.unit_id
 
 
-async def test_perf2_rel2_a_repeated_prepare_finds_the_unit_and_keeps_the_intent(
+async def test_a_repeated_prepare_finds_the_unit_and_keeps_the_intent(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    """A redelivered notice's flow (same scene, same intent) finds the unit and leases it again;
+    """PERF-2, REL-2: A redelivered notice's flow (same scene, same intent) finds the unit and leases it again;
     a claimed unit under another intent is not leased (the flow stops, the state decides)."""
     first = await _prepare(pool, novel_id)
     again = await _prepare(pool, novel_id)
@@ -79,8 +79,8 @@ async def test_perf2_rel2_a_repeated_prepare_finds_the_unit_and_keeps_the_intent
     assert lease == "intent-1"
 
 
-async def test_perf2_prepare_and_lease_takes_the_next_candidates(pool: asyncpg.Pool, novel_id: str) -> None:
-    """Candidate ids taken by another scene are skipped beyond the first batch; the event row
+async def test_prepare_and_lease_takes_the_next_candidates(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2: Candidate ids taken by another scene are skipped beyond the first batch; the event row
     names the id the database chose, not the first candidate it was built with."""
     taken = list(itertools.islice(unit_id_candidates("ch-b", "s3", 1), PREPARE_CANDIDATES + 1))
     for i, candidate in enumerate(taken):
@@ -94,7 +94,8 @@ async def test_perf2_prepare_and_lease_takes_the_next_candidates(pool: asyncpg.P
     assert [r.payload["unit_id"] for r in rows] == [expected]
 
 
-async def test_perf2_prepare_and_lease_refusals_write_nothing(pool: asyncpg.Pool, novel_id: str) -> None:
+async def test_prepare_and_lease_refusals_write_nothing(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2"""
     with pytest.raises(store.NovelNotFound):
         await _prepare(pool, "n-none")
     with pytest.raises(store.SceneNotFound, match="no scene 's3' in chapter 'ch-a'"):
@@ -109,14 +110,15 @@ async def test_perf2_prepare_and_lease_refusals_write_nothing(pool: asyncpg.Pool
     assert await table_counts(pool, "units", "intents", "events") == {"units": 0, "intents": 0, "events": 0}
 
 
-async def test_perf2_prepare_and_lease_without_event_writes_no_row(pool: asyncpg.Pool, novel_id: str) -> None:
+async def test_prepare_and_lease_without_event_writes_no_row(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2"""
     prepared = await _prepare(pool, novel_id, event=False)
     assert prepared.event_seq is None and prepared.leased
     assert await table_counts(pool, "events") == {"events": 0}
 
 
-async def test_perf2_rel2_account_and_snapshot_in_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
-    """The accounting (REL-2: once per claim) and the next decision's snapshot in one statement:
+async def test_account_and_snapshot_in_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2: The accounting (REL-2: once per claim) and the next decision's snapshot in one statement:
     the snapshot is the one `load_snapshot(prose=False)` gives, the counters those after the turn."""
     prepared = await _prepare(pool, novel_id)
     claim = await store.claim_unit(pool, novel_id, prepared.unit_id, "intent-1", mode="subagent")
@@ -139,7 +141,8 @@ async def test_perf2_rel2_account_and_snapshot_in_one_round_trip(pool: asyncpg.P
     assert await table_counts(pool, "turn_ledger") == {"turn_ledger": 1}
 
 
-async def test_perf2_account_and_snapshot_refusals(pool: asyncpg.Pool, novel_id: str) -> None:
+async def test_account_and_snapshot_refusals(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2"""
     with pytest.raises(store.NovelNotFound):
         await store.account_turn_and_snapshot(pool, "n-none", "claim-x", outcome="committed")
     with pytest.raises(ValueError, match="outcome must be"):

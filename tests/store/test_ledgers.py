@@ -29,7 +29,7 @@ async def test_events_append_and_list_in_order(pool: asyncpg.Pool, novel_id: str
     assert [e.seq for e in await store.list_events(pool, limit=1)] == [first]
 
 
-async def test_perf2_events_appended_together_keep_their_order_all_or_nothing(
+async def test_events_appended_together_keep_their_order_all_or_nothing(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """PERF-2: one statement appends many events; seqs ascend in the given order (BUS-3 replay
@@ -55,9 +55,10 @@ async def test_perf2_events_appended_together_keep_their_order_all_or_nothing(
         {"Text": "prose"},
     ],
 )
-async def test_bus6_event_payload_guard_refuses_prose_and_token_keys(
+async def test_event_payload_guard_refuses_prose_and_token_keys(
     pool: asyncpg.Pool, novel_id: str, payload: dict[str, object]
 ) -> None:
+    """BUS-6"""
     with pytest.raises(store.UnsafePayload) as err:
         await store.append_event(pool, novel_id, "unit.committed", payload)
     assert err.value.code == "unsafe-payload"
@@ -91,9 +92,10 @@ async def test_record_intent_and_mark_processed_are_idempotent(
     assert await store.mark_processed(pool, "msg-2") is True
 
 
-async def test_run6_writer_runs_record_status_and_manifest(
+async def test_writer_runs_record_status_and_manifest(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """RUN-6"""
     common = {"novel_id": novel_id, "unit_id": "s1-01", "mode": "W2", "provider": "offline"}
     assert await store.start_writer_run(
         pool, run_id="run-1", claim_id="claim-1", dispatch=1, **common
@@ -124,9 +126,10 @@ async def test_run6_writer_runs_record_status_and_manifest(
     assert all(r.ended_at is not None for r in runs)
 
 
-async def test_ctx6_context_freeze_is_idempotent_on_the_manifest_hash(
+async def test_context_freeze_is_idempotent_on_the_manifest_hash(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """CTX-6"""
     manifest = {"sources": [{"sourceId": "commit-1", "offset": 0}]}
     args = {
         "novel_id": novel_id,
@@ -143,7 +146,8 @@ async def test_ctx6_context_freeze_is_idempotent_on_the_manifest_hash(
     assert await store.get_context_freeze(pool, "m-none") is None
 
 
-async def test_run5_sessions_save_and_load(pool: asyncpg.Pool, novel_id: str) -> None:
+async def test_sessions_save_and_load(pool: asyncpg.Pool, novel_id: str) -> None:
+    """RUN-5"""
     assert await store.load_session(pool, "sess-1") is None
     await store.save_session(pool, "sess-1", novel_id, "ch-a", [{"role": "user", "n": 1}])
     await store.save_session(pool, "sess-1", novel_id, "ch-b", [{"role": "user", "n": 2}])
@@ -210,7 +214,7 @@ _payloads = st.recursive(
 
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(["a", "b", "text", "k"]), _payloads, max_size=3))
-def test_bus6_payload_guard_names_the_same_first_reserved_key_as_its_definition(payload: dict[str, object]) -> None:
+def test_payload_guard_names_the_same_first_reserved_key_as_its_definition(payload: dict[str, object]) -> None:
     """BUS-6: the guard (PERF-2: paths spelled only on a hit) refuses exactly what its definition
     refuses, naming the same path."""
     expected = _reference_forbidden_key(payload, "payload")

@@ -11,9 +11,10 @@ from novelbus import store
 from novelbus.store.pool import migration_files
 
 
-async def test_infra3_five_concurrent_migrations_apply_each_file_once(
+async def test_five_concurrent_migrations_apply_each_file_once(
     new_database: Callable[[], Awaitable[str]],
 ) -> None:
+    """INFRA-3"""
     dsn = await new_database()
     pools = [await store.connect(dsn, max_size=2) for _ in range(5)]
     try:
@@ -29,16 +30,18 @@ async def test_infra3_five_concurrent_migrations_apply_each_file_once(
         await asyncio.gather(*(p.close() for p in pools))
 
 
-def test_infra3_migrations_are_versioned_sql_sorted_by_name() -> None:
+def test_migrations_are_versioned_sql_sorted_by_name() -> None:
+    """INFRA-3"""
     names = [name for name, _ in migration_files()]
     assert names and names == sorted(names)
     assert names[0] == "001_init.sql"
     assert all(name.endswith(".sql") for name in names)
 
 
-async def test_infra3_migrate_accepts_a_connection(
+async def test_migrate_accepts_a_connection(
     new_database: Callable[[], Awaitable[str]],
 ) -> None:
+    """INFRA-3"""
     pool = await store.connect(await new_database())
     try:
         async with pool.acquire() as conn:
@@ -48,7 +51,7 @@ async def test_infra3_migrate_accepts_a_connection(
         await pool.close()
 
 
-async def test_rel7_the_restart_read_of_recent_once_events_has_an_index(pool: asyncpg.Pool) -> None:
+async def test_the_restart_read_of_recent_once_events_has_an_index(pool: asyncpg.Pool) -> None:
     """REL-7 / issue 14: `store.recent_once_events` (a restarted claim manager's first read) can be
     served by migration 010's partial index — its predicate matches the query's, so a large ledger
     is not scanned whole at every start (planner told to avoid a sequential scan if it can)."""

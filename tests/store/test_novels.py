@@ -42,9 +42,10 @@ async def test_create_novel_generates_an_id_and_refuses_duplicates(pool: asyncpg
     assert missing.value.code == "novel-not-found"
 
 
-async def test_drv3_set_writer_mode_updates_column_and_config(
+async def test_set_writer_mode_updates_column_and_config(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """DRV-3"""
     await store.claim_unit(pool, novel_id, unit_id, "i", mode="subagent")
     novel = await store.set_writer_mode(pool, novel_id, "inline")
     assert (novel.writer_mode, novel.config.writerMode) == ("inline", "inline")
@@ -90,9 +91,10 @@ async def test_finish_refuses_while_a_unit_is_claimed(
         await store.finish_novel(pool, novel_id)
 
 
-async def test_drv6_account_turn_counts_failures_and_stalls_after_progress(
+async def test_account_turn_counts_failures_and_stalls_after_progress(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """DRV-6"""
     async def failed(key: str, signature: str) -> store.NovelRow:
         row, first = await store.account_turn(pool, novel_id, key, outcome="failed",
                                                failure_signature=signature)

@@ -31,9 +31,10 @@ async def _outlined(pool: asyncpg.Pool, novel_id: str, revision: str | None) -> 
     return {(r["c"], r["s"]) for r in rows}
 
 
-async def test_perf2_each_revisions_scenes_are_listed_and_the_prepare_uses_the_current_ones(
+async def test_each_revisions_scenes_are_listed_and_the_prepare_uses_the_current_ones(
     pool: asyncpg.Pool,
 ) -> None:
+    """PERF-2"""
     nid = await store.create_novel(pool, novel_file("n-scenes"))
     first = (await store.get_novel(pool, nid)).outline_revision
     assert await _listed(pool, nid, first) == await _outlined(pool, nid, first) == {
@@ -55,7 +56,8 @@ async def test_perf2_each_revisions_scenes_are_listed_and_the_prepare_uses_the_c
     assert await store.prepare_unit(pool, nid, "ch-b", "s4", fragment=1, continuation_anchor=None)
 
 
-async def test_perf2_the_migration_lists_the_scenes_of_revisions_written_before_it(pool: asyncpg.Pool) -> None:
+async def test_the_migration_lists_the_scenes_of_revisions_written_before_it(pool: asyncpg.Pool) -> None:
+    """PERF-2"""
     nid = await store.create_novel(pool, novel_file("n-scenes-old"))
     revision = (await store.get_novel(pool, nid)).outline_revision
     await pool.execute("DELETE FROM outline_scenes WHERE novel_id = $1", nid)  # as before migration 014

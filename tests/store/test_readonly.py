@@ -11,7 +11,8 @@ from novelbus import store
 from novelbus.store._db import transaction
 
 
-async def test_infra4_read_only_transactions_refuse_writes(new_database: Any) -> None:
+async def test_read_only_transactions_refuse_writes(new_database: Any) -> None:
+    """INFRA-4"""
     pool = await store.connect(await new_database())
     try:
         await store.migrate(pool)

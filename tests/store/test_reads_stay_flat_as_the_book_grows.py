@@ -41,9 +41,10 @@ async def _sums(pool: asyncpg.Pool, novel_id: str) -> list[tuple[int, int, int, 
     return [tuple(int(v) for v in r.values()) for r in rows]
 
 
-async def test_perf2_a_commit_carries_the_books_running_total_and_its_paragraph_count(
+async def test_a_commit_carries_the_books_running_total_and_its_paragraph_count(
     pool: asyncpg.Pool,
 ) -> None:
+    """PERF-2"""
     a, b = [await store.create_novel(pool, novel_file(f"n-flat-{x}")) for x in "ab"]
     await _write(pool, a)
     await _write(pool, b)  # another novel's commits never enter a's totals
@@ -63,9 +64,10 @@ async def test_perf2_a_commit_carries_the_books_running_total_and_its_paragraph_
     assert (await _sums(pool, a))[0][3:] == (1, 1)
 
 
-async def test_perf2_the_migration_fills_the_columns_of_commits_written_before_it(
+async def test_the_migration_fills_the_columns_of_commits_written_before_it(
     pool: asyncpg.Pool,
 ) -> None:
+    """PERF-2"""
     nid = await store.create_novel(pool, novel_file("n-flat-old"))
     await _write(pool, nid)
     before = await _sums(pool, nid)
@@ -85,8 +87,8 @@ async def test_perf2_the_migration_fills_the_columns_of_commits_written_before_i
     assert await _sums(pool, nid) == before
 
 
-async def test_perf2_units_written_since_a_snapshot_are_an_index_range(pool: asyncpg.Pool) -> None:
-    """The read of the units written since the caller's snapshot can use `units_written`: its
+async def test_units_written_since_a_snapshot_are_an_index_range(pool: asyncpg.Pool) -> None:
+    """PERF-2: The read of the units written since the caller's snapshot can use `units_written`: its
     range condition is one the planner can put on the index (with sequential scans priced out,
     it does), so it does not visit every unit of the book."""
     nid = await store.create_novel(pool, novel_file("n-flat-units"))

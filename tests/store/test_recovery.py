@@ -15,9 +15,10 @@ async def _token_hash(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> str | 
     )
 
 
-async def test_store4_recovery_returns_claimed_units_to_prepared(
+async def test_recovery_returns_claimed_units_to_prepared(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-4"""
     other_novel = await store.create_novel(pool, novel_file("n-other"))
     other_unit = await store.prepare_unit(
         pool, other_novel, "ch-a", "s1", fragment=1, continuation_anchor=None
@@ -50,9 +51,10 @@ async def test_store4_recovery_returns_claimed_units_to_prepared(
     assert await store.recover_claims(pool) == []
 
 
-async def test_store4_recovery_leaves_committed_units_alone(
+async def test_recovery_leaves_committed_units_alone(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-4"""
     claim = await store.claim_unit(pool, novel_id, unit_id, "i1", mode="subagent")
     await store.commit_body(
         pool, novel_id, unit_id, claim.token, make_body(), run_id="r", context_hash=None
@@ -61,9 +63,10 @@ async def test_store4_recovery_leaves_committed_units_alone(
     assert (await store.get_unit(pool, novel_id, unit_id)).state == "committed"
 
 
-async def test_clm5_recovery_by_claim_manager_instance(
+async def test_recovery_by_claim_manager_instance(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """CLM-5"""
     other_novel = await store.create_novel(pool, novel_file("n-other"))
     other_unit = await store.prepare_unit(
         pool, other_novel, "ch-a", "s1", fragment=1, continuation_anchor=None
@@ -77,7 +80,8 @@ async def test_clm5_recovery_by_claim_manager_instance(
     assert await store.claimed_units(pool, other_novel) == [other_unit]
 
 
-async def test_store4_release_claim(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
+async def test_release_claim(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
+    """STORE-4"""
     claim = await store.claim_unit(pool, novel_id, unit_id, "i1", mode="subagent")
     assert not await store.release_claim(
         pool, novel_id, unit_id, reason="x", claim_id="claim-someoneelse"
@@ -107,9 +111,10 @@ async def _commit(pool: asyncpg.Pool, novel_id: str, unit_id: str, *, completed:
     )
 
 
-async def test_store5_supersede_retires_a_leftover_of_a_completed_scene(
+async def test_supersede_retires_a_leftover_of_a_completed_scene(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
+    """STORE-5"""
     leftover = await store.prepare_unit(
         pool, novel_id, "ch-a", "s1", fragment=2, continuation_anchor=None
     )
@@ -121,8 +126,9 @@ async def test_store5_supersede_retires_a_leftover_of_a_completed_scene(
         await store.claim_unit(pool, novel_id, leftover, "i", mode="subagent")
 
 
-async def test_store5_supersede_refusals(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
+async def test_supersede_refusals(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
     # An incomplete scene: no commit at all.
+    """STORE-5"""
     with pytest.raises(store.SupersedeRefused) as no_commit:
         await store.supersede_unit(pool, novel_id, unit_id)
     assert no_commit.value.code == "supersede-refused"

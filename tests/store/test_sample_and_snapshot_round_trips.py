@@ -28,8 +28,8 @@ async def _record(pool: asyncpg.Pool, novel_id: str, known: store.KnownTotals, n
                                                message_key=key)
 
 
-async def test_perf2_use1_known_totals_record_a_sample_in_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
-    """The first sample reads the totals (2 round trips), the next ones write only (1 each); the
+async def test_known_totals_record_a_sample_in_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2, USE-1: The first sample reads the totals (2 round trips), the next ones write only (1 each); the
     totals and the ring are exactly what the read-first path gives (USE-1/2)."""
     known = store.KnownTotals()
     before = _round_trips()
@@ -45,10 +45,10 @@ async def test_perf2_use1_known_totals_record_a_sample_in_one_round_trip(pool: a
     assert [e.type for e in await store.list_events(pool, novel_id)] == ["usage.sampled"] * 3
 
 
-async def test_perf2_use2_stale_known_totals_are_read_again_never_added_to(
+async def test_stale_known_totals_are_read_again_never_added_to(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    """Another sampler (process) recorded meanwhile, or the totals row went away: the write
+    """PERF-2, USE-2: Another sampler (process) recorded meanwhile, or the totals row went away: the write
     refuses the stale totals ('changed'), the sample is added to the stored ones, once."""
     mine, other = store.KnownTotals(), store.KnownTotals()
     await _record(pool, novel_id, mine, 1, "m-1")
@@ -63,8 +63,8 @@ async def test_perf2_use2_stale_known_totals_are_read_again_never_added_to(
         "inputChars": 8, "windowPeakTokens": 8, "samples": 1}
 
 
-async def test_perf2_rel2_rel7_known_totals_keep_duplicates_out(pool: asyncpg.Pool, novel_id: str) -> None:
-    """A redelivered message and an already settled turn write nothing, no event either; an
+async def test_known_totals_keep_duplicates_out(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2, REL-2, REL-7: A redelivered message and an already settled turn write nothing, no event either; an
     unknown novel writes nothing (REL-2, REL-7, REL-3)."""
     known = store.KnownTotals()
     await store.account_turn(pool, novel_id, "claim-1", outcome="committed", unit_id="u", holder="d")
@@ -82,8 +82,8 @@ async def test_perf2_rel2_rel7_known_totals_keep_duplicates_out(pool: asyncpg.Po
     assert await _record(pool, novel_id, known, 3, "m-4") is not None  # the known totals still hold
 
 
-async def test_perf2_use2_concurrent_samples_with_one_known_totals(pool: asyncpg.Pool, novel_id: str) -> None:
-    """Concurrent samples of one novel through one sampler: each counted once, the ring capped."""
+async def test_concurrent_samples_with_one_known_totals(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2, USE-2: Concurrent samples of one novel through one sampler: each counted once, the ring capped."""
     known = store.KnownTotals()
     n = store.RING_SIZE + 10
     await asyncio.gather(*(_record(pool, novel_id, known, 1, f"m-{i}") for i in range(n)))
@@ -92,7 +92,8 @@ async def test_perf2_use2_concurrent_samples_with_one_known_totals(pool: asyncpg
     assert len(await store.recent_usage(pool, novel_id)) == store.RING_SIZE
 
 
-def test_perf2_known_totals_keep_the_newest_and_stay_bounded() -> None:
+def test_known_totals_keep_the_newest_and_stay_bounded() -> None:
+    """PERF-2"""
     known = store.KnownTotals(limit=2)
     known.put("a", "m", 5, {"x": 5})
     known.put("a", "m", 4, {"x": 4})  # an older write finishing late does not go back
@@ -109,10 +110,10 @@ async def _commit(pool: asyncpg.Pool, novel_id: str, scene: str, text: str) -> N
     await store.commit_body(pool, novel_id, uid, claim.token, make_body(text), run_id="r", context_hash=None)
 
 
-async def test_perf2_tool5_read_tools_snapshot_in_one_read_only_statement(
+async def test_read_tools_snapshot_in_one_read_only_statement(
     pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    """TOOL-5 / INFRA-4: the read tools' snapshot on a read-only connection is one round trip —
+    """PERF-2, TOOL-5 / INFRA-4: the read tools' snapshot on a read-only connection is one round trip —
     with the outline parsed already or not — and exactly the snapshot of the read-only
     transaction (the delegated novel only, prose included)."""
     other = await store.create_novel(pool, novel_file("n-other"))
@@ -133,10 +134,10 @@ async def test_perf2_tool5_read_tools_snapshot_in_one_read_only_statement(
         await store.load_snapshot_read_only(read_pool, "n-none")
 
 
-async def test_perf2_infra4_read_only_connections_refuse_writes_and_others_fail_closed(
+async def test_read_only_connections_refuse_writes_and_others_fail_closed(
     pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    """Every transaction on the read-only pool is REPEATABLE READ READ ONLY (the server says so)
+    """PERF-2, INFRA-4: Every transaction on the read-only pool is REPEATABLE READ READ ONLY (the server says so)
     and refuses a write; the one-statement snapshot refuses a connection that is not read-only."""
     assert await read_pool.fetchrow(
         "SELECT current_setting('transaction_read_only') AS ro, current_setting('transaction_isolation') AS iso"
@@ -147,8 +148,8 @@ async def test_perf2_infra4_read_only_connections_refuse_writes_and_others_fail_
         await store.load_snapshot_read_only(pool, novel_id)
 
 
-async def test_perf2_ctx2_context_without_pointers_reads_no_prose(pool: asyncpg.Pool, novel_id: str) -> None:
-    """CTX-2/CTX-4: the novel, its units and the commit index at asOf are one statement; prose is
+async def test_context_without_pointers_reads_no_prose(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2, CTX-2/CTX-4: the novel, its units and the commit index at asOf are one statement; prose is
     read by pointer only, and with no pointer (the book's first unit) no prose query is sent at
     all — BEGIN, the novel with its index, COMMIT; with a pointer, its prose in between."""
     first = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
@@ -168,8 +169,8 @@ async def test_perf2_ctx2_context_without_pointers_reads_no_prose(pool: asyncpg.
     assert list(sources.prose.values()) == [["Mira arrived."]]
 
 
-async def test_perf2_ctx4_as_of_resolved_in_the_one_statement(pool: asyncpg.Pool, novel_id: str) -> None:
-    """The asOf the index is read at is the one the request resolves: the unit's own commit
+async def test_as_of_resolved_in_the_one_statement(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2, CTX-4: The asOf the index is read at is the one the request resolves: the unit's own commit
     bounds it (default just before it, an explicit one at or after it refused), the latest commit
     bounds an explicit one (however large)."""
     first = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)

@@ -218,7 +218,7 @@ async def novel_id(pool: asyncpg.Pool) -> str:
     return nid
 
 
-async def test_issue14_snapshots_decode_to_the_same_snapshots_as_before(
+async def test_snapshots_decode_to_the_same_snapshots_as_before(
     pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """ARCH-3, PACK-1, TOOL-5, CTX-4: prose and structural snapshots, at every asOf, the read
@@ -242,7 +242,7 @@ async def test_issue14_snapshots_decode_to_the_same_snapshots_as_before(
     assert first and after == structure
 
 
-async def test_issue14_context_index_decodes_to_the_same_index_as_before(
+async def test_context_index_decodes_to_the_same_index_as_before(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """CTX-4: the context read's commit index (no prose, canon facts) and paragraph counts, in
@@ -259,7 +259,7 @@ async def test_issue14_context_index_decodes_to_the_same_index_as_before(
         assert sources.index.units == reference.units
 
 
-async def test_issue14_tool_snapshot_holds_the_units_chapter_prose_and_the_rest_reads_by_id(
+async def test_tool_snapshot_holds_the_units_chapter_prose_and_the_rest_reads_by_id(
     pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str
 ) -> None:
     """TOOL-5, TOOL-1: a run's read tools' snapshot carries the prose of its unit's chapter only;

@@ -57,9 +57,10 @@ async def test_snapshot_carries_novel_outline_units_commits_and_notes(
     assert await store.list_notes(pool, novel_id) == snap.notes
 
 
-async def test_ctx4_snapshot_as_of_seq_excludes_later_commits(
+async def test_snapshot_as_of_seq_excludes_later_commits(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """CTX-4"""
     await _write(pool, novel_id, "s1", "Mira arrived.")
     await _write(pool, novel_id, "s2", "The letter was old.")
     await _write(pool, novel_id, "s3", "The storm broke.")
@@ -84,9 +85,10 @@ async def test_ctx4_snapshot_as_of_seq_excludes_later_commits(
         await store.load_snapshot(pool, novel_id, as_of_seq=-1)
 
 
-async def test_ctx4_snapshot_reads_in_one_repeatable_read_read_only_transaction(
+async def test_snapshot_reads_in_one_repeatable_read_read_only_transaction(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """CTX-4"""
     async with pool.acquire() as conn:
         # Called inside an outer read-write transaction of another isolation level, asyncpg
         # refuses to nest it, which shows the snapshot demands its own isolation level.

@@ -22,8 +22,8 @@ def _round_trips() -> int:
     return sum(n for (kind, _), n in tally.snapshot().items() if kind == "db_round_trips")
 
 
-async def test_perf2_each_step_is_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
-    """prepare, claim, commit and account: one statement each (no BEGIN, no COMMIT); all still
+async def test_each_step_is_one_round_trip(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2: prepare, claim, commit and account: one statement each (no BEGIN, no COMMIT); all still
     do what STORE-1/STORE-2/REL-2 say."""
     before = _round_trips()
     unit_id = await store.prepare_unit(pool, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None)
@@ -47,16 +47,17 @@ async def test_perf2_each_step_is_one_round_trip(pool: asyncpg.Pool, novel_id: s
     assert not first and again.turns == 1  # REL-2: once per turn key
 
 
-async def test_perf2_account_turn_of_an_unknown_novel(pool: asyncpg.Pool) -> None:
+async def test_account_turn_of_an_unknown_novel(pool: asyncpg.Pool) -> None:
+    """PERF-2"""
     with pytest.raises(store.NovelNotFound):
         await store.account_turn(pool, "n-none", "claim-x", outcome="failed")
     assert await table_counts(pool, "turn_ledger") == {"turn_ledger": 0}
 
 
-async def test_perf2_prepare_takes_the_next_candidates_when_the_first_are_taken(
+async def test_prepare_takes_the_next_candidates_when_the_first_are_taken(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
-    """A unit id taken by another scene is skipped, beyond the first batch of candidates too."""
+    """PERF-2: A unit id taken by another scene is skipped, beyond the first batch of candidates too."""
     taken = list(itertools.islice(unit_id_candidates("ch-b", "s3", 1), PREPARE_CANDIDATES + 1))
     for i, candidate in enumerate(taken):  # squat every candidate of the first batch and one more
         await pool.execute(
@@ -69,7 +70,8 @@ async def test_perf2_prepare_takes_the_next_candidates_when_the_first_are_taken(
     assert await store.prepare_unit(pool, novel_id, "ch-b", "s3", fragment=1, continuation_anchor="a") == unit_id
 
 
-async def test_perf2_prepare_refusals(pool: asyncpg.Pool, novel_id: str) -> None:
+async def test_prepare_refusals(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2"""
     with pytest.raises(store.NovelNotFound):
         await store.prepare_unit(pool, "n-none", "ch-a", "s1", fragment=1, continuation_anchor=None)
     with pytest.raises(store.SceneNotFound, match="no scene 's3' in chapter 'ch-a'"):
@@ -88,10 +90,10 @@ async def _blocked_on_a_lock(pool: asyncpg.Pool) -> None:
     raise AssertionError("the commit never waited for the novel lock")
 
 
-async def test_perf2_commit_checks_again_when_the_novel_changed_before_its_write(
+async def test_commit_checks_again_when_the_novel_changed_before_its_write(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
-    """STORE-2 §16 order holds although the checks run before the lock: a commit whose write
+    """PERF-2, STORE-2 §16 order holds although the checks run before the lock: a commit whose write
     waits while the length budget shrinks under it is checked again and refused (nothing
     written, the unit stays claimed); one whose claim is released meanwhile is UnitNotClaimed."""
     claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
@@ -128,8 +130,8 @@ async def test_perf2_commit_checks_again_when_the_novel_changed_before_its_write
     assert await table_counts(pool, "commits") == {"commits": 0}
 
 
-async def test_perf2_record_turn_usage_once_per_turn_and_message(pool: asyncpg.Pool, novel_id: str) -> None:
-    """REL-7: one sample per accounted turn; REL-2: one per message; a stale totals read writes
+async def test_record_turn_usage_once_per_turn_and_message(pool: asyncpg.Pool, novel_id: str) -> None:
+    """PERF-2, REL-7: one sample per accounted turn; REL-2: one per message; a stale totals read writes
     nothing (nb_record_turn_usage answers 'changed')."""
     await store.account_turn(pool, novel_id, "claim-1", outcome="committed", unit_id="u", holder="d")
     sample = {"inputChars": 10, "windowPeakTokens": 4}
@@ -150,8 +152,8 @@ async def test_perf2_record_turn_usage_once_per_turn_and_message(pool: asyncpg.P
     assert await table_counts(pool, "processed_messages") == {"processed_messages": 1}
 
 
-async def test_perf2_intent_and_lease_in_one_statement(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
-    """DRV-1 + REL-1: the intent is recorded once and the unit leased under it, one round trip;
+async def test_intent_and_lease_in_one_statement(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
+    """PERF-2, DRV-1 + REL-1: the intent is recorded once and the unit leased under it, one round trip;
     a unit claimed under another intent is not leased; an unknown novel writes nothing."""
     before = _round_trips()
     assert await store.record_intent_and_lease(pool, novel_id, "intent-1", unit_id, "notice-1", "driver-0", 30)
@@ -170,8 +172,8 @@ async def test_perf2_intent_and_lease_in_one_statement(pool: asyncpg.Pool, novel
     assert await table_counts(pool, "intents") == {"intents": 2}
 
 
-def test_perf2_stored_configs_are_validated_once_per_distinct_value() -> None:
-    """The store parses a novel's config once per distinct JSON value (frozen, so shared);
+def test_stored_configs_are_validated_once_per_distinct_value() -> None:
+    """PERF-2: The store parses a novel's config once per distinct JSON value (frozen, so shared);
     a different value is its own config and an invalid one still fails validation."""
     from pydantic import ValidationError
 
@@ -185,10 +187,10 @@ def test_perf2_stored_configs_are_validated_once_per_distinct_value() -> None:
         parse_config({"budgets": {"writerDispatchLimit": 0}})
 
 
-async def test_perf2_commit_in_one_statement_keeps_the_check_order(
+async def test_commit_in_one_statement_keeps_the_check_order(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
-    """STORE-2 §16 order across both ways of committing: a body failing a database-free check
+    """PERF-2, STORE-2 §16 order across both ways of committing: a body failing a database-free check
     (the prose guard) is still refused first for what comes first — the unit not claimed, an
     existing commit with another body — and a canon source naming a paragraph an earlier commit
     does not have is refused by the one-statement way with check_body's own message."""
@@ -221,10 +223,10 @@ async def test_perf2_commit_in_one_statement_keeps_the_check_order(
         "commit-2#0", "commit-1#1"]
 
 
-async def test_perf2_writer_run_and_its_event_in_one_statement(
+async def test_writer_run_and_its_event_in_one_statement(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
-    """RUN-4/RUN-6 rows and their writer.dispatched / writer.finished ledger rows (BUS-3) in one
+    """PERF-2, RUN-4/RUN-6 rows and their writer.dispatched / writer.finished ledger rows (BUS-3) in one
     statement each; an unknown novel or run writes neither; reserved keys are refused (BUS-6)."""
     run = {"run_id": "run-1", "novel_id": novel_id, "unit_id": unit_id, "claim_id": None, "dispatch": 1,
            "mode": "W2", "provider": "offline"}
@@ -255,10 +257,10 @@ async def test_perf2_writer_run_and_its_event_in_one_statement(
                       (closed_again, "writer.finished")]
 
 
-async def test_perf2_context_freeze_and_usage_sample_with_their_events(
+async def test_context_freeze_and_usage_sample_with_their_events(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
-    """CTX-6 freeze + pack.rendered and USE-1 sample + usage.sampled (BUS-3): one statement each;
+    """PERF-2, CTX-6 freeze + pack.rendered and USE-1 sample + usage.sampled (BUS-3): one statement each;
     a repeated freeze is not saved again but still reported (as before); a duplicate sample writes
     no event (REL-2); an unknown novel writes nothing."""
     freeze = {"novel_id": novel_id, "unit_id": unit_id, "manifest_hash": "m" * 64, "context_hash": "c" * 64,
@@ -289,8 +291,8 @@ async def test_perf2_context_freeze_and_usage_sample_with_their_events(
         "context_freeze": 1, "usage_samples": 1, "processed_messages": 1}
 
 
-async def test_perf2_claim_and_its_event_in_one_statement(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
-    """STORE-1 claim and its unit.claimed ledger row (BUS-3) in one statement, the attempt filled
+async def test_claim_and_its_event_in_one_statement(pool: asyncpg.Pool, novel_id: str, unit_id: str) -> None:
+    """PERF-2, STORE-1 claim and its unit.claimed ledger row (BUS-3) in one statement, the attempt filled
     in by the database; a refused claim writes no event; a claim without an event writes none."""
     import msgspec
 

@@ -18,9 +18,10 @@ async def _age(pool: asyncpg.Pool, novel_id: str, hours: float) -> None:
                        " WHERE novel_id = $1", novel_id, hours)
 
 
-async def test_rel7_periodic_sweep_sees_the_window_and_a_restart_sees_all_history(
+async def test_periodic_sweep_sees_the_window_and_a_restart_sees_all_history(
     pool: asyncpg.Pool,
 ) -> None:
+    """REL-7"""
     old, recent = [await store.create_novel(pool, novel_file(f"n-{name}")) for name in ("old", "recent")]
     for nid in (old, recent):
         uid = await store.prepare_unit(pool, nid, "ch-a", "s1", fragment=1, continuation_anchor=None)
@@ -35,8 +36,8 @@ async def test_rel7_periodic_sweep_sees_the_window_and_a_restart_sees_all_histor
     assert {m.novel_id for m in await store.commits_without_event(pool, older_than_s=0, within_s=3600)} == {recent}
 
 
-async def test_rel7_the_sweep_windows_can_be_read_by_index(pool: asyncpg.Pool) -> None:
-    """The windows are index ranges (migration 011), not scans of the whole history: with
+async def test_the_sweep_windows_can_be_read_by_index(pool: asyncpg.Pool) -> None:
+    """REL-7: The windows are index ranges (migration 011), not scans of the whole history: with
     sequential scans priced out, the planner reads each window through its index."""
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")

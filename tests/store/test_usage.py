@@ -21,7 +21,8 @@ def _sample(turn: int) -> dict[str, object]:
     }
 
 
-async def test_use2_usage_ring_keeps_exactly_the_last_50(pool: asyncpg.Pool, novel_id: str) -> None:
+async def test_usage_ring_keeps_exactly_the_last_50(pool: asyncpg.Pool, novel_id: str) -> None:
+    """USE-2"""
     other = await store.create_novel(pool, novel_file("n-other"))
     await store.record_usage(pool, other, "inline", _sample(1))
     for turn in range(1, 61):
@@ -48,9 +49,10 @@ async def test_use2_usage_ring_keeps_exactly_the_last_50(pool: asyncpg.Pool, nov
     assert "provider" not in sub and "usage" not in sub  # non-numeric fields are not summed
 
 
-async def test_use2_concurrent_samples_never_overflow_the_ring(
+async def test_concurrent_samples_never_overflow_the_ring(
     pool: asyncpg.Pool, novel_id: str
 ) -> None:
+    """USE-2"""
     await asyncio.gather(
         *(store.record_usage(pool, novel_id, "subagent", _sample(t)) for t in range(70))
     )

@@ -90,10 +90,10 @@ async def write_inline(
     return book, runs
 
 
-def test_drv2_brief_is_the_unit_tail_and_the_session_holds_protocol_and_story(
+def test_brief_is_the_unit_tail_and_the_session_holds_protocol_and_story(
     sample_snapshot_with_prose: NovelSnapshot,
 ) -> None:
-    """The brief carries chapter, scene and unit blocks (not the prose tail, which the session
+    """DRV-2: The brief carries chapter, scene and unit blocks (not the prose tail, which the session
     wrote itself); the system message carries protocol and story once per session."""
     snap = sample_snapshot_with_prose
     unit_id = next(u.unit_id for u in snap.units if u.state == "claimed")
@@ -111,10 +111,10 @@ def test_drv2_brief_is_the_unit_tail_and_the_session_holds_protocol_and_story(
         unit_brief("[[story]]\ntitle: x\n")
 
 
-async def test_drv2_inline_writes_the_sample_with_the_same_prose_as_subagent(
+async def test_inline_writes_the_sample_with_the_same_prose_as_subagent(
     sample_file: NovelFile,
 ) -> None:
-    """Same writer behaviour in both modes: the offline writer researches by the same rule and
+    """DRV-2: Same writer behaviour in both modes: the offline writer researches by the same rule and
     commits the same bodies, following the LATEST brief of an ever longer history. MODEL-6: it
     reads only what is not already in its context — the session committed the previous unit
     itself, so after the first unit it reads the status only (a fresh W2 writer reads the prose)."""
@@ -142,10 +142,10 @@ async def test_drv2_inline_writes_the_sample_with_the_same_prose_as_subagent(
     ]
 
 
-async def test_ab2_use1_history_grows_and_the_split_adds_up_for_every_call(
+async def test_history_grows_and_the_split_adds_up_for_every_call(
     sample_file: NovelFile,
 ) -> None:
-    """Without compaction every unit re-sends all earlier units: the first call's input grows
+    """AB-2, USE-1: Without compaction every unit re-sends all earlier units: the first call's input grows
     strictly, earlier commits come back as prose echo, and for every call the four-way split
     (history / new tool results / brief or pack / prose echo) adds up to its raw input."""
     _, runs = await write_inline(sample_file, OfflineProvider())
@@ -164,10 +164,10 @@ async def test_ab2_use1_history_grows_and_the_split_adds_up_for_every_call(
     assert all(run.compactions == 0 for run in runs)
 
 
-async def test_ab2_compaction_fires_at_the_threshold_and_the_summary_replaces_history(
+async def test_compaction_fires_at_the_threshold_and_the_summary_replaces_history(
     sample_file: NovelFile,
 ) -> None:
-    """Past the threshold one compaction call (flagged, input = the whole earlier history)
+    """AB-2: Past the threshold one compaction call (flagged, input = the whole earlier history)
     replaces the history with a summary; the current unit continues verbatim; never earlier."""
     threshold = 6_000
     book, runs = await write_inline(sample_file, OfflineProvider(), compact_tokens=threshold)
@@ -254,9 +254,10 @@ async def test_offline_provider_answers_a_compaction_request_with_its_summary() 
     assert reply.usage.input_tokens <= estimate_input_tokens(history)
 
 
-async def test_run4_a_failed_compaction_fails_the_dispatch_with_its_reason(
+async def test_a_failed_compaction_fails_the_dispatch_with_its_reason(
     sample_file: NovelFile,
 ) -> None:
+    """RUN-4"""
     book = Book(sample_file)
     pack = book.next_pack()
     assert pack is not None
@@ -282,10 +283,10 @@ async def test_run4_a_failed_compaction_fails_the_dispatch_with_its_reason(
     assert len(run.history) == 3
 
 
-async def test_run3_calls_after_the_commit_in_one_reply_are_answered_not_executed(
+async def test_calls_after_the_commit_in_one_reply_are_answered_not_executed(
     sample_file: NovelFile,
 ) -> None:
-    """The history stays valid for a chat server: every tool call id gets a tool message."""
+    """RUN-3: The history stays valid for a chat server: every tool call id gets a tool message."""
     book = Book(sample_file)
     pack = book.next_pack()
     assert pack is not None
@@ -323,7 +324,7 @@ async def test_run3_calls_after_the_commit_in_one_reply_are_answered_not_execute
     assert [r.tool for r in run.outcome.tool_calls] == [COMMIT_TOOL]
 
 
-def test_ab2_compaction_threshold_is_configurable_and_bad_values_are_named() -> None:
+def test_compaction_threshold_is_configurable_and_bad_values_are_named() -> None:
     """AB-2 / MODEL-5: explicit threshold (argument, env) wins; else 0.7 of the window; else the
     legacy 100k estimated tokens where no window is known."""
     assert compact_threshold(None, env={}) is None
@@ -341,10 +342,10 @@ def test_ab2_compaction_threshold_is_configurable_and_bad_values_are_named() -> 
         compact_threshold(0)
 
 
-async def test_ab2_a_real_model_writes_the_summary_through_a_model_call(
+async def test_a_real_model_writes_the_summary_through_a_model_call(
     sample_file: NovelFile,
 ) -> None:
-    """A non-offline provider gets the compaction request as a model call without tools; its
+    """AB-2: A non-offline provider gets the compaction request as a model call without tools; its
     reply text becomes the summary that replaces the history."""
     book = Book(sample_file)
     pack = book.next_pack()
@@ -395,7 +396,7 @@ async def test_ab2_a_real_model_writes_the_summary_through_a_model_call(
     assert all("an old" not in str(m.get("content")) for m in run.history)
 
 
-async def test_model5_the_gate_fires_on_reported_prompt_tokens_at_0_7_of_the_window(
+async def test_the_gate_fires_on_reported_prompt_tokens_at_0_7_of_the_window(
     sample_file: NovelFile,
 ) -> None:
     """MODEL-5 / §16: the same small history compacts when the provider last REPORTED a prompt
@@ -453,7 +454,7 @@ def _forced(name: str) -> dict[str, Any]:
     return {"tool_choice": {"type": "function", "function": {"name": name}}}
 
 
-async def test_model3_inline_applies_the_w2_policy_without_forced_research() -> None:
+async def test_inline_applies_the_w2_policy_without_forced_research() -> None:
     """MODEL-3, AB-2: the inline session follows W2's tool-choice policy — a text answer is
     followed by the forced commit; a model known not to call tools under auto (`auto_declined`,
     learned per process) is forced from its first call, so no text answer is paid for — but it is

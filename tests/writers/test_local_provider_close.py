@@ -34,7 +34,8 @@ class _Server:
         self.up = False
 
 
-async def test_model1_a_closed_local_provider_never_restarts_its_server() -> None:
+async def test_a_closed_local_provider_never_restarts_its_server() -> None:
+    """MODEL-1"""
     server = _Server()
     provider = LocalProvider(server)
     await provider.start()

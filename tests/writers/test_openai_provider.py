@@ -291,7 +291,7 @@ def test_local_base_urls(url: str, local: bool) -> None:
     assert is_local_base_url(url) is local
 
 
-async def test_model3_hermes_tool_calls_in_the_content_are_parsed_and_options_are_sent() -> None:
+async def test_hermes_tool_calls_in_the_content_are_parsed_and_options_are_sent() -> None:
     """MODEL-3: a server that leaves `<tool_call>{…}</tool_call>` in the content still yields
     tool calls; tool_choice and response_format (MODEL-2) go on the wire as given."""
     content = ('Let me look.\n<tool_call>\n{"name": "novel_status_read", "arguments": {}}\n'
@@ -324,12 +324,12 @@ async def test_model3_hermes_tool_calls_in_the_content_are_parsed_and_options_ar
     ({"id": "m", "max_model_len": True}, None),
     ({"id": "m", "max_model_len": 12}, None),
 ])
-def test_model5_window_from_a_model_listing_entry(entry: dict[str, Any], window: int | None) -> None:
+def test_window_from_a_model_listing_entry(entry: dict[str, Any], window: int | None) -> None:
     """MODEL-5: the window read from one `GET /models` entry; nothing made up when absent."""
     assert window_from_model_entry(entry) == window
 
 
-async def test_model5_discover_context_window_asks_the_model_listing() -> None:
+async def test_discover_context_window_asks_the_model_listing() -> None:
     """MODEL-5: the provider reads its own model's entry; a server without a figure (or an error)
     gives None."""
     listing = {"object": "list", "data": [{"id": "x", "object": "model", "max_model_len": 2048},

@@ -351,7 +351,7 @@ def test_execution_policy_carries_session_id_and_store_together_or_not_at_all() 
         ExecutionPolicy(session_store=sessions)
 
 
-async def test_model2_w1_repair_round_sends_the_validation_error_then_accepts_the_fix() -> None:
+async def test_w1_repair_round_sends_the_validation_error_then_accepts_the_fix() -> None:
     """MODEL-2: one repair round with the validation errors; the second reply is the draft."""
     provider = ScriptedProvider([text('{"paragraphs": ["x"]}'), text(json.dumps(BODY))])
     outcome = await run_w1(provider, PACK, max_output_tokens=1000, mechanism="json_object+schema")
@@ -366,7 +366,7 @@ async def test_model2_w1_repair_round_sends_the_validation_error_then_accepts_th
     assert fmt["schema"]["properties"]["paragraphs"]["items"]["minLength"] == 1
 
 
-async def test_model2_raw_control_characters_inside_strings_are_parsed_leniently() -> None:
+async def test_raw_control_characters_inside_strings_are_parsed_leniently() -> None:
     """MODEL-2: a grammar-constrained reply may hold a raw control character inside a string;
     it is parsed leniently, then validated strictly."""
     broken = json.dumps(BODY).replace(PROSE[0], PROSE[0] + "\t\u0001end", 1)
@@ -384,7 +384,7 @@ async def test_model2_raw_control_characters_inside_strings_are_parsed_leniently
 FORCED = {"type": "function", "function": {"name": COMMIT_TOOL}}
 
 
-async def test_model3_a_text_answer_gets_a_forced_commit_recorded_as_forced() -> None:
+async def test_a_text_answer_gets_a_forced_commit_recorded_as_forced() -> None:
     """MODEL-3: research with the server's default; after a text answer the commit is forced by
     name, and the forced call is marked in the manifest and in usage."""
     provider = ScriptedProvider([
@@ -404,7 +404,8 @@ async def test_model3_a_text_answer_gets_a_forced_commit_recorded_as_forced() ->
     assert "forced" not in outcome.dependencies[0]
 
 
-async def test_model3_the_last_allowed_round_forces_the_commit() -> None:
+async def test_the_last_allowed_round_forces_the_commit() -> None:
+    """MODEL-3"""
     provider = ScriptedProvider([tools(call("novel_status_read", {}, f"r{i}")) for i in range(2)]
                                 + [tools(call(COMMIT_TOOL, COMMIT_ARGS, "c"))])
     outcome = await w2(provider, Host(), max_tool_rounds=3)
@@ -412,7 +413,7 @@ async def test_model3_the_last_allowed_round_forces_the_commit() -> None:
     assert [o.get("tool_choice") for o in provider.options] == [None, None, FORCED]
 
 
-async def test_model5_max_tokens_fit_the_window_and_an_impossible_fit_is_never_sent() -> None:
+async def test_max_tokens_fit_the_window_and_an_impossible_fit_is_never_sent() -> None:
     """MODEL-5: max_tokens is what the window leaves; a request the window cannot hold fails
     with window-exceeded before any model call."""
     from novelbus.writers.runner import request_tokens

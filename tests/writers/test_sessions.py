@@ -27,7 +27,8 @@ async def w2(provider: ScriptedProvider, pack: str, policy: ExecutionPolicy | No
                         commit=Host().commit, max_output_tokens=1000, policy=policy, **kw)
 
 
-async def test_run5_revision_of_the_same_chapter_continues_the_session_and_a_rewrite_starts_fresh() -> None:
+async def test_revision_of_the_same_chapter_continues_the_session_and_a_rewrite_starts_fresh() -> None:
+    """RUN-5"""
     sessions = MemorySessionStore()
     policy = ExecutionPolicy(session_id="sess-ch1", session_store=sessions)
 
@@ -65,7 +66,8 @@ async def test_run5_revision_of_the_same_chapter_continues_the_session_and_a_rew
     assert sessions.sessions["sess-ch1"].chapter_id == "ch2"
 
 
-async def test_run5_without_a_session_nothing_is_stored_and_every_run_is_fresh() -> None:
+async def test_without_a_session_nothing_is_stored_and_every_run_is_fresh() -> None:
+    """RUN-5"""
     provider = ScriptedProvider([tools(call(COMMIT_TOOL, COMMIT_ARGS, "a")), tools(call(COMMIT_TOOL, COMMIT_ARGS, "b"))])
     for _ in range(2):
         outcome = await w2(provider, PACK, None, chapter_id="ch1")
@@ -73,8 +75,8 @@ async def test_run5_without_a_session_nothing_is_stored_and_every_run_is_fresh()
     assert [len(m) for m, _ in provider.calls] == [2, 2]
 
 
-async def test_run5_a_failed_run_is_saved_too_and_its_unexecuted_calls_are_closed() -> None:
-    """A dispatch that stops without committing leaves a session a revision can pick up; calls
+async def test_a_failed_run_is_saved_too_and_its_unexecuted_calls_are_closed() -> None:
+    """RUN-5: A dispatch that stops without committing leaves a session a revision can pick up; calls
     after a successful commit get a 'not-executed' answer so a chat server accepts the history."""
     sessions = MemorySessionStore()
     policy = ExecutionPolicy(session_id="s", session_store=sessions)
@@ -94,8 +96,8 @@ async def test_run5_a_failed_run_is_saved_too_and_its_unexecuted_calls_are_close
     assert closed_history(history) == history  # already closed: unchanged
 
 
-async def test_run5_sessions_in_postgres_are_per_novel(new_database: Any) -> None:
-    """The PostgreSQL store continues a session of its own novel only."""
+async def test_sessions_in_postgres_are_per_novel(new_database: Any) -> None:
+    """RUN-5: The PostgreSQL store continues a session of its own novel only."""
     pool = await store.connect(await new_database())
     try:
         await store.migrate(pool)
@@ -118,7 +120,8 @@ async def test_run5_sessions_in_postgres_are_per_novel(new_database: Any) -> Non
         await pool.close()
 
 
-def test_run5_policy_needs_both_or_neither() -> None:
+def test_policy_needs_both_or_neither() -> None:
+    """RUN-5"""
     with pytest.raises(ValueError, match="together"):
         ExecutionPolicy(session_id="s")
     with pytest.raises(ValueError, match="together"):

@@ -21,7 +21,8 @@ from novelbus.writers.structured import (
 )
 
 
-def test_model2_response_formats_per_mechanism() -> None:
+def test_response_formats_per_mechanism() -> None:
+    """MODEL-2"""
     schema = draft_schema(target_max=900)
     assert response_format("json_schema", schema) == {
         "type": "json_schema", "json_schema": {"name": "draft", "schema": schema, "strict": False}}
@@ -32,7 +33,8 @@ def test_model2_response_formats_per_mechanism() -> None:
         response_format("xml", schema)
 
 
-def test_model2_the_unit_range_bounds_the_paragraphs() -> None:
+def test_the_unit_range_bounds_the_paragraphs() -> None:
+    """MODEL-2"""
     pack = "[[unit]]\nunitId: u-1\nfragment: 1\ntargetMin: 300\ntargetMax: 1300\nstage: early\n"
     assert unit_target_max(pack) == 1300 and unit_target_max("[[story]]\ntitle: x\n") is None
     paragraphs = draft_schema(target_max=1300)["properties"]["paragraphs"]
@@ -44,8 +46,8 @@ def test_model2_the_unit_range_bounds_the_paragraphs() -> None:
 
 
 @given(st.integers(min_value=1, max_value=10**6))
-def test_model2_grammar_servers_can_take_the_schema_for_any_unit_size(target_max: int) -> None:
-    """llama.cpp refuses a grammar of more than ~2,000 rules (its server then dies); a string
+def test_grammar_servers_can_take_the_schema_for_any_unit_size(target_max: int) -> None:
+    """MODEL-2: llama.cpp refuses a grammar of more than ~2,000 rules (its server then dies); a string
     bounded at N characters costs N rules. Whatever the unit's range, the bounded strings of the
     forced commit schema stay far below that."""
     schema = commit_schema("u-1", target_max=target_max)
@@ -65,7 +67,8 @@ def test_model2_grammar_servers_can_take_the_schema_for_any_unit_size(target_max
     assert bounded and sum(bounded) <= 1_200
 
 
-def test_model2_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
+def test_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
+    """MODEL-2"""
     draft = {"paragraphs": ["The bell rang."], "sceneCompletion": {"completed": True, "basis": "rang"},
              "canonChanges": [{"kind": "event", "summary": "bell", "sources": ["inline#0"]}]}
     assert set(draft_schema()["required"]) == set(draft)
@@ -73,8 +76,8 @@ def test_model2_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
 
 
 @pytest.mark.local_model
-def test_model2_the_grammar_llama_cpp_builds_stays_inside_its_rule_limit() -> None:
-    """With the local extra installed: the GBNF llama-cpp-python builds from the largest forced
+def test_the_grammar_llama_cpp_builds_stays_inside_its_rule_limit() -> None:
+    """MODEL-2: With the local extra installed: the GBNF llama-cpp-python builds from the largest forced
     commit schema has fewer than 2,000 rules' worth of nested optionals."""
     if importlib.util.find_spec("llama_cpp") is None:
         if os.environ.get("NOVELBUS_REQUIRE_LOCAL_MODEL") == "1":

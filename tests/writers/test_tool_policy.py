@@ -39,7 +39,7 @@ states = st.builds(RunState, rounds=st.integers(0, 10), max_tool_rounds=st.integ
 
 
 @given(states, allow_lists, researches)
-def test_model3_policy_forces_only_allowed_tools_and_never_research_twice(
+def test_policy_forces_only_allowed_tools_and_never_research_twice(
         state: RunState, allowed: tuple[str, ...], research: Research | None) -> None:
     """MODEL-3 / RUN-3: a forced tool is always on the allow-list; without the commit tool nothing
     is forced; the last round forces the commit; research is never forced once the run researched."""
@@ -77,7 +77,7 @@ def simulate(allowed: tuple[str, ...], research: Research | None, max_rounds: in
 
 
 @given(st.integers(3, 10), st.booleans())
-def test_model3_a_model_that_never_calls_tools_researches_then_commits(max_rounds: int, known: bool) -> None:
+def test_a_model_that_never_calls_tools_researches_then_commits(max_rounds: int, known: bool) -> None:
     """MODEL-3: text → one forced read → forced commit; known not to call tools under auto: the
     read is forced from the first call (no text answer to wait for)."""
     research = Research(OUTLINE_READ, "ch1")
@@ -86,12 +86,13 @@ def test_model3_a_model_that_never_calls_tools_researches_then_commits(max_round
 
 
 @given(st.integers(3, 10))
-def test_model3_a_model_that_calls_tools_itself_is_never_forced(max_rounds: int) -> None:
+def test_a_model_that_calls_tools_itself_is_never_forced(max_rounds: int) -> None:
+    """MODEL-3"""
     assert simulate(ALL, Research(BODY_READ, "ch1"), max_rounds, own_tools=True) == [None, None]
 
 
-def test_model3_research_target_is_what_the_unit_needs() -> None:
-    """The chapter's prose when it has some, else the chapter's outline, else the novel's status."""
+def test_research_target_is_what_the_unit_needs() -> None:
+    """MODEL-3: The chapter's prose when it has some, else the chapter's outline, else the novel's status."""
     with_prose = "[[chapter]]\nchapterId: ch1\ntitle: T\n\n[[prose-tail]]\nShe ran.\n\n[[unit]]\nunitId: u-1\n"
     first = "[[chapter]]\nchapterId: ch1\ntitle: T\n\n[[unit]]\nunitId: u-1\n"
     assert research_target(pack_blocks(with_prose), ALL) == Research(BODY_READ, "ch1")
@@ -109,7 +110,7 @@ def forced(name: str) -> dict[str, Any]:
     return {"tool_choice": {"type": "function", "function": {"name": name}}}
 
 
-async def test_model3_a_text_answer_gets_one_forced_read_then_a_forced_commit() -> None:
+async def test_a_text_answer_gets_one_forced_read_then_a_forced_commit() -> None:
     """MODEL-3 / RUN-3 / RUN-6: the model answers in text; the runner forces the chapter's
     outline read (parameters pinned to the unit's chapter), runs it through the host's read
     tool, then forces the commit; both forced calls are marked in the manifest and in usage."""
@@ -130,7 +131,8 @@ async def test_model3_a_text_answer_gets_one_forced_read_then_a_forced_commit() 
     assert outcome.auto_declined
 
 
-async def test_model3_known_decliner_is_forced_from_the_first_call_and_a_strong_model_is_not() -> None:
+async def test_known_decliner_is_forced_from_the_first_call_and_a_strong_model_is_not() -> None:
+    """MODEL-3"""
     provider = ScriptedProvider([tools(call(OUTLINE_READ, {"chapterId": "ch1"}, "r")),
                                  tools(call(COMMIT_TOOL, COMMIT_ARGS, "c"))])
     host = Host()
@@ -147,8 +149,8 @@ async def test_model3_known_decliner_is_forced_from_the_first_call_and_a_strong_
     assert not any(d.get("forced") for d in outcome.dependencies)
 
 
-async def test_model3_forced_research_still_meets_the_allow_list() -> None:
-    """RUN-3: a forced call is executed by the same host checks: a call outside the allow-list
+async def test_forced_research_still_meets_the_allow_list() -> None:
+    """MODEL-3, RUN-3: a forced call is executed by the same host checks: a call outside the allow-list
     in the forced reply is refused and recorded, never run; a server that ignores the forced
     choice and answers in text again ends the run as not-committed (no loop)."""
     claim = ToolCall(id="x", name="novel_claim_unit", arguments="{}")
@@ -171,7 +173,7 @@ async def test_model3_forced_research_still_meets_the_allow_list() -> None:
     assert json.dumps(deaf.options[1]).count(OUTLINE_READ) == 1
 
 
-async def test_model3_a_refused_forced_commit_is_forced_again_not_offered_auto() -> None:
+async def test_a_refused_forced_commit_is_forced_again_not_offered_auto() -> None:
     """MODEL-3: once the model declined `auto` in a run, a commit the claim manager refused is
     followed by another forced commit (no second text answer nobody uses)."""
     provider = ScriptedProvider([
@@ -187,7 +189,7 @@ async def test_model3_a_refused_forced_commit_is_forced_again_not_offered_auto()
     assert provider.options == [{}, forced(OUTLINE_READ), forced(COMMIT_TOOL), forced(COMMIT_TOOL)]
 
 
-async def test_model3_model5_no_forced_research_when_the_window_cannot_hold_it() -> None:
+async def test_no_forced_research_when_the_window_cannot_hold_it() -> None:
     """MODEL-3 / MODEL-5: with a window that leaves less than RESEARCH_ROOM_TOKENS after the
     prompt, a text answer gets the commit forced straight away (a read result there would make
     the commit request overflow); with a roomy window the same run researches first."""
@@ -209,7 +211,7 @@ async def test_model3_model5_no_forced_research_when_the_window_cannot_hold_it()
 
 
 @given(states, researches, st.integers(-100, RESEARCH_ROOM_TOKENS - 1))
-def test_model5_policy_never_forces_research_the_window_cannot_hold(
+def test_policy_never_forces_research_the_window_cannot_hold(
         state: RunState, research: Research | None, room: int) -> None:
     """MODEL-5: less than RESEARCH_ROOM_TOKENS left → never a forced read (the commit or auto)."""
     from dataclasses import replace

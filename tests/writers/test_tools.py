@@ -306,7 +306,7 @@ def _sample_with_goal(goal: str) -> Any:
     return parse_novel_file(json.dumps(data).encode())
 
 
-def test_model5_w2_request_bound_counts_pack_tools_and_reserve() -> None:
+def test_w2_request_bound_counts_pack_tools_and_reserve() -> None:
     """MODEL-5: the creation-time bound of the first W2 request holds the trimmed pack, the W2
     tool definitions and the reply reserve; a longer scene field raises it; `w2_fit_error`
     names the window, the figure and the scene only when it does not fit."""
@@ -327,7 +327,7 @@ def test_model5_w2_request_bound_counts_pack_tools_and_reserve() -> None:
     assert f"{b.tokens - 1:,} tokens" in error and f"about {b.tokens:,}" in error and scene in error
 
 
-def test_model5_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -> None:
+def test_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -> None:
     """MODEL-5: the creation-time bound covers every shape — W1 the full pack and its instruction
     with no tools, inline the session preamble and the first unit's brief with the W2 tools — each
     equal to the estimate of the opening request those runs build (writers.runner /
@@ -374,7 +374,7 @@ def test_model5_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -
     assert error is not None and "first inline request" in error and "of tool definitions" in error
 
 
-async def test_model6_a_runs_tool_estimate_from_names_equals_the_estimate_of_its_definitions() -> None:
+async def test_a_runs_tool_estimate_from_names_equals_the_estimate_of_its_definitions() -> None:
     """MODEL-6, PERF-2: the estimate kept per list of names is the estimate of the definitions
     those names give, for every allow-list shape; a provider that measures still wins."""
     from novelbus.writers.offline import OfflineProvider
@@ -388,7 +388,7 @@ async def test_model6_a_runs_tool_estimate_from_names_equals_the_estimate_of_its
         assert expected > 0
 
 
-def test_model6_known_definitions_are_estimated_as_what_was_sent() -> None:
+def test_known_definitions_are_estimated_as_what_was_sent() -> None:
     """MODEL-6, PERF-2: the offline provider's per-call estimate skips serialising the registry's
     own definitions, and equals the estimate of exactly what was sent — also when a caller edited
     its copy, repeated a tool, reordered them or named one the registry does not know."""

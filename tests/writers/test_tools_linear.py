@@ -143,7 +143,7 @@ def tool_snapshots(draw: st.DrawFn) -> NovelSnapshot:
 
 @settings(PURE, max_examples=80)
 @given(tool_snapshots())
-def test_tool1_status_read_in_one_pass_equals_the_previous_implementation(
+def test_status_read_in_one_pass_equals_the_previous_implementation(
     snapshot: NovelSnapshot,
 ) -> None:
     """Issue 14 / TOOL-1: the one-pass status read returns exactly what the per-scene scans
@@ -153,8 +153,8 @@ def test_tool1_status_read_in_one_pass_equals_the_previous_implementation(
 
 @PURE
 @given(tool_snapshots())
-def test_tool1_outline_read_defaults_to_the_same_chapter_as_before(snapshot: NovelSnapshot) -> None:
-    """The outline read's default chapter (shared helper, reshaped for the status read) is
+def test_outline_read_defaults_to_the_same_chapter_as_before(snapshot: NovelSnapshot) -> None:
+    """TOOL-1: The outline read's default chapter (shared helper, reshaped for the status read) is
     unchanged."""
     if snapshot.outline is None:
         return
@@ -200,7 +200,7 @@ def _result(snapshot: NovelSnapshot, name: str, args: dict[str, Any]) -> Any:
 
 @settings(PURE, max_examples=60)
 @given(tool_snapshots(), st.data())
-def test_tool1_prose_read_on_demand_gives_the_results_of_the_whole_snapshot(
+def test_prose_read_on_demand_gives_the_results_of_the_whole_snapshot(
     snapshot: NovelSnapshot, data: st.DataObject
 ) -> None:
     """Issue 14 / TOOL-1, TOOL-2: a run's snapshot holds some commits' prose (the unit's chapter);
@@ -220,7 +220,7 @@ def test_tool1_prose_read_on_demand_gives_the_results_of_the_whole_snapshot(
         assert _result(partial, name, args) == _result(snapshot, name, args)
 
 
-def test_tool1_tools_that_read_no_prose_ask_for_none() -> None:
-    """Only the body read and the body search read prose; the rest never cause a read."""
+def test_tools_that_read_no_prose_ask_for_none() -> None:
+    """TOOL-1: Only the body read and the body search read prose; the rest never cause a read."""
     assert {n for n, s in READ_TOOLS.items() if s.prose is not None} == {
         "novel_body_read", "novel_body_search"}
