@@ -1,5 +1,5 @@
-"""PERF-2 (issue 14) with STORE-2, CLM-2, REL-2, REL-7: the claim manager's `unit.committed` ledger
-row is written by the commit's own statement (`store.commit_body_with_event`, migration 009) and
+"""PERF-2 with STORE-2, CLM-2, REL-2, REL-7: the claim manager's `unit.committed` ledger
+row is written by the commit's own statement (`store.commit_body_with_event`, `nb_commit_body_event`) and
 then published under its seq; a claim manager killed between the statement and the publish leaves
 the row ledger-only, and the path that applies publishes it, once, in per-novel order: the flow
 that finds its commit landed (`UnitFlow.landed`), the restarted claim manager (`recover`)."""

@@ -1,5 +1,5 @@
-"""PERF-2 (issue 14): the driver's store steps folded into one statement each (migration 008 and
-`account_turn_and_snapshot`) — with the guarantees of the steps they replace: DRV-1 (intent
+"""PERF-2: the driver's store steps folded into one statement each (`nb_prepare_lease_unit` in
+store/functions.sql, and `account_turn_and_snapshot`) — with the guarantees of the steps they replace: DRV-1 (intent
 recorded), REL-1 (unit leased before the claim), STORE-1 preconditions, REL-2 (a repeat changes
 nothing twice), the ledger as the outbox (the `unit.prepared` row written with the unit)."""
 
