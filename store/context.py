@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from novelbus.novel.context import (
+    CANON_KINDS,
     ContextLeakError,
     ContextSources,
     FrozenContext,
@@ -116,9 +117,10 @@ async def read_context_sources(
             f" pg_current_snapshot()::text AS units_snapshot, {NOVEL_MARK_SQL} AS novel_mark,"
             f" {_INDEX_COMMITS}::text AS commits, {_KNOWN_AFTER} AS commits_after,"
             f" {latest_mark('a.as_of')} AS mark,"
-            # ROLE-3: the extractor's facts at or before asOf, when the novel's canon uses them.
+            # ROLE-3: the extractor's facts at or before asOf, when the novel's canon uses them —
+            # of the kinds a context selects (CANON_KINDS), not the whole book's events.
             " CASE WHEN coalesce(n.config ->> 'canonSource', 'writer') = 'writer' THEN NULL"
-            f" ELSE {extracted_json('n.novel_id', 'a.as_of')} END AS extracted"
+            f" ELSE {extracted_json('n.novel_id', 'a.as_of', CANON_KINDS)} END AS extracted"
             " FROM novels n, k, a WHERE n.novel_id = $1",
             novel_id,
             unit_id,

@@ -42,16 +42,17 @@ class ExtractionRecord(msgspec.Struct, frozen=True):
     context_hash: str | None = None  # the extractor's frozen context (CTX-9)
 
 
-def extracted_json(novel: str, up_to: str) -> str:
+def extracted_json(novel: str, up_to: str, kinds: tuple[str, ...] | None = None) -> str:
     """SQL: ``{commit id: [CanonChange JSON, …]}`` of the extractor's facts of novel `novel` at
-    or before seq `up_to`, in fact order (text)."""
+    or before seq `up_to` (of these `kinds` only; None: all), in fact order (text)."""
+    only = "" if kinds is None else " AND e.kind IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
     return (
         "(SELECT coalesce(json_object_agg(x.commit_id, x.facts), '{}'::json)::text FROM"
         " (SELECT e.commit_id, json_agg(json_build_object('kind', e.kind, 'summary', e.summary,"
         " 'sources', e.sources, 'detail', e.detail, 'characterIds', e.character_ids,"
         " 'foreshadowingId', e.foreshadowing_id,"
         " 'foreshadowingStatus', coalesce(e.foreshadowing_status, 'resolved')) ORDER BY e.idx) AS facts"
-        f" FROM extracted_canon e WHERE e.novel_id = {novel} AND e.seq <= {up_to} GROUP BY e.commit_id) x)"
+        f" FROM extracted_canon e WHERE e.novel_id = {novel} AND e.seq <= {up_to}{only} GROUP BY e.commit_id) x)"
     )
 
 
