@@ -285,3 +285,22 @@ def test_the_detector_and_judge_review_the_candidate_they_are_given() -> None:
         earlier = {p for c in FINAL.commits[:2] for p in c.paragraphs}
         own = [p for p in FINAL.commits[2].paragraphs if p not in earlier]
         assert own and not any(p in text for p in own)
+
+
+@PURE_SLOW
+@given(histories(max_units=8))
+def test_offline_extraction_over_any_history_is_sourced_in_its_commit_and_names_the_cast(
+    snapshot: NovelSnapshot,
+) -> None:
+    """ROLE-3: over generated books (English and Chinese prose), every offline fact cites a
+    paragraph of the commit it reads, names only cast members, and none repeats known canon."""
+    for commit in snapshot.commits:
+        inputs = role_inputs_from_snapshot("extractor", snapshot, commit.unit_id)
+        cast = {c["characterId"] for c in project("extractor", inputs)["cast"]}
+        known = {fact_key(c) for c in known_canon(inputs)}
+        for fact in offline_extract(inputs):
+            for source in fact.sources:
+                pointer, _, index = source.partition("#")
+                assert pointer == commit.commit_id and 0 <= int(index) < len(commit.paragraphs)
+            assert set(fact.character_ids) <= cast
+            assert fact_key(fact) not in known
