@@ -26,7 +26,7 @@ from novelbus.novel.body import CanonChange
 from novelbus.novel.context import keyword_set
 from novelbus.novel.roles import RoleInputError, RoleInputs
 from novelbus.novel.snapshot import CommitView
-from novelbus.novel.text import one_line, truncate
+from novelbus.novel.text import has_cjk, one_line, truncate
 
 CanonSource = Literal["writer", "extractor", "both"]
 CANON_SOURCES: tuple[str, ...] = ("writer", "extractor", "both")
@@ -164,10 +164,19 @@ def accept(proposed: Iterable[CanonChange], commit: CommitView, known: Sequence[
 
 
 def _mentions(name: str, character_id: str, paragraph: str) -> bool:
+    """The paragraph names the character: the full name, the first name (3+ letters) or the id,
+    as a word — or anywhere for a name in a script written without spaces (CJK)."""
     text = paragraph.lower()
     first = name.split()[0].lower() if name.split() else ""
-    return any(t and re.search(rf"(?<!\w){re.escape(t)}(?!\w)", text)
-               for t in (name.lower(), first if len(first) >= 3 else "", character_id.lower()))
+    for token in (name.lower(), first if len(first) >= 3 else "", character_id.lower()):
+        if not token:
+            continue
+        if has_cjk(token):
+            if token in text:
+                return True
+        elif re.search(rf"(?<!\w){re.escape(token)}(?!\w)", text):
+            return True
+    return False
 
 
 def _sentence_with(paragraph: str, name: str) -> str:

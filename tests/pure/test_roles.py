@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novelbus.novel.body import CanonChange
+from novelbus.novel.body import CanonChange, CommitBody
 from novelbus.novel.context import freeze_from_snapshot
-from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.novel.roles import (
     ROLES,
     Candidate,
@@ -37,6 +37,7 @@ from novelbus.novel.snapshot import NovelSnapshot
 from tests.pure.sim import golden_body, snapshot_from_file, write_book
 from tests.pure.strategies import PURE_SLOW, histories
 from tests.roles_leaks import leaks
+from tests.writers.conftest import CHINESE_NOVEL
 
 BOOK = write_book(snapshot_from_file(parse_novel_file(sample_novel_bytes())), golden_body)
 FINAL: NovelSnapshot = BOOK[-1][0]
@@ -304,3 +305,19 @@ def test_offline_extraction_over_any_history_is_sourced_in_its_commit_and_names_
                 assert pointer == commit.commit_id and 0 <= int(index) < len(commit.paragraphs)
             assert set(fact.character_ids) <= cast
             assert fact_key(fact) not in known
+
+
+def test_offline_extraction_finds_chinese_names_written_without_spaces() -> None:
+    """ROLE-3: a name in a script without spaces (林雾) is found inside a sentence."""
+    nf = NovelFile.model_validate(CHINESE_NOVEL)
+    book = write_book(snapshot_from_file(nf), golden_body)
+    final = book[-1][0]
+    commit = final.commits[0]
+    body = CommitBody(paragraphs=["清晨，林雾推开灯塔的门，看见日志少了一页。", "老周站在楼梯口不说话。"],
+                      scene_completion=commit.scene_completion)
+    planted = msgspec.structs.replace(final, commits=[msgspec.structs.replace(
+        commit, paragraphs=body.paragraphs, paragraph_count=2, canon_changes=[])] + final.commits[1:])
+    facts = offline_extract(role_inputs_from_snapshot("extractor", planted, commit.unit_id))
+    states = {tuple(f.character_ids): f.sources for f in facts if f.kind == "character-state"}
+    assert states[("linwu",)] == [f"{commit.commit_id}#0"]
+    assert states[("laozhou",)] == [f"{commit.commit_id}#1"]
