@@ -201,12 +201,17 @@ def offline_extract(inputs: RoleInputs) -> list[CanonChange]:
     where = one_line(l0.scene.timeLocation) if l0.scene.sceneId == commit.scene_id else ""
     proposals: list[CanonChange] = []
     present: list[str] = []
+    chinese = has_cjk(l0.story.premise)
     for character_id, name in names.items():
         p = next((i for i, text in enumerate(paragraphs) if _mentions(name, character_id, text)), None)
         if p is None:
             continue
         present.append(character_id)
-        summary = f"{name} is in chapter {commit.chapter_id}, scene {commit.scene_id}" + (f" ({where})" if where else "")
+        if chinese:  # the summary in the story's language (the pack shows it beside the prose)
+            summary = f"{name}出现在章节 {commit.chapter_id} 场景 {commit.scene_id}" + (f"（{where}）" if where else "")
+        else:
+            summary = f"{name} is in chapter {commit.chapter_id}, scene {commit.scene_id}" + (
+                f" ({where})" if where else "")
         proposals.append(CanonChange(kind="character-state", summary=summary, sources=[f"{commit.commit_id}#{p}"],
                                      detail=_sentence_with(paragraphs[p], name), character_ids=[character_id]))
     declared = list(l0.chapter.keyEvents) if l0.chapter.chapterId == commit.chapter_id else []
