@@ -308,7 +308,8 @@ def test_offline_extraction_over_any_history_is_sourced_in_its_commit_and_names_
 
 
 def test_offline_extraction_finds_chinese_names_written_without_spaces() -> None:
-    """ROLE-3: a name in a script without spaces (林雾) is found inside a sentence."""
+    """ROLE-3: a name in a script without spaces (林雾) is found inside a sentence; the fact is
+    written in the story's language."""
     nf = NovelFile.model_validate(CHINESE_NOVEL)
     book = write_book(snapshot_from_file(nf), golden_body)
     final = book[-1][0]
@@ -321,3 +322,4 @@ def test_offline_extraction_finds_chinese_names_written_without_spaces() -> None
     states = {tuple(f.character_ids): f.sources for f in facts if f.kind == "character-state"}
     assert states[("linwu",)] == [f"{commit.commit_id}#0"]
     assert states[("laozhou",)] == [f"{commit.commit_id}#1"]
+    assert all("出现在" in f.summary for f in facts if f.kind == "character-state")  # the story's language
