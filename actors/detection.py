@@ -17,6 +17,7 @@ leaves the row, and the next check of the candidate re-publishes it).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from novelbus.novel.detection import (
 from novelbus.novel.outline import NovelConfig
 from novelbus.novel.roles import Candidate, role_inputs
 from novelbus.novel.roles.detector import project
+from novelbus.novel.text import effective_characters
 from novelbus.store.detections import DetectionRecord, detection_inputs, save_detection_with_event
 from novelbus.writers.provider import ModelProvider, complete
 from novelbus.writers.structured import mechanism_override, response_format
@@ -69,9 +71,6 @@ def once_key_of_detection(novel_id: str, unit_id: str, context_hash: str | None,
 def _verdict(record: DetectionRecord) -> DetectorVerdict:
     if record.outcome == "pass":
         return DetectorVerdict(None)
-    if record.outcome == DETECTOR_UNPARSED:
-        return DetectorVerdict(DETECTOR_UNPARSED, f"{DETECTOR_UNPARSED}: the detector's reply could not be "
-                               "read, so the candidate was not checked and is not committed; write it again")
     detection = Detection(record.detector, [msgspec.convert(c, Claim) for c in record.claims])
     return DetectorVerdict(record.outcome, refusal_message(detection, model_text=record.detector == "model"),
                            tuple(record.gaps))
@@ -83,7 +82,14 @@ class CandidateDetector:
     def __init__(self, ctx: ActorContext, provider: ModelProvider | None = None) -> None:
         self.ctx = ctx
         self._provider = provider
+        self._owns_provider = provider is None
         self.checked = 0
+
+    async def aclose(self) -> None:
+        """Close the provider this detector made (an injected one is its owner's)."""
+        close = getattr(self._provider, "aclose", None)
+        if self._owns_provider and close is not None:
+            await close()
 
     def provider(self) -> ModelProvider:
         if self._provider is None:
@@ -92,19 +98,22 @@ class CandidateDetector:
             self._provider = make_provider(self.ctx.settings.model)
         return self._provider
 
-    async def check(self, novel_id: str, unit_id: str, body: CommitBody, *, config: NovelConfig,
-                    context_sha256: str | None, claim_id: str | None = None) -> DetectorVerdict:
-        mode = config.detector
-        if mode == "off":
-            return DetectorVerdict(None)
+    async def check(self, novel_id: str, unit_id: str, body: CommitBody, *, context_sha256: str | None,
+                    claim_id: str | None = None, shape: str = "W2",
+                    config: NovelConfig | None = None) -> DetectorVerdict:
+        """The verdict on one candidate (`config`: the novel's, else read with the inputs)."""
         pool = self.ctx.pool
         body_hash = business_hash(body)
         key = once_key_of_detection(novel_id, unit_id, context_sha256, body_hash)
-        request, record = await detection_inputs(pool, novel_id, unit_id, context_sha256, body_hash)
-        if record is not None:  # REL-2: this candidate was checked in this context already
+        inputs = await detection_inputs(pool, novel_id, unit_id, context_sha256, body_hash)
+        config = config or inputs.config
+        mode = config.detector
+        if mode == "off":
+            return DetectorVerdict(None)
+        if inputs.record is not None:  # REL-2: this candidate was checked in this context already
             await self._republish(key)
-            return _verdict(record)
-        req = request or {}
+            return _verdict(inputs.record)
+        req = inputs.request or {}
         frozen = await store.load_context(
             pool, novel_id=novel_id, unit_id=unit_id, scenario="detection", purpose="production",
             profile=req.get("profile", config.continuityProfile), as_of=req.get("asOf"),
@@ -112,15 +121,14 @@ class CandidateDetector:
         candidate = Candidate(paragraphs=list(body.paragraphs), canon_changes=list(body.canon_changes),
                               scene_completion=body.scene_completion)
         projection = project(role_inputs("detector", frozen, candidate=candidate))
-        outcome: str
         try:
             if mode == "model":
                 detection = await self._model(novel_id, unit_id, key, projection)
             else:
                 detection = detect_offline(projection)
-            outcome = detection.refusal() or "pass"
         except DetectorReplyError:
-            detection, outcome = Detection(mode, []), DETECTOR_UNPARSED
+            return await self._unparsed(novel_id, unit_id, body, shape)
+        outcome = detection.refusal() or "pass"
         counts = detection.counts()
         record = DetectionRecord(
             detector=mode, outcome=outcome, supported=counts["supported"], contradicted=counts["contradicted"],
@@ -129,18 +137,39 @@ class CandidateDetector:
         event = ev.CandidateDetected(novel_id=novel_id, unit_id=unit_id, detector=mode, outcome=outcome,
                                      supported=counts["supported"], contradicted=counts["contradicted"],
                                      unknown=counts["unknown"])
-        saved, seq = await save_detection_with_event(
+        refused = None if outcome == "pass" else self._refused(novel_id, unit_id, body, shape, outcome)
+        saved, seq, refused_seq = await save_detection_with_event(
             pool, self.ctx.ledger_entry(event), once_key=key, novel_id=novel_id, unit_id=unit_id,
-            context_hash=context_sha256, body_hash=body_hash, record=record)
+            context_hash=context_sha256, body_hash=body_hash, record=record,
+            refusal=self.ctx.ledger_entry(refused) if refused is not None else None)
         if saved and seq is not None:
             await self.ctx.publish_recorded(event, seq)
+            if refused is not None and refused_seq is not None:  # QUAL-3: counted like the gate's
+                await self.ctx.publish_recorded(refused, refused_seq)
         elif not saved:  # a concurrent check of the same candidate wrote it first: its verdict counts
             await self._republish(key)
-            _, first = await detection_inputs(pool, novel_id, unit_id, context_sha256, body_hash)
+            first = (await detection_inputs(pool, novel_id, unit_id, context_sha256, body_hash)).record
             if first is not None:
                 record = first
         self.checked += 1
         return _verdict(record)
+
+    async def _unparsed(self, novel_id: str, unit_id: str, body: CommitBody, shape: str) -> DetectorVerdict:
+        """A model detector's reply that does not parse: refused (never a pass), counted, and
+        not recorded as a verdict on the candidate — its next check asks the detector again."""
+        await self.ctx.emit(ev.CandidateDetected(novel_id=novel_id, unit_id=unit_id, detector="model",
+                                                 outcome=DETECTOR_UNPARSED, supported=0, contradicted=0, unknown=0))
+        await self.ctx.emit(self._refused(novel_id, unit_id, body, shape, DETECTOR_UNPARSED))
+        self.checked += 1
+        return DetectorVerdict(DETECTOR_UNPARSED, f"{DETECTOR_UNPARSED}: the detector's reply could not be read, "
+                               "so the candidate was not checked and is not committed; commit it again")
+
+    @staticmethod
+    def _refused(novel_id: str, unit_id: str, body: CommitBody, shape: str, code: str) -> ev.UnitRefused:
+        """QUAL-3's refusal event, for a detector's refusal: code and counts only."""
+        return ev.UnitRefused(novel_id=novel_id, unit_id=unit_id, code=code, shape=shape,
+                              paragraph_count=len(body.paragraphs),
+                              characters=sum(effective_characters(p) for p in body.paragraphs))
 
     async def _republish(self, key: str) -> None:
         """REL-7: the event written with the record, published again under its message id while
@@ -182,6 +211,9 @@ class CandidateDetector:
                 if value is not None:
                     sample[name] = value
         try:
-            await store.record_turn_usage(self.ctx.pool, novel_id, "detector", sample, message_key=f"detector:{key}")
+            # once per reply: a retried check after a kill that got the same answer counts once
+            digest = hashlib.sha256((reply.text or "").encode("utf-8", "surrogatepass")).hexdigest()[:16]
+            await store.record_turn_usage(self.ctx.pool, novel_id, "detector", sample,
+                                          message_key=f"detector:{key}:{digest}")
         except Exception as e:  # noqa: BLE001 - usage is observation: it never blocks a verdict (USE-2)
             log.warning("detector usage of %s/%s not recorded (%s)", novel_id, unit_id, type(e).__name__)

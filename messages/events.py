@@ -85,7 +85,7 @@ class UnitRefused(Event, tag="unit.refused", frozen=True):
     unit_id: str
     code: str  # no-letters | wrong-script | copies-outline | copies-prose | repetition | too-short
     shape: str  # W1 | W2 | inline
-    paragraphs: int
+    paragraph_count: int  # not `paragraphs`: a reserved event key (prose), refused by the ledger
     characters: int  # effective characters of the refused candidate
 
 

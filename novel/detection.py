@@ -10,8 +10,9 @@ detector model would get, and decides deterministically:
 
 - presence: a character named in a paragraph is taken as present, unless that paragraph itself
   speaks of death or absence (a memory, a grave). Present while the latest canon state in the
-  evidence says dead or absent: contradicted (the fact's pointers). Present with a living canon
-  state, or a scene participant: supported. Neither, and no evidence about them was recalled:
+  evidence (its summary) says dead — or absent, for a character the scene's outline does not bring
+  in as a participant: contradicted (the fact's pointers). Present with a living canon state, or
+  a scene participant: supported. Neither, and no evidence about them was recalled:
   unknown with the gap `character:<id>`; once recalled and still nothing: unknown, no gap.
 - setting: the first paragraph sets the scene "at/in <place>" where <place> is a lore card's key;
   the scene's places are the lore cards whose keys its timeLocation names. Another place while
@@ -88,10 +89,13 @@ class DetectorReplyError(ValueError):
 
 # --- the offline detector ---------------------------------------------------------------------
 
-_ABSENT_EN = ("dead", "died", "dies", "death", "drowned", "drowns", "killed", "slain", "buried", "perished",
-              "absent", "departed", "vanished", "missing", "exiled", "gone")
-_ABSENT_ZH = ("死", "亡", "溺", "葬", "离开", "失踪", "不在", "消失")
-_ABSENT_RE = re.compile(r"\b(?:" + "|".join(_ABSENT_EN) + r")\b", re.IGNORECASE)
+_DEAD_EN = ("dead", "died", "dies", "death", "drowned", "drowns", "killed", "slain", "buried", "perished")
+_GONE_EN = ("absent", "departed", "vanished", "missing", "exiled", "gone")
+_DEAD_ZH = ("死", "亡", "溺", "葬")
+_GONE_ZH = ("离开", "失踪", "不在", "消失")
+_DEAD_RE = re.compile(r"\b(?:" + "|".join(_DEAD_EN) + r")\b", re.IGNORECASE)
+_ABSENT_RE = re.compile(r"\b(?:" + "|".join(_DEAD_EN + _GONE_EN) + r")\b", re.IGNORECASE)
+_ABSENT_ZH = _DEAD_ZH + _GONE_ZH
 _TIMES: dict[str, tuple[str, ...]] = {
     "morning": ("dawn", "sunrise", "morning", "daybreak", "清晨", "早晨", "黎明", "拂晓"),
     "midday": ("noon", "midday", "正午", "中午", "晌午"),
@@ -105,6 +109,11 @@ _LOCATIVE_ZH = ("在", "于", "到了")
 def says_absent(text: str) -> bool:
     """Death or absence words (English, Chinese) in a text."""
     return _ABSENT_RE.search(text) is not None or any(w in text for w in _ABSENT_ZH)
+
+
+def says_dead(text: str) -> bool:
+    """Death words (English, Chinese) in a text: a state no later scene undoes by itself."""
+    return _DEAD_RE.search(text) is not None or any(w in text for w in _DEAD_ZH)
 
 
 def _names(text: str, name: str) -> bool:
@@ -158,7 +167,10 @@ def _presence(projection: dict[str, Any]) -> list[Claim]:
         if states:
             latest = states[-1]  # the evidence lists canon facts oldest first
             pointers = list(latest["pointers"])
-            if says_absent(latest["summary"] + " " + (latest.get("detail") or "")):
+            # The state is read from the fact's summary (its detail may quote prose). The scene's
+            # outline brings a participant back from an absence, not from the dead.
+            summary = latest["summary"]
+            if says_dead(summary) or (not participant and says_absent(summary)):
                 claims.append(Claim(claim, "contradicted", pointers + [character_card(cid)], paragraph=at,
                                     subject=cid))
             else:

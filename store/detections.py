@@ -13,8 +13,11 @@ from typing import Any
 
 import msgspec
 
+from novelbus.novel.outline import NovelConfig
 from novelbus.store._db import Db, novel_must_exist, statement
+from novelbus.store.errors import NovelNotFound
 from novelbus.store.events import check_event
+from novelbus.store.novels import parse_config
 
 
 class DetectionRecord(msgspec.Struct, frozen=True):
@@ -39,20 +42,29 @@ def _record(row: Any) -> DetectionRecord:
                            claim_id=row["claim_id"])
 
 
+class DetectionInputs(msgspec.Struct, frozen=True):
+    config: NovelConfig
+    request: dict[str, Any] | None  # the candidate context's frozen request (camelCase), if frozen
+    record: DetectionRecord | None  # an earlier check of this candidate in that context
+
+
 async def detection_inputs(pool: Db, novel_id: str, unit_id: str, context_hash: str | None,
-                           body_hash: str) -> tuple[dict[str, Any] | None, DetectionRecord | None]:
-    """(the candidate context's frozen request — only when frozen for this very unit —, the
-    record of an earlier check of this candidate in that context), in one round trip."""
+                           body_hash: str) -> DetectionInputs:
+    """The novel's config, the candidate context's frozen request (only when frozen for this very
+    unit) and the record of an earlier check of this candidate in that context: one round trip."""
     async with statement(pool) as conn:
         row = await conn.fetchrow(
-            "SELECT (SELECT f.manifest -> 'request' FROM context_freeze f WHERE f.context_hash = $3"
+            "SELECT n.config, (SELECT f.manifest -> 'request' FROM context_freeze f WHERE f.context_hash = $3"
             "   AND f.novel_id = $1 AND f.unit_id = $2 LIMIT 1) AS request,"
             f" (SELECT row_to_json(d) FROM (SELECT {_COLUMNS} FROM detections WHERE novel_id = $1"
-            "   AND unit_id = $2 AND context_hash = $3 AND body_hash = $4) d) AS record",
+            "   AND unit_id = $2 AND context_hash = $3 AND body_hash = $4) d) AS record"
+            " FROM novels n WHERE n.novel_id = $1",
             novel_id, unit_id, context_hash or "", body_hash)
-    request = row["request"] if row is not None else None
-    record = row["record"] if row is not None else None
-    return request, (_record(record) if record is not None else None)
+    if row is None:
+        raise NovelNotFound(f"novel {novel_id!r} not found")
+    record = row["record"]
+    return DetectionInputs(config=parse_config(row["config"]), request=row["request"],
+                           record=_record(record) if record is not None else None)
 
 
 async def save_detection_with_event(
@@ -65,11 +77,16 @@ async def save_detection_with_event(
     context_hash: str | None,
     body_hash: str,
     record: DetectionRecord,
-) -> tuple[bool, int | None]:
-    """The record and its event's ledger row (`once_key`) in ONE statement: (written now, the
-    event's seq). A record already there writes nothing (its event was written with it)."""
+    refusal: tuple[str, dict[str, Any]] | None = None,
+) -> tuple[bool, int | None, int | None]:
+    """The record, its event's ledger row (`once_key`) and, for a refused candidate, the refusal's
+    ledger row (QUAL-3's count), in ONE statement: (written now, the event's seq, the refusal's
+    seq). A record already there writes nothing (its rows were written with it)."""
     type, payload = event
     check_event(type, payload)
+    refused_type, refused_payload = refusal if refusal is not None else (None, None)
+    if refused_type is not None and refused_payload is not None:
+        check_event(refused_type, refused_payload)
     async with novel_must_exist(novel_id), statement(pool) as conn:
         row = await conn.fetchrow(
             "WITH d AS (INSERT INTO detections (novel_id, unit_id, context_hash, body_hash,"
@@ -78,12 +95,15 @@ async def save_detection_with_event(
             "  ON CONFLICT (novel_id, unit_id, context_hash, body_hash) DO NOTHING RETURNING 1),"
             " ev AS (INSERT INTO events (novel_id, type, payload, once_key)"
             "  SELECT $1, $14, $15, $16 WHERE EXISTS (SELECT 1 FROM d)"
-            "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq)"
-            " SELECT EXISTS (SELECT 1 FROM d) AS saved, (SELECT seq FROM ev) AS seq",
+            "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq),"
+            " ref AS (INSERT INTO events (novel_id, type, payload)"
+            "  SELECT $1, $17::text, $18 WHERE $17::text IS NOT NULL AND EXISTS (SELECT 1 FROM d) RETURNING seq)"
+            " SELECT EXISTS (SELECT 1 FROM d) AS saved, (SELECT seq FROM ev) AS seq, (SELECT seq FROM ref) AS ref",
             novel_id, unit_id, context_hash or "", body_hash, record.detection_context_hash, record.claim_id,
             record.detector, record.outcome, record.supported, record.contradicted, record.unknown,
-            record.gaps, record.claims, type, payload, once_key)
-    return bool(row["saved"]), (int(row["seq"]) if row["seq"] is not None else None)
+            record.gaps, record.claims, type, payload, once_key, refused_type, refused_payload)
+    seq, ref = row["seq"], row["ref"]
+    return bool(row["saved"]), (int(seq) if seq is not None else None), (int(ref) if ref is not None else None)
 
 
 async def detection_gaps(pool: Db, novel_id: str, unit_id: str, claim_id: str) -> list[str]:

@@ -71,11 +71,11 @@ async def test_a_detection_record_is_bound_to_the_candidate_and_read_back_on_red
     u2 = next(u.unit_id for u in units if u.scene_id == "s2")
     detector = CandidateDetector(stack.ctx)
     planted = candidate("Tom watched the water.", "Mara waved to him from the quay.")
-    first = await detector.check(novel_id, u2, planted, config=nf.config, context_sha256=None, claim_id="cl-1")
+    first = await detector.check(novel_id, u2, planted, context_sha256=None, claim_id="cl-1", config=nf.config)
     # Mara is no participant of scene 2: her canon state is a gap the next writer's context recalls.
     assert first.code == EVIDENCE_GAP and first.gaps == ("character:mara",)
     assert await detection_gaps(stack.ctx.pool, novel_id, u2, "cl-1") == ["character:mara"]
-    again = await detector.check(novel_id, u2, planted, config=nf.config, context_sha256=None, claim_id="cl-1")
+    again = await detector.check(novel_id, u2, planted, context_sha256=None, claim_id="cl-1", config=nf.config)
     assert again == first
     records = await list_detections(stack.ctx.pool, novel_id, u2)
     assert len(records) == 1 and records[0].outcome == EVIDENCE_GAP and records[0].unknown >= 1
@@ -99,7 +99,7 @@ async def test_recalled_evidence_turns_the_gap_into_a_contradiction(stack: Runti
                                     context_hash=frozen.context_sha256, manifest=frozen.manifest_builtins())
     verdict = await CandidateDetector(stack.ctx).check(
         novel_id, u2, candidate("Tom watched the water.", "Mara waved to him from the quay."),
-        config=harbor().config, context_sha256=frozen.context_sha256)
+        context_sha256=frozen.context_sha256, config=harbor().config)
     assert verdict.code == CONTRADICTED
     assert "commit-1#" in verdict.message and "Mara (mara)" in verdict.message
 
@@ -130,15 +130,15 @@ async def test_a_kill_between_the_record_and_its_publish_loses_no_event(stack: R
     object.__setattr__(ctx, "publish_recorded", killed)
     try:
         with pytest.raises(asyncio.CancelledError):
-            await detector.check(novel_id, u2, body, config=harbor().config, context_sha256=None)
+            await detector.check(novel_id, u2, body, context_sha256=None, config=harbor().config)
     finally:
         object.__setattr__(ctx, "publish_recorded", real)
     assert len(await _detected_events(stack, novel_id)) == 1  # in the ledger, not yet on the stream
     await asyncio.sleep(0.2)
     assert seen == []
-    verdict = await detector.check(novel_id, u2, body, config=harbor().config, context_sha256=None)
+    verdict = await detector.check(novel_id, u2, body, context_sha256=None, config=harbor().config)
     assert verdict.code is None
-    await detector.check(novel_id, u2, body, config=harbor().config, context_sha256=None)
+    await detector.check(novel_id, u2, body, context_sha256=None, config=harbor().config)
     for _ in range(50):
         if seen:
             break

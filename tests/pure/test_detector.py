@@ -280,3 +280,16 @@ def test_a_paragraph_that_states_the_scenes_own_time_and_place_may_name_others()
     """ROLE-2: "at dawn … unlike that evening at the lighthouse" is no contradiction."""
     d = detect_offline(projection_for(body("At dawn in the harbor Tom remembered an evening at the lighthouse.")))
     assert d.refusal() is None, d.claims
+
+
+def test_the_outline_brings_an_absent_participant_back_but_not_a_dead_one() -> None:
+    """ROLE-2: canon says Tom left; scene 2 lists him → supported. Canon says he drowned → contradicted."""
+    snapshot = snapshot_from_file(parse_novel_file(json.dumps(NOVEL)))
+    snapshot, u1 = next_unit(snapshot)
+    for state, verdict in (("Tom has gone to the mainland.", "supported"), ("Tom drowned at sea.", "contradicted")):
+        after = commit(snapshot, u1, body("Tom rowed away.", canon=[CanonChange(
+            kind="character-state", summary=state, sources=["inline#0"], character_ids=["tom"])]))
+        after, u2 = next_unit(after)
+        frozen = freeze_from_snapshot(after, u2, scenario="detection")
+        d = detect_offline(project(role_inputs("detector", frozen, candidate=Candidate(paragraphs=["Tom waited."]))))
+        assert next(c for c in d.claims if c.subject == "tom").verdict == verdict
