@@ -14,6 +14,7 @@ from novelbus import store
 from novelbus.actors.extraction import CanonKeeper
 from novelbus.actors.runtime import Runtime
 from novelbus.bus.codec import decode
+from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages import runs as rm
 from novelbus.messages.base import tag_of
@@ -85,8 +86,10 @@ async def test_a_fact_from_an_early_unit_reaches_a_much_later_units_pack(stack: 
     """ROLE-3, CTX-3: the extractor's fact about Corwin from the third scene (an early commit) is in
     the canon block of the last scene's pack, many commits later, with its pointer — in the pack
     the writer got and in the pack rebuilt from the store; the writer's canon alone has no such
-    fact (the check can fail)."""
+    fact (the check can fail). The novel is paused once the early scene is committed until the
+    keeper has read it (it runs off the unit's path, so a fast book could otherwise outrun it)."""
     seen: dict[tuple[str, str], str] = {}
+    pool = stack.ctx.pool
 
     async def on_run(msg: Any) -> None:
         run = decode(msg.data, rm.RunWriter, msg.headers)
@@ -94,12 +97,38 @@ async def test_a_fact_from_an_early_unit_reaches_a_much_later_units_pack(stack: 
 
     sub = await stack.ctx.nc.subscribe(stack.ctx.subjects.runs, cb=on_run)
     try:
-        novel_id, _ = await run_novel(stack, novel(canon_source="extractor"))
+        novel_id = await store.create_novel(pool, novel(canon_source="extractor"))
+        events: list[Any] = []
+        early_done = asyncio.Event()
+        finished = asyncio.Event()
+
+        async def on_event(msg: Any) -> None:
+            e = decode(msg.data, ev.NovelEvent)
+            events.append(e)
+            if isinstance(e, ev.UnitCommitted) and not early_done.is_set():
+                row = await store.get_commit_for_unit(pool, novel_id, e.unit_id)
+                if row is not None and row.scene_id == "harbour-office":
+                    await store.pause_novel(pool, novel_id, "user-request")
+                    early_done.set()
+            if isinstance(e, ev.NovelFinished):
+                finished.set()
+
+        esub = await stack.ctx.nc.subscribe(stack.ctx.subjects.events_of(novel_id), cb=on_event)
+        await publish_notice(stack.ctx, novel_id, reason="test")
+        await asyncio.wait_for(early_done.wait(), 60)
+        for _ in range(200):  # the unit in flight when it paused settles
+            if not any(u.state == "claimed" for u in await store.list_units(pool, novel_id)):
+                break
+            await asyncio.sleep(0.05)
+        await keeper_idle(stack)
+        await store.resume_novel(pool, novel_id)
+        await publish_notice(stack.ctx, novel_id, reason="test")
+        await asyncio.wait_for(finished.wait(), 120)
+        await esub.unsubscribe()
         control_id, _ = await run_novel(stack, novel(extractor="off", canon_source="writer"))
     finally:
         await sub.unsubscribe()
     await keeper_idle(stack)
-    pool = stack.ctx.pool
     commits = await store.list_commits(pool, novel_id)
     early = next(c for c in commits if c.scene_id == "harbour-office")
     late = [c for c in commits if c.scene_id == "storm-light"][-1]
