@@ -29,6 +29,7 @@ reply that does not parse is refused too (`detector-unparsed`), never a silent p
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Literal
@@ -116,28 +117,40 @@ def says_dead(text: str) -> bool:
     return _DEAD_RE.search(text) is not None or any(w in text for w in _DEAD_ZH)
 
 
+@functools.lru_cache(maxsize=4096)
+def _word_re(name: str) -> re.Pattern[str]:
+    return re.compile(r"\b" + re.escape(name) + r"\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _locative_re(key: str) -> re.Pattern[str]:
+    return re.compile(_LOCATIVE_EN + re.escape(key) + r"\b", re.IGNORECASE)
+
+
 def _names(text: str, name: str) -> bool:
     if not name.strip():
         return False
     if name.isascii():
-        return re.search(r"\b" + re.escape(name) + r"\b", text, re.IGNORECASE) is not None
+        return name.lower() in text.lower() and _word_re(name).search(text) is not None
     return name in text
 
 
+_TIME_EN_RE = re.compile(r"\b(" + "|".join(w for ws in _TIMES.values() for w in ws if w.isascii()) + r")\b",
+                         re.IGNORECASE)
+_TIME_CLASS = {w: cls for cls, ws in _TIMES.items() for w in ws}
+
+
 def _time_classes(text: str) -> set[str]:
-    low = text.lower()
-    found = set()
-    for cls, words in _TIMES.items():
-        for w in words:
-            if (w.isascii() and re.search(r"\b" + w + r"\b", low)) or (not w.isascii() and w in text):
-                found.add(cls)
+    found = {_TIME_CLASS[m.group(1).lower()] for m in _TIME_EN_RE.finditer(text)}
+    if not text.isascii():
+        found.update(_TIME_CLASS[w] for w in _TIME_CLASS if not w.isascii() and w in text)
     return found
 
 
 def _sets_at(text: str, key: str) -> bool:
     """The text places its action at `key` ("at the harbor", "在码头")."""
     if key.isascii():
-        return re.search(_LOCATIVE_EN + re.escape(key) + r"\b", text, re.IGNORECASE) is not None
+        return key.lower() in text.lower() and _locative_re(key).search(text) is not None
     return any(f"{loc}{key}" in text for loc in _LOCATIVE_ZH)
 
 
