@@ -39,6 +39,7 @@ from novelbus.bench.common import (
     novel_dict,
     scratch_database,
 )
+from novelbus.bench.roles import role_figures
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
 from novelbus.cli.common import (
@@ -191,6 +192,7 @@ class ModeResult:
     committed: int = 0  # units in state committed at the end
     turns: int = 0  # accounted turns of the novel; `totals` covers `samples` of them
     compaction_marks: list[dict[str, int | None]] = field(default_factory=list)
+    roles: dict[str, Any] = field(default_factory=dict)  # ROLE-5: `bench.roles.RoleFigures.as_json()`
 
     @property
     def input_chars(self) -> int:
@@ -305,6 +307,7 @@ async def measure(ctx: ActorContext, label: str, mode: str, novel_id: str, secon
         err_console.print(f"[yellow]note:[/] {label}: usage of {turns - result.samples} of {turns} turns is "
                           "missing; provider figures are reported as unknown")
     result.compaction_marks = compaction_marks(await store.recent_usage(ctx.pool, novel_id))
+    result.roles = (await role_figures(ctx.pool, [novel_id])).as_json()  # ROLE-5
     return result
 
 
@@ -521,6 +524,12 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         if png_path is not None:
             console.print(f"plot:  {png_path}")
         ab_quality.print_quality(console, quality, verdict)
+        for r in (inline, sub):  # ROLE-5: the detector's and the extractor's calls and usage per unit
+            d, x = r.roles["detector"], r.roles["extractor"]
+            console.print(f"{r.label}: detector {d['checksPerUnit']:.2f} checks / {d['modelCallsPerUnit']:.2f} model calls "
+                          f"/ {d['inputTokensPerUnit']:,.0f} input tokens per unit; extractor {x['callsPerUnit']:.2f} "
+                          f"calls / {x['modelCallsPerUnit']:.2f} model calls / {x['inputTokensPerUnit']:,.0f} input "
+                          "tokens per unit")
     report: dict[str, Any] = {
         "units": len(inline.units),
         "inline_input_tokens": inline.input_tokens,
@@ -578,6 +587,7 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         report["flat_growth_in_unit_index"] = round(flat.growth(), 4)
         report["inline_growth_in_unit_index"] = round(inline.growth(), 4)
     report["quality"] = quality
+    report["roles"] = {"inline": inline.roles, "subagent": sub.roles}  # ROLE-5
     report["w3"] = verdict
     return report
 
