@@ -40,6 +40,10 @@ deployment; with `--processes` the actors count in their own processes and only 
 message count is reported). The floor's formula at those counts (`counted_floor_ms`) splits the
 ratio in two: how far the unit's round trips alone put it above the floor, at the raw clients'
 latencies (`counted_floor_ratio`), and what it costs beyond them (`overhead_vs_counted_floor`).
+
+**The guards (PERF-2).** `overhead_ratio` ≤ 8 and `p99_ratio` (overhead p99 / floor) ≤ 12, both
+against the floor of the same run: printed beside their figures, under `guards` with `--json`
+(`{value, limit, ok}` each); a failed guard exits 1.
 """
 
 from __future__ import annotations
@@ -83,8 +87,13 @@ from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file
 from novelbus.store.pool import pool_size
 
-TARGET_RATIO = 3.0  # overhead p50 ≤ 3 × the floor measured in the same run (PERF-2)
-TARGET_P99_MS = 25.0
+# PERF-2, settled: the orchestration keeps the round trips its guarantees need (docs/adr/0005), and
+# what it reached is guarded against the floor measured in the same run — absolute figures differ
+# about 2× between machines of one kind, the ratios do not. A failed guard exits non-zero.
+GUARD_OVERHEAD_RATIO = 8.0  # overhead p50 ≤ 8 × the floor
+GUARD_P99_RATIO = 12.0  # overhead p99 ≤ 12 × the floor
+# Units per second on a 2-core machine of the kind the figures in docs/performance.md come from:
+# printed beside the figure, not guarded (it is the machine's as much as the code's).
 TARGET_UNITS_PER_S = {"one-process": 150.0, "processes": 100.0}
 # What one unit needs at least (see the module docstring for why).
 FLOOR_COUNTS = {"request_reply": 6, "transactions": 4, "publish_waits": 2}
@@ -505,6 +514,30 @@ def _mark(ok: bool) -> str:
     return "[green]✔[/]" if ok else "[red]✘[/]"
 
 
+@dataclass(frozen=True)
+class Guard:
+    """One guarded figure: its value (None: not measurable, e.g. no floor) and its limit."""
+
+    value: float | None
+    limit: float
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None and self.value <= self.limit
+
+    def as_json(self) -> dict[str, Any]:
+        return {"value": None if self.value is None else round(self.value, 3), "limit": self.limit, "ok": self.ok}
+
+
+def guards(overhead_p50_ms: float, overhead_p99_ms: float, floor_ms: float) -> dict[str, Guard]:
+    """PERF-2: the overhead's p50 and p99 as multiples of the floor of the same run."""
+    measurable = floor_ms > 0 and math.isfinite(floor_ms)
+    return {
+        "overhead_ratio": Guard(overhead_p50_ms / floor_ms if measurable else None, GUARD_OVERHEAD_RATIO),
+        "p99_ratio": Guard(overhead_p99_ms / floor_ms if measurable else None, GUARD_P99_RATIO),
+    }
+
+
 def cold_max_ms(warmup: PhaseResult | None) -> float | None:
     """The slowest unit of the warm-up novel (overhead, ms): what a process's first units cost."""
     if warmup is None or not warmup.timings:
@@ -519,16 +552,20 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
     target_ups = TARGET_UNITS_PER_S[deploy]
     p50, p99 = latency.overhead(50), latency.overhead(99)
     floor_ms = floor.unit_ms
-    ratio = p50 / floor_ms if floor_ms > 0 else math.inf
-    console.print(f"{'':44} {'figure':>10}   target")
+    guarded = guards(p50, p99, floor_ms)
+    console.print(f"{'':44} {'figure':>10}   target / guard")
     console.print(f"{'units per second (' + str(load.novels) + ' novels at once)':44} "
-                  f"{load.units_per_s:>10.1f}   ≥ {target_ups:.0f} {_mark(load.units_per_s >= target_ups)}")
-    console.print(f"{'overhead per unit p50 (one novel), ms':44} {p50:>10.2f}   ≤ {TARGET_RATIO * floor_ms:.1f} "
-                  f"(3 × floor) {_mark(ratio <= TARGET_RATIO)}")
-    console.print(f"{'overhead_ratio = overhead p50 / floor':44} {ratio:>10.2f}   ≤ {TARGET_RATIO:.0f} "
-                  f"{_mark(ratio <= TARGET_RATIO)}")
-    console.print(f"{'overhead per unit p99 (one novel), ms':44} {p99:>10.2f}   ≤ {TARGET_P99_MS:.0f} "
-                  f"{_mark(p99 <= TARGET_P99_MS)}")
+                  f"{load.units_per_s:>10.1f}   ≥ {target_ups:.0f} {_mark(load.units_per_s >= target_ups)} "
+                  "(this machine's kind; not guarded)")
+    console.print(f"{'overhead per unit p50 (one novel), ms':44} {p50:>10.2f}   ≤ {GUARD_OVERHEAD_RATIO * floor_ms:.1f} "
+                  f"({GUARD_OVERHEAD_RATIO:.0f} × floor)")
+    for name, label in (("overhead_ratio", "overhead_ratio = overhead p50 / floor"),
+                        ("p99_ratio", "p99_ratio = overhead p99 / floor")):
+        g = guarded[name]
+        shown = "n/a" if g.value is None else f"{g.value:.2f}"
+        console.print(f"{label:44} {shown:>10}   ≤ {g.limit:.0f} {_mark(g.ok)} guard")
+    console.print(f"{'overhead per unit p99 (one novel), ms':44} {p99:>10.2f}   ≤ {GUARD_P99_RATIO * floor_ms:.1f} "
+                  f"({GUARD_P99_RATIO:.0f} × floor)")
     console.print(f"{'overhead per unit p50 / p99 under load, ms':44} {load.overhead(50):>10.1f} / "
                   f"{load.overhead(99):.1f}   (includes queueing behind {load.novels} novels)")
     console.print(f"units: {load.units} in {load.seconds:.1f} s under load; latency phase {latency.units} units "
@@ -701,8 +738,10 @@ def bench_throughput(
                                           warmup_units=warmup_units, autovacuum=autovacuum))
     except (RuntimeError, ValueError, TimeoutError) as e:
         fail(str(e))
+    guarded = guards(latency.overhead(50), latency.overhead(99), floor.unit_ms)
     if not as_json:
         print_report(deploy, latency, load, floor, counts, warmup)
+        _exit_on_failed_guards(guarded)
         return
     floor_ms = floor.unit_ms
     fp = floor.p50()
@@ -745,6 +784,15 @@ def bench_throughput(
         "latency_breakdown": latency.breakdown,
         "model_ms_p50": round(statistics.median([t.model_ms for t in latency.timings]), 3)
         if latency.timings else None,
-        "targets": {"overhead_ratio": TARGET_RATIO, "overhead_p99_ms": TARGET_P99_MS,
-                    "units_per_s": TARGET_UNITS_PER_S[deploy]},
+        "guards": {name: g.as_json() for name, g in guarded.items()},  # PERF-2: exit 1 when one fails
+        "targets": {"units_per_s": TARGET_UNITS_PER_S[deploy]},  # printed, not guarded
     })
+    _exit_on_failed_guards(guarded)
+
+
+def _exit_on_failed_guards(guarded: dict[str, Guard]) -> None:
+    failed = [f"{name} {'n/a' if g.value is None else f'{g.value:.2f}'} > {g.limit:.0f}"
+              for name, g in guarded.items() if not g.ok]
+    if failed:
+        err_console.print(f"[red]guard failed (PERF-2):[/] {', '.join(failed)}")
+        raise typer.Exit(1)
