@@ -77,6 +77,15 @@ async def test_pack_role_json_prints_each_roles_projection_and_no_id_hash_or_tok
                 continue
             for p in paragraphs:
                 assert p not in text, (role, owner)
+    # without --json: the projection as indented JSON, then the metadata below a rule
+    code, out, err = await novelbus("pack", novel_id, unit, "--role", "extractor", *flags(stack, nats_url))
+    assert code == 0, err
+    shown, _, meta = out.partition("\n" + "─" * 72 + "\n")
+    assert "pendingProse" in json.loads(shown) and meta.startswith("role extractor")
+    # the extractor reads the unit's own commit: another asOf is refused, naming why
+    code, _, err = await novelbus("pack", novel_id, unit, "--role", "extractor", "--as-of", "1",
+                                  *flags(stack, nats_url))
+    assert code == 2 and "asOf is fixed" in err
 
 
 async def test_pack_role_rejects_an_unknown_role_naming_the_allowed_values(stack: Runtime, nats_url: str) -> None:
