@@ -76,6 +76,7 @@ from novelbus.bench.common import (
     percentile,
     scratch_database,
 )
+from novelbus.bench.roles import role_figures
 from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
 from novelbus.bus.events import EventFollower
@@ -317,10 +318,17 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
     return ids, seconds
 
 
+# ROLE-5: the novels' roles with --roles (default) and --no-roles
+ROLES_ON: dict[str, Any] = {"detector": "offline", "extractor": "offline", "canonSource": "both"}
+ROLES_OFF: dict[str, Any] = {"detector": "off", "extractor": "off", "canonSource": "writer"}
+
+
 async def phase(ctx: ActorContext, name: str, novels: int, chapters: int, scenes: int, unit_chars: int,
-                seed: int, timeout: float, live: bool = False) -> PhaseResult:
+                seed: int, timeout: float, live: bool = False, roles: bool = True) -> PhaseResult:
     datas = [novel_dict(chapters, scenes, seed=seed + i, unit_chars=unit_chars, cjk=False, mode="subagent",
                         label=f"bench throughput {name} {i + 1}") for i in range(novels)]
+    for data in datas:  # ROLE-5: the seed's other roles, offline, on every novel (--no-roles: off)
+        data.setdefault("config", {}).update(ROLES_ON if roles else ROLES_OFF)
     err_console.print(f"[dim]{name}: {novels} novel(s) × {chapters * scenes} units[/]")
     ids, seconds = await write_many(ctx, datas, timeout=timeout, label=name, live=live)
     result = PhaseResult(name=name, novels=novels, units=novels * chapters * scenes, seconds=seconds,
@@ -502,6 +510,7 @@ class Counts:
     nats_messages_per_unit: dict[str, dict[str, float]] | None = None
     # VACUUM / ANALYZE runs of the maintenance keeper over the whole run (None: --no-autovacuum)
     maintenance: int | None = None
+    roles: dict[str, Any] | None = None  # ROLE-5: `bench.roles.RoleFigures.as_json()`
 
 
 def nats_messages(ctx: ActorContext) -> dict[str, int]:
@@ -582,6 +591,11 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
     console.print(f"autovacuum's rules applied every second: {counts.maintenance} VACUUM / ANALYZE runs"
                   if counts.maintenance is not None else
                   "no VACUUM / ANALYZE (--no-autovacuum): a store younger than autovacuum's first pass")
+    if counts.roles is not None:  # ROLE-5
+        d, x = counts.roles["detector"], counts.roles["extractor"]
+        console.print(f"roles per unit: detector {d['checksPerUnit']:.2f} checks ({d['modelCallsPerUnit']:.2f} model "
+                      f"calls), extractor {x['callsPerUnit']:.2f} calls ({x['modelCallsPerUnit']:.2f} model calls); "
+                      "detector outcomes: " + (", ".join(f"{k} {v}" for k, v in d["outcomes"].items()) or "none"))
     console.print()
     fp = floor.p50()
     console.print(f"[bold]floor[/] (raw nats-py / asyncpg on the same servers, {len(floor.request_reply)} samples each)")
@@ -646,7 +660,7 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
 async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, latency_units: int,
                 processes: bool, seed: int, timeout: float, home: Path | None, nats_url: str | None,
                 database_url: str | None, live: bool = False, warmup_units: int = WARMUP_UNITS,
-                autovacuum: bool = True,
+                autovacuum: bool = True, roles: bool = True,
                 ) -> tuple[str, PhaseResult, PhaseResult, Floor, Counts, PhaseResult | None]:
     deploy = "processes" if processes else "one-process"
     store.set_round_trip_hook(tally)  # PERF-1: the store's transactions and statements, counted per actor
@@ -659,7 +673,7 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 warmup = None
                 if warmup_units:  # the process's first units (connections, caches, first calls) apart
                     warmup = await phase(ctx, "warm-up", 1, max(1, math.ceil(warmup_units / scenes)), scenes,
-                                         unit_chars, seed + 2000, timeout, live)
+                                         unit_chars, seed + 2000, timeout, live, roles)
                 floor = Floor()
                 await measure_floor(ctx, floor)  # PERF-1: before and after the latency phase
                 lat_chapters = max(1, math.ceil(latency_units / scenes))
@@ -668,7 +682,8 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 cpu, servers_cpu = time.process_time(), server_cpu_s()
                 tally.start_tracing()
                 try:
-                    latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout, live)
+                    latency = await phase(ctx, "latency", 1, lat_chapters, scenes, unit_chars, seed, timeout, live,
+                                            roles)
                 finally:
                     traced = tally.stop_tracing()
                 cpu = time.process_time() - cpu
@@ -684,7 +699,7 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                 nats1 = nats_messages(ctx)
                 await measure_floor(ctx, floor)
                 cpu, nats2 = time.process_time(), nats_messages(ctx)
-                load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout, live)
+                load = await phase(ctx, "load", novels, chapters, scenes, unit_chars, seed + 1000, timeout, live, roles)
                 if not processes:
                     counts.load_cpu_ms_per_unit = round((time.process_time() - cpu) * 1000 / load.units, 2)
                     nats3 = nats_messages(ctx)
@@ -693,6 +708,9 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                         "load": {k: round((nats3[k] - nats2[k]) / load.units, 2) for k in nats0}}
                 if keeper is not None:
                     counts.maintenance = len(keeper.runs)
+                # ROLE-5: the detector's and the extractor's calls and usage per unit, both phases
+                counts.roles = {**(await role_figures(ctx.pool, [*latency.novel_ids, *load.novel_ids])).as_json(),
+                                "config": ROLES_ON if roles else ROLES_OFF}
             finally:
                 await drop_namespace_streams(ctx)
     return deploy, latency, load, floor, counts, warmup
@@ -712,6 +730,8 @@ def bench_throughput(
         "--autovacuum/--no-autovacuum",
         help="Apply autovacuum's VACUUM and ANALYZE rules every second, as a database in use has them")]
     = True,
+    roles: Annotated[bool, typer.Option(
+        "--roles/--no-roles", help="The detector and the extractor on, offline, in every novel (ROLE-5)")] = True,
     seed: Annotated[int, typer.Option(help="Seed of the generated novels")] = 3,
     timeout: Annotated[float, typer.Option(help="Give up on a phase after this many seconds")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout")] = False,
@@ -735,7 +755,7 @@ def bench_throughput(
                                           latency_units=latency_units, processes=processes, seed=seed,
                                           timeout=timeout, home=home, nats_url=nats_url,
                                           database_url=database_url, live=not as_json,
-                                          warmup_units=warmup_units, autovacuum=autovacuum))
+                                          warmup_units=warmup_units, autovacuum=autovacuum, roles=roles))
     except (RuntimeError, ValueError, TimeoutError) as e:
         fail(str(e))
     guarded = guards(latency.overhead(50), latency.overhead(99), floor.unit_ms)
@@ -781,6 +801,7 @@ def bench_throughput(
         "warmup_units": warmup.units if warmup is not None else 0,
         "warmup_overhead_max_ms": None if (cold := cold_max_ms(warmup)) is None else round(cold, 3),
         "maintenance_runs": counts.maintenance,
+        "roles": counts.roles,  # ROLE-5: detector and extractor calls and usage per unit
         "latency_breakdown": latency.breakdown,
         "model_ms_p50": round(statistics.median([t.model_ms for t in latency.timings]), 3)
         if latency.timings else None,
