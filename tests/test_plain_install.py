@@ -3,7 +3,7 @@ packages of this one) runs `up` and writes the sample novel to finished; a comma
 extra exits 2 with one line naming it.
 
 Slow (a wheel build and a dependency install from the configured package index): about a minute
-or two on a 2-core machine; everything runs in one module-scoped venv.
+on a 2-core machine. One test, so that parallel workers never build the venv twice.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,8 @@ def _env() -> dict[str, str]:
     return env | {"COLUMNS": "200"}
 
 
-@pytest.fixture(scope="module")
-def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh venv holding the novelbus wheel and its required dependencies only; yields its bin/."""
-    root = tmp_path_factory.mktemp("plain")
+def plain_venv(root: Path) -> Path:
+    """A fresh venv holding the novelbus wheel and its required dependencies only; its bin/."""
     src = root / "src"
     # A copy without build leftovers: a stale build/ would leak removed modules into the wheel.
     shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(
@@ -48,13 +45,26 @@ def plain_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     out = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
                          capture_output=True, text=True, timeout=900, env=_env())
     assert out.returncode == 0, out.stdout + out.stderr
-    yield venv / "bin"
+    return venv / "bin"
 
 
 @pytest.mark.timeout(1200)
-def test_a_plain_wheel_has_no_extra_and_every_module_outside_the_panel_imports(plain_venv: Path) -> None:
-    """HOUSE-1: no extra's module is installed, and every module but the panel's (which is the
-    panel extra) imports without one: no command's import pulls an extra in."""
+def test_a_wheel_without_extras_runs_every_command_but_an_extras(tmp_home: Path) -> None:
+    """HOUSE-1: installed with no extras, the package imports everything but the panel, runs `up`
+    and writes the sample novel to finished; each command of an extra names the extra."""
+    plain = plain_venv(tmp_home / "plain")
+    every_module_outside_the_panel_imports(plain)
+    for args, extra in (
+        (["panel"], "panel"), (["up", "--panel"], "panel"), (["demo", "--model", "local"], "local"),
+        (["bench", "ab", "--png"], "plot"),
+    ):
+        a_command_of_a_missing_extra_names_it_in_one_line(plain, tmp_home / extra / args[-1], args, extra)
+    up_writes_the_sample_novel_to_finished(plain, tmp_home)
+
+
+def every_module_outside_the_panel_imports(plain_venv: Path) -> None:
+    """No extra's module is installed, and every module but the panel's (which is the panel
+    extra) imports without one: no command's import pulls an extra in."""
     code = ("import importlib, importlib.util, pkgutil, novelbus\n"
             f"print([m for m in {EXTRA_MODULES!r} if importlib.util.find_spec(m)])\n"
             "for m in pkgutil.walk_packages(novelbus.__path__, 'novelbus.'):\n"
@@ -66,16 +76,10 @@ def test_a_plain_wheel_has_no_extra_and_every_module_outside_the_panel_imports(p
     assert out.stdout.strip() == "[]", out.stdout
 
 
-@pytest.mark.timeout(1200)
-@pytest.mark.parametrize(("args", "extra"), [
-    (["panel"], "panel"),
-    (["up", "--panel"], "panel"),
-    (["demo", "--model", "local"], "local"),
-    (["bench", "ab", "--png"], "plot"),
-])
-def test_a_command_of_a_missing_extra_names_it_in_one_line(plain_venv: Path, tmp_path: Path, args: list[str],
-                                                           extra: str) -> None:
-    """HOUSE-1: exit 2, one line on stderr naming the extra to install, no traceback."""
+def a_command_of_a_missing_extra_names_it_in_one_line(plain_venv: Path, tmp_path: Path, args: list[str],
+                                                      extra: str) -> None:
+    """Exit 2, one line on stderr naming the extra to install, no traceback, nothing created."""
+    tmp_path.mkdir(parents=True)
     out = subprocess.run([str(plain_venv / "novelbus"), *args, "--home", str(tmp_path / "home")],
                          capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
     assert out.returncode == 2, out.stdout + out.stderr
@@ -84,9 +88,8 @@ def test_a_command_of_a_missing_extra_names_it_in_one_line(plain_venv: Path, tmp
     assert "Traceback" not in out.stderr and not (tmp_path / "home").exists()
 
 
-@pytest.mark.timeout(1200)
-def test_a_plain_wheel_runs_up_and_writes_the_sample_novel_to_finished(plain_venv: Path, tmp_home: Path) -> None:
-    """HOUSE-1: `up` (no panel), `novel create` of the sample, `status` until finished, `export`."""
+def up_writes_the_sample_novel_to_finished(plain_venv: Path, tmp_home: Path) -> None:
+    """`up` (no panel), `novel create` of the sample, `status` until finished, `export`."""
     novelbus = str(plain_venv / "novelbus")
     home = tmp_home / "home"
     work = tmp_home / "work"
