@@ -25,7 +25,10 @@ def _check_quality(report: dict[str, Any], pairs: int) -> None:
         figures = quality["consistency"][arm]
         for name in SHARES:
             assert figures[name] is not None and 0.0 <= figures[name] <= 1.0, (arm, name)
-        assert figures["contradictions_per_10k"] is None  # no detector in this run
+        # the offline detector runs on the bench's novels (ROLE-5) and finds nothing to contradict
+        # in the offline writer's prose; without a detector the figure is null
+        checked = report["roles"][arm]["detector"]["checksPerUnit"] > 0
+        assert figures["contradictions_per_10k"] == (0.0 if checked else None), arm
         assert figures["canon_changes_per_unit"] is not None and figures["canon_changes_per_unit"] >= 0
     judged = quality["judge"]
     assert judged["pairs"] + judged["failed_pairs"] == pairs
