@@ -47,9 +47,17 @@ JUDGE_MAX_OUTPUT_TOKENS = 96  # four one-word verdicts in JSON
 
 def check_judge_spec(spec: str) -> str:
     """`--judge-model` checked before anything starts: `offline`, `local[:PATH.gguf]` or
-    `openai:<model>`; anything else is a ValueError naming it."""
+    `openai:<model>` with its server configured; anything else is a ValueError naming it."""
     kind, sep, name = spec.strip().partition(":")
-    if spec.strip() == "offline" or kind == "local" or (kind == "openai" and sep and name.strip()):
+    if spec.strip() == "offline" or kind == "local":
+        return spec.strip()
+    if kind == "openai" and sep and name.strip():
+        from novelbus.writers.factory import make_provider
+
+        try:  # its server and key are configured (no request is made)
+            make_provider(spec.strip())
+        except ProviderError as e:
+            raise ValueError(f"--judge-model {spec.strip()}: {e.message}") from None
         return spec.strip()
     if kind == "openai":
         raise ValueError("--judge-model: no model named: use 'openai:<model>'")

@@ -87,6 +87,14 @@ def test_a_judge_model_naming_an_unknown_provider_exits_2_before_anything_starts
     assert (spec.split(":")[0] in out.stderr) if spec != "openai:" else "no model named" in out.stderr
 
 
+def test_a_judge_model_without_a_configured_server_exits_2_before_anything_starts() -> None:
+    """JUDGE-2: `--judge-model openai:<model>` with no server or key configured is refused up
+    front, naming what to set, not after both novels are written."""
+    out = novelbus("bench", "ab", "--judge-model", "openai:judge", "--json", timeout=60)
+    assert out.returncode == 2 and "--judge-model openai:judge" in out.stderr and not out.stdout
+    assert "NOVELBUS_MODEL_BASE_URL" in out.stderr
+
+
 async def test_a_model_judge_is_blind_position_swapped_and_its_bad_replies_are_failed_pairs(
     nats_url: str, new_database: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
