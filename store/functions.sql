@@ -27,7 +27,7 @@ BEGIN
         EXECUTE 'DROP FUNCTION ' || f;
     END LOOP;
 END $$;
-DROP TYPE IF EXISTS nb_outcome;
+DROP TYPE IF EXISTS nb_outcome CASCADE;  -- and any function still answering with it
 
 -- HOUSE-4: every answer a step function gives. tests/store/test_outcomes.py holds it equal to
 -- novelbus.store.outcomes.Outcome (same values, same order).
