@@ -29,6 +29,7 @@ from novelbus.bus.routes import check_instance, claims_instance_subject, delegat
 from novelbus.bus.service import CommandService
 from novelbus.messages import claims as m
 from novelbus.messages import events as ev
+from novelbus.messages import verify as vm
 from novelbus.messages.base import tag_of
 from novelbus.messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
 from novelbus.novel.outline import ID_PATTERN
@@ -77,6 +78,7 @@ class ClaimManagerState:
 
 
 COMMITTED_KEPT = 4096
+BODY_FAILURES = ("schema", "guard")  # the verifier's body checks; the store refuses these itself
 FORWARD_TIMEOUT_S = 10.0
 
 
@@ -193,6 +195,8 @@ class ClaimManager(ServiceActor):
             await self.ctx.emit(ev.ScopeViolation(novel_id=d.novel_id, requested_unit_id=recorded_id(req.unit_id),
                                                   delegated_unit_id=d.unit_id))
             raise ClaimRefused(SCOPE_VIOLATION, f"delegation covers unit {d.unit_id}, not {req.unit_id}")
+        if not replay and not req.checked:
+            await self._check_candidate(req, d)
         # PERF-2: the commit and its unit.committed ledger row in one statement (REL-7 once-key);
         # commit_id, the character counts and body_sha256 are filled in by the store.
         entry = ActorContext.ledger_entry(ev.UnitCommitted(
@@ -253,6 +257,21 @@ class ClaimManager(ServiceActor):
         return m.ReleaseConfirmed(unit_id=req.unit_id, released=released)
 
     # --- helpers --------------------------------------------------------------------------
+    async def _check_candidate(self, req: m.CommitUnit, d: Delegation) -> None:
+        """QUAL-2: the verifier checks the candidate before the token makes it canon; a refusal
+        by the content gate (or a later check on that path) refuses the commit with its code and
+        what to change. The body's own rules stay the store's to refuse (same codes as ever)."""
+        verified = await request(self.ctx.nc, self.ctx.subjects.verify,
+                                 vm.ValidateDraft(novel_id=d.novel_id, unit_id=d.unit_id, body=req.body,
+                                                  target_min=req.target_min, shape=req.shape,
+                                                  context_sha256=req.context_sha256, claim_id=d.claim_id),
+                                 vm.Verified, timeout=self.ctx.settings.request_timeout_s, retries=2)
+        if verified.ok or verified.failure in BODY_FAILURES:
+            return
+        failure = verified.failure or "refused"
+        raise ClaimRefused(f"{failure}:{verified.code}" if verified.code else failure,
+                           verified.detail or "the candidate was refused")
+
     def _routed(self, handler: Any, reply_type: type) -> Any:
         """Serve a delegation-scoped command here, or forward it to the instance that holds it."""
         async def serve(req: Any) -> Any:

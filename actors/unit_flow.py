@@ -26,6 +26,8 @@ from novelbus.messages import usage as um
 from novelbus.messages import verify as vm
 from novelbus.messages.errors import CLAIM_LOST, DELEGATION_NOT_FOUND, DISPATCH_LIMIT, PACK_ERROR
 from novelbus.novel.after_turn import WINDOW_EXCEEDED
+from novelbus.novel.quality import pack_target_min, refused_code
+from novelbus.store.detections import detection_gaps
 from novelbus.writers.sampling import sampling_of
 
 log = logging.getLogger(__name__)
@@ -121,10 +123,13 @@ class UnitFlow:
                 except BusUnavailable:
                     raise ClaimLost(f"claim-manager instance {claim.instance} not reachable") from None
                 dispatches = grant.dispatch
+            evidence: list[str] = []
+            if runs and novel.config.detector != "off":  # ROLE-2: a fresh writer gets what the detector missed
+                evidence = await detection_gaps(ctx.pool, novel_id, unit_id, claim.claim_id)
             try:
                 pack = await request(ctx.nc, ctx.subjects.packs,
                                      pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape=pack_shape,
-                                                   profile=novel.config.continuityProfile),
+                                                   profile=novel.config.continuityProfile, evidence=evidence),
                                      pm.PackReady, timeout=ctx.settings.request_timeout_s, retries=2)
             except RemoteError as e:
                 if e.code == PACK_ERROR:  # PACK-4: no writer starts on a broken pack
@@ -150,13 +155,18 @@ class UnitFlow:
                     return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
                 if result.reason == WINDOW_EXCEEDED:  # MODEL-5: deterministic; no re-dispatch
                     break
+                if refused_code(result.reason) is not None:  # QUAL-3: refused after its repair turn
+                    break
                 continue
             if shape == "W1":
-                failure = await self._commit_draft(novel_id, unit_id, claim, run_id, result, pack.context_sha256)
+                failure = await self._commit_draft(novel_id, unit_id, claim, run_id, result, pack.context_sha256,
+                                                   pack_target_min(pack.text))
                 if failure:
                     reasons.append(failure)
                     if await self.landed(novel_id, unit_id, claim):
                         return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
+                    if refused_code(failure) is not None:  # QUAL-3: the unit fails its turn
+                        break
                     continue
             verified = await request(ctx.nc, ctx.subjects.verify,
                                      vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id, claim_id=claim.claim_id,
@@ -171,22 +181,29 @@ class UnitFlow:
                            runs=runs)
 
     async def _commit_draft(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, run_id: str,
-                            result: rm.WriterResult, context_sha256: str | None) -> str | None:
-        """W1: validate the draft (VER-2), then commit it through the claim manager (CLM-2)."""
+                            result: rm.WriterResult, context_sha256: str | None,
+                            target_min: int | None = None) -> str | None:
+        """W1: validate the draft (VER-2, and the content gate, QUAL-2), then commit it through the
+        claim manager (CLM-2), saying it was just checked."""
         ctx = self.ctx
         if result.draft is None:
             return "invalid-draft"
         valid = await request(ctx.nc, ctx.subjects.verify,
-                              vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=result.draft),
+                              vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=result.draft,
+                                               target_min=target_min, shape="W1", context_sha256=context_sha256,
+                                               claim_id=claim.claim_id),
                               vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
         if not valid.ok:
             await ctx.emit(ev.VerificationFailed(novel_id=novel_id, unit_id=unit_id, run_id=run_id,
                                                  failure=valid.failure or "schema"))
+            if valid.code is not None:  # a refusal of the verification path: quality:<code>
+                return f"{valid.failure}:{valid.code}"
             return f"verify:{valid.failure}"
         try:
             await request(ctx.nc, ctx.subjects.commit(claim.instance),
                           cm.CommitUnit(delegation_id=claim.delegation_id, novel_id=novel_id, unit_id=unit_id,
-                                        body=result.draft, run_id=run_id, context_sha256=context_sha256),
+                                        body=result.draft, run_id=run_id, context_sha256=context_sha256,
+                                        checked=True, shape="W1"),
                           cm.CommitReceipt, timeout=ctx.settings.request_timeout_s, retries=2)
         except RemoteError as e:
             return f"commit:{e.code}"

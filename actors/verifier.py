@@ -2,33 +2,52 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, ServiceActor
+from novelbus.actors.detection import CandidateDetector
 from novelbus.bus.service import CommandService
+from novelbus.messages import events as ev
 from novelbus.messages import verify as m
 from novelbus.messages.claims import CommitReceipt
 from novelbus.novel.commitcheck import BodyError, check_body
 from novelbus.novel.guard import ProseGuardError, guard_prose
+from novelbus.novel.quality import OutlineProfile, check_candidate, outline_profile
+from novelbus.novel.text import effective_characters
+from novelbus.writers.provider import ModelProvider
+
+PROFILES_KEPT = 256  # outline profiles (novel, revision) this verifier keeps
+
+CandidateCheck = Callable[[m.ValidateDraft], Awaitable[m.Verified | None]]
 
 
 @dataclass
 class VerifierState:
     verified: int = 0
     failed: int = 0
+    refused: int = 0  # by the content gate (QUAL-2)
+    profiles: dict[tuple[str, str, int], OutlineProfile] = field(default_factory=dict)
 
 
 class CommitVerifier(ServiceActor):
     name = "verifier"
 
-    def __init__(self, ctx: ActorContext) -> None:
+    def __init__(self, ctx: ActorContext, detector_provider: ModelProvider | None = None) -> None:
         self.ctx = ctx
         self.state = VerifierState()
+        # ROLE-2: `detector_provider` answers a novel's `detector: model` (default: the deployment's
+        # writer model, made when first needed)
+        self.detector = CandidateDetector(ctx, detector_provider)
         self.services = [CommandService(ctx.nc, ctx.subjects.verify, {
             m.VerifyCommit: self.on_verify_commit,
             m.ValidateDraft: self.on_validate_draft,
         }, queue="verify")]
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self.detector.aclose()
 
     async def on_verify_commit(self, req: m.VerifyCommit) -> m.Verified:
         """VER-1: the unit must be committed, under this very claim."""
@@ -46,7 +65,22 @@ class CommitVerifier(ServiceActor):
         return m.Verified(ok=True, receipt=receipt, scene_completed=commit.scene_completed)
 
     async def on_validate_draft(self, req: m.ValidateDraft) -> m.Verified:
-        """VER-2: a W1 draft is checked before the orchestrator commits it."""
+        """VER-2 / QUAL-2: a candidate — a W1 draft before the orchestrator commits it, a W2 commit
+        the claim manager holds — runs the verification path's checks in order; the first that
+        refuses answers. A check returns None (passed) or a failed `Verified`; a new check (the
+        semantic detector) is appended to `candidate_checks`."""
+        for check in self.candidate_checks():
+            failed = await check(req)
+            if failed is not None:
+                return failed
+        self.state.verified += 1
+        return m.Verified(ok=True, scene_completed=req.body.scene_completion.completed)
+
+    def candidate_checks(self) -> list[CandidateCheck]:
+        return [self._check_body, self._check_quality, self._check_detector]
+
+    async def _check_body(self, req: m.ValidateDraft) -> m.Verified | None:
+        """The body's rules (SPEC §16 Commit) and the prose guard (STORE-6)."""
         try:
             check_body(req.body, known_commits=await store.commit_paragraph_counts(self.ctx.pool, req.novel_id),
                        hard_max_remaining=None)
@@ -55,8 +89,44 @@ class CommitVerifier(ServiceActor):
             return self._fail("guard", str(e))
         except BodyError as e:
             return self._fail("schema", str(e))
-        self.state.verified += 1
-        return m.Verified(ok=True, scene_completed=req.body.scene_completion.completed)
+        return None
+
+    async def _check_quality(self, req: m.ValidateDraft) -> m.Verified | None:
+        """QUAL-2: the content gate with the novel's config.quality; a refusal is counted as a
+        `unit.refused` event (code and counts, QUAL-3) and answered with what to change."""
+        inputs = await store.gate_inputs(self.ctx.pool, req.novel_id)
+        rules = inputs.config.quality
+        if not rules.enabled or inputs.outline is None or inputs.outline_revision is None:
+            return None
+        key = (req.novel_id, inputs.outline_revision, rules.outlineRun)
+        profile = self.state.profiles.get(key)
+        if profile is None:
+            profile = outline_profile(inputs.outline, rules)
+            if len(self.state.profiles) >= PROFILES_KEPT:
+                self.state.profiles.pop(next(iter(self.state.profiles)))
+            self.state.profiles[key] = profile
+        refusal = check_candidate(req.body.paragraphs, rules=rules, profile=profile, earlier=inputs.earlier,
+                                  target_min=req.target_min)
+        if refusal is None:
+            return None
+        self.state.refused += 1
+        await self.ctx.emit(ev.UnitRefused(
+            novel_id=req.novel_id, unit_id=req.unit_id, code=refusal.code, shape=req.shape,
+            paragraph_count=len(req.body.paragraphs),
+            characters=sum(effective_characters(p) for p in req.body.paragraphs)))
+        self.state.failed += 1
+        return m.Verified(ok=False, failure="quality", code=refusal.code, detail=refusal.for_model())
+
+    async def _check_detector(self, req: m.ValidateDraft) -> m.Verified | None:
+        """ROLE-2: the semantic detector, after the content gate (`actors.detection`): a
+        contradiction or an evidence gap refuses the candidate, with the claims and their
+        pointers for the writer; the record and the events are written by the detector."""
+        verdict = await self.detector.check(req.novel_id, req.unit_id, req.body, context_sha256=req.context_sha256,
+                                            claim_id=req.claim_id, shape=req.shape)
+        if verdict.code is None:
+            return None
+        self.state.failed += 1
+        return m.Verified(ok=False, failure="detector", code=verdict.code, detail=verdict.message)
 
     def _fail(self, failure: str, detail: str) -> m.Verified:
         self.state.failed += 1

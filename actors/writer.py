@@ -24,7 +24,9 @@ from novelbus.infra.llama import open_local_server
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
 from novelbus.messages import runs as m
+from novelbus.messages import verify as vm
 from novelbus.novel.body import CommitBody
+from novelbus.novel.quality import pack_target_min
 from novelbus.novel.snapshot import NovelSnapshot
 from novelbus.store.raw_vault import RawVault
 from novelbus.writers.factory import make_provider
@@ -33,6 +35,7 @@ from novelbus.writers.inline import session_id as inline_session_id
 from novelbus.writers.provider import ModelProvider, context_window
 from novelbus.writers.recording import RecordedProvider
 from novelbus.writers.runner import (
+    DraftCheck,
     ExecutionPolicy,
     PromptMark,
     RunOutcome,
@@ -142,7 +145,8 @@ class WriterRunner(ServiceActor):
             window = effective_window(provider, req.context_window)
             if req.shape == "W1":
                 outcome = await run_w1(provider, req.pack_text, max_output_tokens=max_output_tokens,
-                                       mechanism=await self.mechanism(provider), window=window)
+                                       mechanism=await self.mechanism(provider), window=window,
+                                       check=self._draft_check(req))
             else:
                 try:  # TOOL-4: fail closed before any model call, recorded with its reason
                     check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
@@ -154,6 +158,27 @@ class WriterRunner(ServiceActor):
         finally:
             self.state.active.discard(req.run_id)
         return await self._finish(req, provider, outcome, started)
+
+    def _draft_check(self, req: m.RunWriter) -> DraftCheck:
+        """QUAL-3: a W1 draft goes to the verifier's one verification path before the run ends,
+        so a refusal can still be repaired in this run. The body's own rules stay the
+        orchestrator's to refuse after the run (VER-2), as ever."""
+        target_min = pack_target_min(req.pack_text)
+
+        async def check(body: CommitBody) -> tuple[str, str] | None:
+            verified = await request(self.ctx.nc, self.ctx.subjects.verify,
+                                     vm.ValidateDraft(novel_id=req.novel_id, unit_id=req.unit_id, body=body,
+                                                      target_min=target_min, shape="W1",
+                                                      context_sha256=req.context_sha256,
+                                                      claim_id=req.claim_id or None),
+                                     vm.Verified, timeout=self.ctx.settings.request_timeout_s, retries=2)
+            if verified.ok or verified.failure in ("schema", "guard"):
+                return None
+            failure = verified.failure or "refused"
+            reason = f"{failure}:{verified.code}" if verified.code else failure
+            return reason, verified.detail or "the draft was refused"
+
+        return check
 
     async def _tool_started(self, req: m.RunWriter, seq: int, tool: str, args: str, refused: bool) -> None:
         # RUN-6: recorded with truncated arguments, prose replaced by counts.
@@ -203,6 +228,8 @@ class WriterRunner(ServiceActor):
                         with_prose_of.update(missing)
             return call_read_tool(snapshot, name, args)
 
+        target_min = pack_target_min(req.pack_text)  # QUAL-2: too-short's minimum for the gate
+
         async def commit(args: dict[str, Any]) -> dict[str, Any]:
             args = dict(args)
             unit_id = str(args.pop("unitId", ""))
@@ -214,7 +241,8 @@ class WriterRunner(ServiceActor):
                 receipt = await request(
                     self.ctx.nc, self.ctx.subjects.commit(req.instance),
                     cm.CommitUnit(delegation_id=req.delegation_id, novel_id=req.novel_id, unit_id=unit_id,
-                                  body=body, run_id=req.run_id, context_sha256=req.context_sha256),
+                                  body=body, run_id=req.run_id, context_sha256=req.context_sha256,
+                                  target_min=target_min, shape=req.shape),
                     cm.CommitReceipt, timeout=self.ctx.settings.request_timeout_s, retries=2)
             except RemoteError as e:
                 return {"ok": False, "code": e.code, "message": e.detail}

@@ -57,6 +57,7 @@ from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.export import export_markdown
 from novelbus.novel.outline import OutlineError, is_valid_id, parse_novel_file
+from novelbus.novel.w3 import default_reason as default_mode_reason
 
 app = typer.Typer(name="novelbus", no_args_is_help=True, add_completion=False,
                   help="Bounded-context long-form fiction: six actors over NATS and PostgreSQL.")
@@ -307,6 +308,8 @@ def novel_create(
         nf = parse_novel_file(read_input(file))
     except OutlineError as e:
         fail(f"{file}: {e}", code=2)
+    if "writerMode" not in nf.config.model_fields_set and (why := default_mode_reason()) is not None:
+        err_console.print(f"[yellow]note:[/] {why}")  # JUDGE-3: the default is not subagent, and why
     shape = "inline" if nf.config.writerMode == "inline" else nf.config.writerShape
     nf = require_known_window(model, nf)  # MODEL-5: openai: needs a known window
     require_w2_fits(nf, shape)  # MODEL-5: the first request (W1, W2 or inline) must fit that window
@@ -464,6 +467,8 @@ def status(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databa
                 "units": states, "commits": len(snap.commits), "characters": snap.committed_characters,
                 "turns": n.turns, "writerRuns": n.writer_runs, "writerOutputChars": n.writer_output_chars,
                 "consecutiveFailures": n.consecutive_failures,
+                # QUAL-3: the content gate's refusals by check code
+                "refusals": await store.refusal_counts(ctx.pool, novel_id, tag_of(ev.UnitRefused)),
                 # PLAN-4: the requirements ledger at a glance (`novel requirements` lists it)
                 "requirements": {"pending": n.requirements_pending, "blocked": n.requirements_blocked,
                                  "watermark": n.requirement_watermark}}

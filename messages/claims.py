@@ -47,6 +47,12 @@ class CommitUnit(Message, tag="claims.commit", frozen=True):
     body: CommitBody
     run_id: str
     context_sha256: str | None = None
+    # QUAL-2: the candidate is checked by the verifier before it becomes canon; `checked` says
+    # the orchestrator's W1 draft has just passed that check (VER-2), `target_min` is the unit's
+    # targetMin from its pack, for the gate's too-short check.
+    checked: bool = False
+    target_min: int | None = None
+    shape: str = "W2"
 
 
 class CommitReceipt(Message, tag="claims.committed", frozen=True):

@@ -282,7 +282,8 @@ class CandidateDetected(Event, tag="candidate.detected", frozen=True):
 
 NovelEvent = (
     NovelCreated | UnitPrepared | UnitClaimed | PackRendered | WriterDispatched | ToolStarted
-    | WriterFinished | UnitCommitted | VerificationFailed | UnitFailed | UnitSuperseded | ClaimReleased
+    | WriterFinished | UnitCommitted | VerificationFailed | UnitRefused | UnitFailed | UnitSuperseded
+    | ClaimReleased
     | ClaimsRecovered | ScopeViolation | DelegationRefused | ToolRefused | UsageSampled | UsageMissing
     | WriterAbandoned
     | ChapterCompleted | NovelPaused | NovelResumed | ModeSwitched | NovelFinished

@@ -13,14 +13,25 @@ class VerifyCommit(Message, tag="verify.commit", frozen=True):
 
 
 class ValidateDraft(Message, tag="verify.draft", frozen=True):
+    """VER-2 / QUAL-2: check a candidate before it becomes canon (a W1 draft, or a W2 commit the
+    claim manager holds): the body's rules, the prose guard, then the content gate."""
+
     novel_id: str
     unit_id: str
     body: CommitBody
+    target_min: int | None = None  # the unit's targetMin from its pack (too-short)
+    shape: str = "W1"
+    # ROLE-2: what the semantic detector binds its record to: the context the candidate was
+    # written in (its asOf and recalled evidence are found by this hash) and the claim.
+    context_sha256: str | None = None
+    claim_id: str | None = None
 
 
 class Verified(Message, tag="verify.result", frozen=True):
     ok: bool
-    failure: str | None = None  # not-committed | wrong-claim | guard | schema
+    failure: str | None = None  # not-committed | wrong-claim | guard | schema | quality
+    # quality: the gate's code (novel.quality); `detail` then says what to change, for the writer
+    code: str | None = None
     detail: str | None = None
     receipt: CommitReceipt | None = None
     scene_completed: bool | None = None

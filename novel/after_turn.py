@@ -13,6 +13,7 @@ import msgspec
 from novelbus.novel.next_work import outlined_scene_set
 from novelbus.novel.outline import Budgets
 from novelbus.novel.planning import budget_exceeded
+from novelbus.novel.quality import refused_code
 from novelbus.novel.snapshot import NovelSnapshot
 
 TurnKind = Literal["committed", "external", "failed"]
@@ -65,7 +66,8 @@ def after_turn(*, unit_id: str, claim_id: str, ok: bool, reason: str, budgets: B
     DRV-4 externalRetry: a provider outage is retried with a growing backoff up to maxAttempts
     consecutive lost turns, then the novel pauses. DRV-6, checked after recording progress (the
     original checked before): the same signature stallThresholdTurns times pauses it as stalled,
-    consecutiveFailureLimit failed units in a row as recovery-required; otherwise retry."""
+    consecutiveFailureLimit failed units in a row as recovery-required — as `quality`, naming the
+    check, when the content gate refused them (QUAL-3); otherwise retry."""
     if ok:
         return NextUnit(dedupe=f"after-{unit_id}-{claim_id}")
     if reason == WINDOW_EXCEEDED:  # MODEL-5: deterministic; retrying cannot help
@@ -78,6 +80,12 @@ def after_turn(*, unit_id: str, claim_id: str, ok: bool, reason: str, budgets: B
             return Pause("recovery-required", f"externalRetry: {external_failures} consecutive turns lost to {reason}")
         return Retry("external-retry", retry.backoffMs / 1000 * 2 ** (max(external_failures, 1) - 1))
     signature = failure_signature(unit_id, reason)
+    code = refused_code(reason)
+    if code is not None and (consecutive_failures >= budgets.consecutiveFailureLimit
+                             or stall_count >= budgets.stallThresholdTurns):
+        # QUAL-3: the content gate kept refusing: the detail names the check, for status and the panel
+        return Pause("quality", f"{code}: {consecutive_failures} consecutive units refused by the "
+                                f"content gate's {code} check (last {unit_id})")
     if stall_count >= budgets.stallThresholdTurns:
         return Pause("stalled", signature)
     if consecutive_failures >= budgets.consecutiveFailureLimit:

@@ -71,6 +71,31 @@ class OutlineProfile(msgspec.Struct, frozen=True):
     short_fields: tuple[tuple[str, ...], ...]  # whole fields shorter than a run (≥ 3 tokens)
 
 
+REFUSED_PREFIX = "quality:"  # a unit's failure reason when the gate refused it: quality:<code>
+
+
+def refusal_reason(code: str) -> str:
+    return REFUSED_PREFIX + code
+
+
+def refused_code(reason: str | None) -> str | None:
+    """The gate's code in a failure reason (`quality:<code>`), else None."""
+    if reason and reason.startswith(REFUSED_PREFIX):
+        return reason[len(REFUSED_PREFIX):]
+    return None
+
+
+def pack_target_min(pack_text: str) -> int | None:
+    """`targetMin` of a writer pack's [[unit]] block, when it has one (too-short's minimum)."""
+    from novelbus.novel.pack import pack_fields
+
+    try:
+        value = int(pack_fields(pack_text).get("unit", {}).get("targetMin", ""))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return value if value > 0 else None
+
+
 # --- measures (exported: the A/B judge reports repetition per arm) --------------------------------
 
 

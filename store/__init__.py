@@ -92,6 +92,7 @@ from novelbus.store.novels import (
     set_writer_mode,
 )
 from novelbus.store.pool import DatabaseUnreachable, connect, connect_read_only, migrate
+from novelbus.store.quality import GateInputs, gate_inputs, refusal_counts
 from novelbus.store.reconcile import (
     AbandonedRun,
     CommitEventMissing,
@@ -121,8 +122,8 @@ from novelbus.store.recovery import (
 )
 from novelbus.store.requirements import RequirementRecord, list_requirements, receive_requirement
 from novelbus.store.roles import load_role_inputs as load_role_inputs
-from novelbus.store.roles import unit_commit_view as unit_commit_view
 from novelbus.store.roles import planning_snapshot as planning_snapshot
+from novelbus.store.roles import unit_commit_view as unit_commit_view
 from novelbus.store.runs import (
     WriterRunRow,
     finish_writer_run,
@@ -163,6 +164,9 @@ from novelbus.store.usage import (
 )
 
 __all__ = [
+    "GateInputs",
+    "gate_inputs",
+    "refusal_counts",
     "transaction",
     "RoundTripHook",
     "set_round_trip_hook",

@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.pack import parse_pack
+from novelbus.novel.quality import refused_code
 from novelbus.novel.text import estimate_tokens
 from novelbus.writers.chat import (
     assistant_message,
@@ -312,6 +313,7 @@ async def run_inline_unit(
     state = RunState(rounds=0, max_tool_rounds=max_tool_rounds, researched=True,
                      answered_in_text=False, auto_declined=auto_declined)
     auto_calls = own_calls = 0
+    refused: list[str] = []  # QUAL-3: content-gate refusals of this run's commits
     while True:
         if (projected_tokens(messages, tools, mark, tool_tokens) > threshold
                 and _compactable(messages, brief_at)):
@@ -408,3 +410,7 @@ async def run_inline_unit(
                     )
                 draft, receipt = committed
                 return done(True, draft=draft, receipt=receipt)
+            if refused_code(code) is not None:
+                refused.append(code or "")
+        if len(refused) >= 2:  # QUAL-3: refused again by the content gate: the unit fails its turn
+            return done(False, refused[-1], "the commit was refused twice by the content gate")

@@ -34,7 +34,7 @@ from novelbus.writers.runner._records import (
     ToolStartedFn,
     executed_call,
 )
-from novelbus.writers.runner._w1 import W1_INSTRUCTION, W1_REPAIR, run_w1
+from novelbus.writers.runner._w1 import W1_INSTRUCTION, W1_REFUSED, W1_REPAIR, DraftCheck, run_w1
 from novelbus.writers.runner._w2 import W2_INSTRUCTION, forced_commit_tools, forced_tools, run_w2
 from novelbus.writers.runner._window import (
     MIN_OUTPUT_TOKENS,
@@ -51,6 +51,7 @@ from novelbus.writers.runner._window import (
 
 __all__ = [
     "CallUsage",
+    "DraftCheck",
     "ExecutionPolicy",
     "InputSplit",
     "MIN_OUTPUT_TOKENS",
@@ -60,6 +61,7 @@ __all__ = [
     "ToolStart",
     "ToolStartedFn",
     "W1_INSTRUCTION",
+    "W1_REFUSED",
     "W1_REPAIR",
     "W2_INSTRUCTION",
     "WINDOW_MARGIN_TOKENS",

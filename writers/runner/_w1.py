@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+from novelbus.novel.body import CommitBody
 from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
+from novelbus.novel.quality import refused_code
 from novelbus.writers.chat import assistant_message, system_message, user_message
 from novelbus.writers.provider import ModelProvider, ProviderError, complete, context_window
 from novelbus.writers.runner._metering import Meter, split_input
@@ -28,6 +32,16 @@ W1_REPAIR = (
     "That reply is not a valid draft: {error}. Reply again with the corrected JSON object only."
 )
 
+# QUAL-3: the one repair turn after the verifier refused a draft: the check's code and what to
+# change (figures and advice only; never the draft's prose).
+W1_REFUSED = (
+    "That draft was refused by the {code} check: {advice} Write the unit again and reply with the "
+    "whole corrected JSON object only."
+)
+
+# QUAL-3: the verifier's check of a parsed draft: None (passed) or (failure reason, advice).
+DraftCheck = Callable[[CommitBody], Awaitable[tuple[str, str] | None]]
+
 
 async def run_w1(
     provider: ModelProvider,
@@ -36,12 +50,17 @@ async def run_w1(
     max_output_tokens: int,
     mechanism: str = "prompt",
     window: int | None = None,
+    check: DraftCheck | None = None,
 ) -> RunOutcome:
     """RUN-2: no tools; the reply must be a commit-schema JSON draft, else the dispatch fails.
 
     MODEL-2: the draft is requested through `mechanism` (P6's choice: json_schema,
     json_object+schema, json_object or prompt), parsed leniently, validated strictly; an invalid
     draft gets one repair round with the validation error before the dispatch fails.
+
+    QUAL-3: a valid draft is put to the verifier's checks (`check`, over the bus); a refused one
+    gets one repair turn naming the check and what to change; refused again, the run fails with
+    the refusal's reason (`quality:<code>`).
     """
     from novelbus.writers.structured import draft_schema, response_format
 
@@ -62,7 +81,8 @@ async def run_w1(
         )
 
     mark: PromptMark | None = None
-    for attempt in (1, 2):
+    repaired = refused = False
+    while True:
         split = split_input(messages, preamble=2, new_from=2)
         try:
             max_tokens = fit_output_tokens(
@@ -91,15 +111,27 @@ async def run_w1(
         try:
             draft = parse_draft_lenient(reply.text or "")
         except BodyError as e:
-            if attempt == 2:
+            if repaired:
                 return fail("invalid-draft", str(e))
+            repaired = True
             messages = [
                 *messages,
                 assistant_message(reply),
                 user_message(W1_REPAIR.format(error=str(e)[:400])),
             ]
             continue
+        refusal = await check(draft) if check is not None else None
+        if refusal is not None:
+            reason, advice = refusal
+            if refused:
+                return fail(reason, advice)
+            refused = True
+            messages = [
+                *messages,
+                assistant_message(reply),
+                user_message(W1_REFUSED.format(code=refused_code(reason) or reason, advice=advice)),
+            ]
+            continue
         return RunOutcome(
             ok=True, reason=None, draft=draft, usage=meter.calls, output_chars=meter.output_chars
         )
-    raise AssertionError("unreachable")

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from novelbus.novel.quality import refused_code
 from novelbus.writers.chat import assistant_message, system_message, tool_message, user_message
 from novelbus.writers.loop import CommitFn, ReadTool, execute_tool_call, result_text
 from novelbus.writers.provider import (
@@ -198,6 +199,7 @@ async def _w2_loop(
     new_from = preamble
 
     auto_calls = own_calls = 0
+    refused: list[str] = []  # QUAL-3: content-gate refusals of this run's commits
 
     def fail(reason: str, detail: str | None = None) -> RunOutcome:
         return RunOutcome(
@@ -314,3 +316,7 @@ async def _w2_loop(
                     output_chars=meter.output_chars,
                     auto_declined=auto_calls > 0 and own_calls == 0,
                 )
+            if refused_code(code) is not None:
+                refused.append(code or "")
+        if len(refused) >= 2:  # QUAL-3: refused again by the content gate: the unit fails its turn
+            return fail(refused[-1], "the commit was refused twice by the content gate")
