@@ -113,6 +113,7 @@ class ChaosResult:
     held_s: float = 0.0  # how long in all
     recoveries_by_reason: dict[str, int] = field(default_factory=dict)
     units_without_one_commit: list[str] = field(default_factory=list)
+    commits_undetected: int = 0  # ROLE-2: commits with no passed detection of that very candidate
     scenes_completed_twice: int = 0
     novel_turns: int = 0  # the novels.turns counter
     commits_without_turn: int = 0
@@ -151,6 +152,7 @@ class ChaosResult:
             f"{self.duplicate_events} duplicate, {self.missing_events} missing once-only events":
                 self.duplicate_events == 0 and self.missing_events == 0,
             "prose out of outline order": not self.out_of_order,
+            f"{self.commits_undetected} commits the detector did not pass": self.commits_undetected == 0,
             f"{self.lost_notices} notices lost": self.lost_notices == 0,
         }
         return [name for name, holds in checks.items() if not holds]
@@ -218,6 +220,9 @@ def chaos_novel(units: int, seed: int) -> NovelFile:
     data = generate_novel_file(units // per_chapter, per_chapter, seed=seed, unit_chars=600)
     data["novelId"] = f"chaos-{secrets.token_hex(4)}"
     data["title"] = f"Chaos run, seed {seed}"
+    # ROLE-5: the chaos runs with the seed's other roles on: the detector gates every candidate,
+    # the extractor reads every commit (and its canon joins the packs).
+    data.setdefault("config", {}).update({"detector": "offline", "extractor": "offline", "canonSource": "both"})
     return NovelFile.model_validate(data)
 
 
@@ -410,6 +415,8 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
                                    novel_id)
     result.usage_events = await q("SELECT count(*) FROM events WHERE novel_id = $1 AND type = ANY($2::text[])",
                                   novel_id, [tag_of(ev.UsageSampled), tag_of(ev.UsageMissing)])
+    if snap.config.detector != "off":  # ROLE-2: canon only once the detector passed the candidate
+        result.commits_undetected = await q(_COMMITS_UNDETECTED, novel_id)
     result.open_writer_runs = await q("SELECT count(*) FROM writer_runs WHERE novel_id = $1 AND status = 'running'",
                                       novel_id)
     assert snap.outline is not None
@@ -429,6 +436,10 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
     result.recoveries = sum(reasons.values())
 
 
+_COMMITS_UNDETECTED = (
+    "SELECT count(*) FROM commits c WHERE c.novel_id = $1 AND NOT EXISTS (SELECT 1 FROM detections d"
+    " WHERE d.novel_id = c.novel_id AND d.unit_id = c.unit_id AND d.body_hash = c.body_hash"
+    " AND d.context_hash = COALESCE(c.context_hash, '') AND d.outcome = 'pass')")
 _COMMITS_WITHOUT_TURN = (
     "SELECT count(*) FROM commits c WHERE c.novel_id = $1 AND NOT EXISTS ("
     " SELECT 1 FROM turn_ledger t WHERE t.novel_id = c.novel_id AND t.turn_key = c.claim_id)")
