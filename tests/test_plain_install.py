@@ -1,9 +1,11 @@
 """HOUSE-1: the install a user gets. A wheel installed with no extras into a fresh venv (no site
-packages of this one) runs `up` and writes the sample novel to finished; a command that needs an
-extra exits 2 with one line naming it.
+packages of this one) runs `up` and writes the sample novel to finished, and runs `novel create`,
+`status`, `export`, `monitor`, `bench throughput`, `bench chaos` and `demo`; a command that needs
+an extra exits 2 with one line naming it.
 
-Slow (a wheel build and a dependency install from the configured package index): about a minute
-on a 2-core machine. One test, so that parallel workers never build the venv twice.
+Slow (a wheel build, a dependency install from the configured package index, a few short runs):
+one to four minutes on a 2-core machine. One test, so that parallel workers never build the venv
+twice.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ def up_writes_the_sample_novel_to_finished(plain_venv: Path, tmp_home: Path) -> 
         out = subprocess.run([novelbus, "export", novel_id, "--out", str(md), "--home", str(home)],
                              capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
         assert out.returncode == 0 and md.read_text().startswith("# The Keeper's Ledger"), out.stderr
+        other_commands_run(plain_venv, novel_id, home, tmp_home / "demo", work)
     finally:
         up.send_signal(signal.SIGTERM)
         try:
@@ -137,3 +140,23 @@ def up_writes_the_sample_novel_to_finished(plain_venv: Path, tmp_home: Path) -> 
             text, _ = up.communicate()
     assert up.returncode in (0, 130), text.decode()
     assert b"Traceback" not in text, text.decode()
+
+
+def other_commands_run(plain_venv: Path, novel_id: str, home: Path, demo_home: Path, work: Path) -> None:
+    """`monitor`, `bench throughput` and `bench chaos` on the running `up`'s servers, and `demo`
+    on its own: none of them needs an extra."""
+    novelbus = str(plain_venv / "novelbus")
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([novelbus, *args], capture_output=True, text=True, timeout=timeout, env=_env(), cwd=work)
+
+    out = run("monitor", "--novel", novel_id, "--count", "3", "--home", str(home))
+    assert out.returncode == 0 and len(out.stdout.strip().splitlines()) >= 3, out.stdout + out.stderr
+    out = run("bench", "throughput", "--novels", "1", "--chapters", "1", "--scenes", "2", "--latency-units", "2",
+              "--warmup-units", "0", "--json", "--home", str(home))
+    assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr  # 1: a PERF-2 guard failed
+    assert set(json.loads(out.stdout)["guards"]) == {"overhead_ratio", "p99_ratio"}
+    out = run("bench", "chaos", "--units", "3", "--kills", "1", "--json", "--home", str(home))
+    assert out.returncode == 0 and json.loads(out.stdout)["finished"] is True, out.stderr
+    out = run("demo", "--home", str(demo_home))
+    assert out.returncode == 0 and "finished in" in out.stdout, out.stdout + out.stderr
