@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+import msgspec
 
 from novelbus import store
 from novelbus.actors.context import ActorContext, ServiceActor
@@ -16,7 +20,10 @@ from novelbus.novel.commitcheck import BodyError, check_body
 from novelbus.novel.guard import ProseGuardError, guard_prose
 from novelbus.novel.quality import OutlineProfile, check_candidate, outline_profile
 from novelbus.novel.text import effective_characters
+from novelbus.store.raw_vault import RawVault
 from novelbus.writers.provider import ModelProvider
+
+log = logging.getLogger(__name__)
 
 PROFILES_KEPT = 256  # outline profiles (novel, revision) this verifier keeps
 
@@ -40,6 +47,8 @@ class CommitVerifier(ServiceActor):
         # ROLE-2: `detector_provider` answers a novel's `detector: model` (default: the deployment's
         # writer model, made when first needed)
         self.detector = CandidateDetector(ctx, detector_provider)
+        # QUAL-5: the deployment's raw vault, where refused candidates are kept (None: nowhere)
+        self.vault = RawVault.open(ctx.settings.raw_vault) if ctx.settings.raw_vault else None
         self.services = [CommandService(ctx.nc, ctx.subjects.verify, {
             m.VerifyCommit: self.on_verify_commit,
             m.ValidateDraft: self.on_validate_draft,
@@ -72,9 +81,29 @@ class CommitVerifier(ServiceActor):
         for check in self.candidate_checks():
             failed = await check(req)
             if failed is not None:
+                await self._keep_refused(req, failed)
                 return failed
         self.state.verified += 1
         return m.Verified(ok=True, scene_completed=req.body.scene_completion.completed)
+
+    async def _keep_refused(self, req: m.ValidateDraft, failed: m.Verified) -> None:
+        """QUAL-5 / CTX-10: a refused candidate goes to the raw vault, with the failure and code,
+        when the deployment has one and the novel's config.rawVault is enabled. Never in an event
+        or a log line; a vault that cannot be written loses the record, not the refusal."""
+        if self.vault is None:
+            return
+        keep = (await store.get_novel(self.ctx.pool, req.novel_id)).config.rawVault
+        if not keep.enabled:
+            return
+        code = f"{failed.failure}:{failed.code}" if failed.code else (failed.failure or "refused")
+        try:
+            await asyncio.to_thread(
+                self.vault.store_refused_candidate, novel_id=req.novel_id, unit_id=req.unit_id,
+                run_id=req.claim_id or req.unit_id, code=code, detail=failed.detail,
+                candidate=msgspec.to_builtins(req.body), retention_days=keep.retentionDays)
+        except OSError as e:
+            log.warning("raw vault: a refused candidate of unit %s not kept: %s", req.unit_id,
+                        e.strerror or type(e).__name__)
 
     def candidate_checks(self) -> list[CandidateCheck]:
         return [self._check_body, self._check_quality, self._check_detector]

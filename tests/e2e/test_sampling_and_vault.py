@@ -102,3 +102,38 @@ async def test_without_a_deployment_vault_a_novel_asking_for_one_keeps_nothing(
         d = await drive(rt, novel("n-asks", "W1", rawVault={"enabled": True}))
     assert isinstance(d.final, ev.NovelFinished)
     assert list(tmp_path.iterdir()) == []
+
+
+class EllipsisWriter:
+    """A W1 writer whose every draft is `...`: the content gate refuses it (no-letters)."""
+
+    name = "scripted"
+    label = "scripted writer of '...'"
+    structured_mode = "prompt"
+
+    async def complete(self, messages: list[Any], tools: Any, *, max_output_tokens: int, **options: Any) -> Any:
+        from novelbus.writers.provider import ModelReply
+
+        body = {"paragraphs": ["...", "..."], "sceneCompletion": {"completed": True, "basis": "the bell rang"},
+                "canonChanges": []}
+        return ModelReply(text=json.dumps(body), stop_reason="completed")
+
+
+async def test_every_refused_candidate_of_a_keeping_novel_is_in_the_vault_with_its_code(
+        tmp_path: Path, nats_url: str, new_database: Any, namespace: str) -> None:
+    """QUAL-5: each candidate the verifier refuses (here the content gate's no-letters) is kept as a
+    0600 `refused` file with its code and body; the novel that does not keep raw calls has none."""
+    vault = tmp_path / "vault"
+    async with writer_stack(nats_url, new_database, namespace, provider=EllipsisWriter(),  # type: ignore[arg-type]
+                            settings=Settings(model="offline", raw_vault=str(vault))) as rt:
+        kept = await drive(rt, novel("n-junk", "W1", rawVault={"enabled": True}))
+        other = await drive(rt, novel("n-junk-plain", "W1"))
+    refusals = [e for e in kept.events if isinstance(e, ev.UnitRefused)]
+    assert isinstance(kept.final, ev.NovelPaused) and isinstance(other.final, ev.NovelPaused)
+    assert refusals and all(e.code == "no-letters" for e in refusals)
+    files = sorted((vault / "n-junk").glob("*-refused.json"))
+    assert len(files) == len(refusals)
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    first = json.loads(files[0].read_text())
+    assert first["code"] == "quality:no-letters" and first["candidate"]["paragraphs"] == ["...", "..."]
+    assert sorted(p.name for p in vault.iterdir()) == ["n-junk"]
