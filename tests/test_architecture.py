@@ -59,6 +59,21 @@ def test_top_level_layout() -> None:
         assert (REPO / "actors" / f"{actor}.py").is_file(), actor
 
 
+def test_each_room_holds_one_job() -> None:
+    """HOUSE-3: the benchmarks and the novel generator they use are in bench/, the process
+    supervisor in infra/; cli/ registers the benchmarks (cli/bench.py) and holds no benchmark."""
+    assert not list((REPO / "cli").glob("bench_*.py")) and not (REPO / "cli" / "supervise.py").exists()
+    assert not (REPO / "novel" / "generate.py").exists() and (REPO / "bench" / "generate.py").is_file()
+    assert (REPO / "infra" / "supervise.py").is_file()
+    registered = {m.removeprefix("bench.") for m in _imports(REPO / "cli" / "bench.py") if m.startswith("bench.")}
+    commands = {p.stem for p in (REPO / "bench").glob("*.py")
+                if any(isinstance(n, ast.FunctionDef) and any(isinstance(a.annotation, ast.Subscript)
+                                                              and "typer.Option" in ast.unparse(a.annotation)
+                                                              for a in n.args.args)
+                       for n in ast.parse(p.read_text()).body)}
+    assert commands and commands <= registered, commands - registered
+
+
 def test_no_actor_imports_another_actors_internals() -> None:
     """ARCH-1"""
     for actor in ACTOR_MODULES:
