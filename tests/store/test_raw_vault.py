@@ -163,3 +163,22 @@ def test_a_vault_that_cannot_be_used_is_refused_at_start_in_one_line(tmp_path: P
     assert not (tmp_path / "home").exists()  # no server was started
     none = novelbus("vault", "list", env={"NOVELBUS_RAW_VAULT": ""})
     assert none.returncode == 2 and "--raw-vault" in none.stderr
+
+
+@pytest.mark.parametrize(("block", "field"), [
+    ({"enabled": "yes"}, "rawVault.enabled"),
+    ({"retentionDays": 0}, "rawVault.retentionDays"),
+    ({"retentionDays": 1.5}, "rawVault.retentionDays"),
+    ({"retentionDays": 5000}, "rawVault.retentionDays"),
+    ({"keep": True}, "rawVault.keep"),
+])
+def test_a_bad_raw_vault_config_is_refused_naming_its_field(block: dict[str, object], field: str) -> None:
+    """QUAL-5: config.rawVault is validated like every config field (create and `novel config --set`)."""
+    from pydantic import ValidationError
+
+    from novelbus.novel.outline import NovelConfig, describe_validation_error
+
+    with pytest.raises(ValidationError) as err:
+        NovelConfig.model_validate({"rawVault": block})
+    assert describe_validation_error(err.value).startswith(f"{field}:")
+    assert NovelConfig().rawVault.enabled is False  # off by default
