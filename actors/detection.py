@@ -45,6 +45,7 @@ from novelbus.novel.outline import NovelConfig
 from novelbus.novel.roles import Candidate, role_inputs
 from novelbus.novel.roles.detector import project
 from novelbus.novel.text import effective_characters
+from novelbus.store.context import refreeze
 from novelbus.store.detections import DetectionRecord, detection_inputs, save_detection_with_event
 from novelbus.writers.provider import ModelProvider, complete
 from novelbus.writers.structured import mechanism_override, response_format
@@ -114,10 +115,14 @@ class CandidateDetector:
             await self._republish(key)
             return _verdict(inputs.record)
         req = inputs.request or {}
-        frozen = await store.load_context(
-            pool, novel_id=novel_id, unit_id=unit_id, scenario="detection", purpose="production",
-            profile=req.get("profile", config.continuityProfile), as_of=req.get("asOf"),
-            evidence=tuple(req.get("evidence") or ()))
+        # PERF-2: the candidate's context as this process froze it for the writer's pack, under the
+        # scenario `detection`, with no read; else read back at the same asOf and evidence.
+        frozen = refreeze(context_sha256, scenario="detection") if inputs.request is not None else None
+        if frozen is None:
+            frozen = await store.load_context(
+                pool, novel_id=novel_id, unit_id=unit_id, scenario="detection", purpose="production",
+                profile=req.get("profile", config.continuityProfile), as_of=req.get("asOf"),
+                evidence=tuple(req.get("evidence") or ()))
         candidate = Candidate(paragraphs=list(body.paragraphs), canon_changes=list(body.canon_changes),
                               scene_completion=body.scene_completion)
         projection = project(role_inputs("detector", frozen, candidate=candidate))

@@ -15,6 +15,7 @@ the caller's job (CTX-6: ``store.save_context_freeze``); nothing here writes.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -233,4 +234,34 @@ async def load_context(
         budget=budget,
         evidence=evidence,
     )
-    return assemble_context(sources)
+    frozen = assemble_context(sources)
+    _remember(frozen.context_sha256, sources)
+    return frozen
+
+
+# ROLE-2 (PERF-2): the sources of the contexts this process assembled last, by context hash. A
+# second reader of the same frozen context — the detector re-freezing a candidate's context under
+# its own scenario — assembles it again from them without a read. The sources of a context hash
+# never change (every one proven at or before asOf, CTX-4; the hash covers what was assembled).
+_RECENT: OrderedDict[str, ContextSources] = OrderedDict()
+RECENT_KEPT = 128
+
+
+def _remember(context_hash: str, sources: ContextSources) -> None:
+    _RECENT[context_hash] = sources
+    _RECENT.move_to_end(context_hash)
+    while len(_RECENT) > RECENT_KEPT:
+        _RECENT.popitem(last=False)
+
+
+def refreeze(context_hash: str | None, *, scenario: str) -> FrozenContext | None:
+    """The context this process froze under ``context_hash``, assembled again under another
+    scenario from the same sources (pure, no read); None when this process did not freeze it."""
+    sources = _RECENT.get(context_hash or "")
+    if sources is None:
+        return None
+    old = sources.plan.request
+    request = validate_request(novel_id=old.novel_id, unit_id=old.unit_id, as_of=old.as_of, scenario=scenario,
+                               purpose=old.purpose, profile=old.profile, evidence=old.evidence)  # CTX-1
+    plan = msgspec.structs.replace(sources.plan, request=request)
+    return assemble_context(msgspec.structs.replace(sources, plan=plan))

@@ -149,3 +149,21 @@ async def test_a_kill_between_the_record_and_its_publish_loses_no_event(stack: R
     assert row is not None
     assert len(await list_detections(ctx.pool, novel_id, u2)) == 1
     assert len(await _detected_events(stack, novel_id)) == 1
+
+
+async def test_the_detector_judges_the_writers_context_refrozen_or_read_again_alike(stack: Runtime) -> None:
+    """ROLE-2 / CTX-5: the candidate's context re-frozen under `detection` from the sources this
+    process read for the writer is the context a fresh read at the same asOf and evidence gives."""
+    from novelbus.store.context import refreeze
+
+    novel_id, _ = await run_novel(stack, harbor(detector="off"))
+    pool = stack.ctx.pool
+    u2 = next(u.unit_id for u in await store.list_units(pool, novel_id) if u.scene_id == "s2")
+    written = await store.load_context(pool, novel_id=novel_id, unit_id=u2, scenario="generation",
+                                       purpose="production", profile="bounded", evidence=("character:mara",))
+    again = refreeze(written.context_sha256, scenario="detection")
+    read = await store.load_context(pool, novel_id=novel_id, unit_id=u2, scenario="detection",
+                                    purpose="production", profile="bounded", evidence=("character:mara",))
+    assert again is not None and again.context.request.scenario == "detection"
+    assert again.context_sha256 == read.context_sha256 != written.context_sha256
+    assert refreeze("f" * 64, scenario="detection") is None
