@@ -167,3 +167,14 @@ async def test_the_detector_judges_the_writers_context_refrozen_or_read_again_al
     assert again is not None and again.context.request.scenario == "detection"
     assert again.context_sha256 == read.context_sha256 != written.context_sha256
     assert refreeze("f" * 64, scenario="detection") is None
+
+
+async def test_config_set_of_the_detector_names_the_field_and_its_values(stack: Runtime) -> None:
+    """ROLE-2: `novel config --set detector=…` is validated like create: a bad value names the
+    field and the allowed values; a good one changes the novel's config."""
+    pool = stack.ctx.pool
+    novel_id = await store.create_novel(pool, harbor())
+    with pytest.raises(store.ConfigInvalid, match=r"detector: Input should be 'off', 'offline' or 'model'"):
+        await store.configure_novel(pool, novel_id, {"detector": "strict"})
+    row, changed = await store.configure_novel(pool, novel_id, {"detector": "model"})
+    assert changed == ["detector"] and row.config.detector == "model"
