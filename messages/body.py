@@ -19,30 +19,38 @@ CanonKind = Literal["event", "character-state", "relation", "foreshadowing", "va
 
 
 class SceneCompletion(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
-    completed: Annotated[bool, Meta(description="True when the scene's goal is reached by this unit.")]
-    basis: Annotated[str, Meta(description="Why the scene is (or is not) complete.")]
+    completed: Annotated[bool, Meta(description="true when this unit reaches the scene goal.")]
+    basis: Annotated[str, Meta(description="why (never empty).")]
     outstanding_goals: list[str] = []
-    next_anchor: Annotated[str | None, Meta(description="Where a continuation should pick up.")] = None
+    next_anchor: Annotated[
+        str | None, Meta(description="where the next unit picks up; null when completed.")
+    ] = None
 
 
 class CanonChange(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
     kind: CanonKind
-    summary: str
+    summary: Annotated[str, Meta(description="the fact, briefly.")]
     sources: Annotated[
-        list[str], Meta(description="'inline', 'inline#<paragraph index>' or an existing 'commit-N[#i]'.")
+        list[str],
+        Meta(description="'inline' or 'inline#<paragraph index>' (or an existing 'commit-N[#i]')."),
     ]
     detail: str | None = None
     # Which characters the fact is about; lets the pack pick participants' facts (PACK canon block).
-    character_ids: list[str] = []
+    character_ids: Annotated[
+        list[str], Meta(description="ids of the characters it is about.")
+    ] = []
     # kind "foreshadowing": the outline item this change plants or resolves (finish guard, §16).
     foreshadowing_id: Annotated[
-        str | None, Meta(description="kind foreshadowing: the outline item planted or resolved.")
+        str | None, Meta(description="kind foreshadowing: the item's id.")
     ] = None
     foreshadowing_status: Literal["planted", "resolved"] = "resolved"
 
 
 class CommitBody(msgspec.Struct, frozen=True, rename="camel", forbid_unknown_fields=True):
-    paragraphs: Annotated[list[str], Meta(description="Prose paragraphs only; no headings or notes.")]
+    paragraphs: Annotated[
+        list[str],
+        Meta(description="prose only, one string per paragraph, no blank line inside one."),
+    ]
     scene_completion: SceneCompletion
     canon_changes: list[CanonChange] = []
 

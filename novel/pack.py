@@ -42,6 +42,7 @@ from typing import Literal
 
 import msgspec
 
+from novelbus.novel.body import body_field_guide, body_shape
 from novelbus.novel.context import (
     HEADER_RE,
     MAX_CANON_FACTS,
@@ -140,18 +141,10 @@ PROTOCOL_W1: tuple[str, ...] = (
     "Continue seamlessly from the prose tail and the continuation anchor; pursue the scene goal; "
     "do not contradict the canon facts; respect the story's taboos.",
     "Length: write between targetMin and targetMax effective characters (letters and digits).",
-    "Reply with ONLY one JSON object, no commentary: "
-    '{"paragraphs": ["..."], "sceneCompletion": {"completed": false, "basis": "...", '
-    '"outstandingGoals": ["..."], "nextAnchor": "..."}, "canonChanges": [{"kind": '
-    '"character-state", "summary": "...", "sources": ["inline#0"], "detail": "...", '
-    '"characterIds": ["..."]}]}',
-    "paragraphs: one string per paragraph, no blank lines inside a paragraph.",
-    "sceneCompletion: completed is true only when the scene goal is reached; basis says why "
-    "(never empty); outstandingGoals lists what is left; nextAnchor says where the next unit "
-    "picks up (null when completed).",
-    "canonChanges: kind is one of event, character-state, relation, foreshadowing, variable; "
-    "each source is 'inline' or 'inline#<paragraph index>' pointing into your paragraphs; "
-    "characterIds names the characters the fact is about.",
+    # QUAL-1: the fields come from the commit body's one definition (novel.body), as the draft
+    # schema does; no placeholder a model could copy into the prose.
+    "Reply with ONLY one JSON object, no commentary, with these fields:",
+    *body_field_guide(),
     FORESHADOWING_RULE,
 )
 
@@ -167,9 +160,8 @@ PROTOCOL_W2: tuple[str, ...] = (
     "do not contradict the canon facts; respect the story's taboos.",
     "Length: write between targetMin and targetMax effective characters (letters and digits).",
     "Then call novel_body_commit exactly once with unitId from the unit block and the body: "
-    "paragraphs (one string per paragraph, no blank lines inside), sceneCompletion {completed, "
-    "basis, outstandingGoals, nextAnchor}, canonChanges [{kind, summary, sources, detail, "
-    "characterIds}] with sources 'inline' or 'inline#<paragraph index>'.",
+    f"{body_shape()}; paragraphs are one string per paragraph with no blank lines inside, sources "
+    "are 'inline' or 'inline#<paragraph index>'.",
     FORESHADOWING_RULE,
     "Stop after the first successful commit. If a commit is refused, fix the named problem and "
     "commit again. Never explain your work in the prose or after the commit.",

@@ -30,10 +30,15 @@ ENV_STRUCTURED = "NOVELBUS_MODEL_STRUCTURED"  # force a mechanism, skipping P6's
 
 
 # llama.cpp's grammar parser refuses (and llama-cpp-python's server dies on) a grammar of more than
-# about 2,000 rules; a string bounded at N characters costs N of them. 600 per paragraph plus the
-# notes stays well inside; longer units get more paragraphs instead.
+# about 2,000 rules; a string bounded at N characters costs N of them, an unbounded one a few, and
+# all paragraphs share one item rule. 600 characters per paragraph plus the notes stays well inside;
+# a long unit gets more paragraphs (up to MAX_PARAGRAPHS), never longer ones.
 MAX_PARAGRAPH_CHARS = 600
+MAX_PARAGRAPHS = 128
+RAW_PER_EFFECTIVE = 1.25  # prose has about a fifth more characters than letters and digits
 SHORT_CHARS = 120  # basis, goals, summaries: notes, not prose
+NOTE_CHARS = 100  # nextAnchor, a canon change's detail
+MAX_CANON_CHANGES = 3  # room for a foreshadowing item beside the unit's facts
 SOURCE_PATTERN = "^(inline(#[0-9]+)?|commit-[1-9][0-9]*(#[0-9]+)?)$"
 
 
@@ -49,52 +54,62 @@ def unit_target_max(pack_text: str) -> int | None:
     return value if value > 0 else None
 
 
-def draft_schema(*, target_max: int | None = None, max_paragraphs: int | None = None) -> dict[str, Any]:
-    """The W1 draft's JSON Schema: the commit body with its constraints — non-empty paragraphs
-    and basis, canon sources in their allowed forms, and, from the unit's range, a bound on each
-    paragraph's length and on the paragraph count (honoured by grammar-constrained servers)."""
-    paragraph: dict[str, Any] = {"type": "string", "minLength": 1}
-    paragraphs: dict[str, Any] = {"type": "array", "minItems": 1, "items": paragraph}
+def body_schema() -> dict[str, Any]:
+    """QUAL-1: the commit body's JSON Schema, generated from the one definition
+    (`novel.body.CommitArgs`, via the commit tool's parameters, TOOL-1) with the unit id left out:
+    the W1 draft, the forced commit and the tool all list the same fields."""
+    from novelbus.writers.tools import COMMIT_TOOL, tool_parameters_schema
+
+    schema = tool_parameters_schema(COMMIT_TOOL)
+    schema["properties"].pop("unitId", None)
+    schema["required"] = [r for r in schema.get("required", []) if r != "unitId"]
+    return schema
+
+
+def _bound_string(node: dict[str, Any], max_length: int, *, min_length: int = 1) -> None:
+    """Bound a string (or the string branch of a nullable one)."""
+    for branch in node.get("anyOf", [node]):
+        if branch.get("type") == "string":
+            branch["minLength"] = min_length
+            branch["maxLength"] = max_length
+
+
+def bounded(schema: dict[str, Any], *, target_max: int | None = None,
+            max_paragraphs: int | None = None) -> dict[str, Any]:
+    """The body schema with the draft's constraints, honoured by grammar-constrained servers:
+    non-empty paragraphs and notes, canon sources in their allowed forms, short notes, and, from
+    the unit's range, a bound on each paragraph's length and on the paragraph count."""
+    props = schema["properties"]
+    paragraphs = props["paragraphs"]
+    paragraphs["minItems"] = 1
+    paragraphs["items"]["minLength"] = 1
     if target_max is not None:
-        paragraph["maxLength"] = max(40, min(target_max, MAX_PARAGRAPH_CHARS))
-        paragraphs["maxItems"] = max_paragraphs or max(1, min(8, -(-target_max // MAX_PARAGRAPH_CHARS)))
+        paragraphs["items"]["maxLength"] = max(40, min(int(target_max * RAW_PER_EFFECTIVE), MAX_PARAGRAPH_CHARS))
+        paragraphs["maxItems"] = max_paragraphs or max(
+            1, min(MAX_PARAGRAPHS, -(-int(target_max * RAW_PER_EFFECTIVE) // MAX_PARAGRAPH_CHARS)))
     elif max_paragraphs is not None:
         paragraphs["maxItems"] = max_paragraphs
-    short = {"type": "string", "minLength": 1, "maxLength": SHORT_CHARS}
-    return {
-        "type": "object",
-        "properties": {
-            "paragraphs": paragraphs,
-            "sceneCompletion": {
-                "type": "object",
-                "properties": {
-                    "completed": {"type": "boolean"},
-                    "basis": short,
-                    "outstandingGoals": {"type": "array", "maxItems": 2, "items": short},
-                },
-                "required": ["completed", "basis"],
-                "additionalProperties": False,
-            },
-            "canonChanges": {
-                "type": "array",
-                "maxItems": 2,
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "kind": {"enum": ["event", "character-state", "relation",
-                                          "foreshadowing", "variable"]},
-                        "summary": short,
-                        "sources": {"type": "array", "minItems": 1, "maxItems": 1,
-                                    "items": {"type": "string", "pattern": SOURCE_PATTERN}},
-                    },
-                    "required": ["kind", "summary", "sources"],
-                    "additionalProperties": False,
-                },
-            },
-        },
-        "required": ["paragraphs", "sceneCompletion", "canonChanges"],
-        "additionalProperties": False,
-    }
+    completion = props["sceneCompletion"]["properties"]
+    _bound_string(completion["basis"], SHORT_CHARS)
+    completion["outstandingGoals"]["maxItems"] = 2
+    _bound_string(completion["outstandingGoals"]["items"], SHORT_CHARS)
+    _bound_string(completion["nextAnchor"], NOTE_CHARS)
+    changes = props["canonChanges"]
+    changes["maxItems"] = MAX_CANON_CHANGES
+    change = changes["items"]["properties"]
+    _bound_string(change["summary"], SHORT_CHARS)
+    _bound_string(change["detail"], NOTE_CHARS)
+    change["sources"].update(minItems=1, maxItems=1)
+    change["sources"]["items"]["pattern"] = SOURCE_PATTERN
+    # canonChanges is asked for (an empty list is fine): a model that must write it considers it
+    schema["required"] = [*schema["required"], *(["canonChanges"] if "canonChanges" not in
+                                                 schema["required"] else [])]
+    return schema
+
+
+def draft_schema(*, target_max: int | None = None, max_paragraphs: int | None = None) -> dict[str, Any]:
+    """The W1 draft's JSON Schema (MODEL-2, QUAL-1): the commit body's, bounded for the unit."""
+    return bounded(body_schema(), target_max=target_max, max_paragraphs=max_paragraphs)
 
 
 def commit_schema(unit_id: str, *, target_max: int | None = None) -> dict[str, Any]:
@@ -132,9 +147,9 @@ def mechanism_override(env: dict[str, str] | None = None) -> Mechanism | None:
 # --- P6 ------------------------------------------------------------------------------------------
 
 P6_SYSTEM = (
-    "You write fiction. Reply with one JSON object only: "
-    '{"paragraphs": ["..."], "sceneCompletion": {"completed": true, "basis": "..."}, '
-    '"canonChanges": []}.'
+    "You write fiction. Reply with one JSON object only, with the fields paragraphs (a list of "
+    "prose paragraphs), sceneCompletion (an object: completed, true or false, and basis, why) and "
+    "canonChanges (a list, which may be empty)."
 )
 P6_USER = "Write one short paragraph: a ferry pilot hears a harbour bell ring with no wind."
 P6_MAX_TOKENS = 160

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from novelbus.novel.body import CommitBody
+from novelbus.novel.body import CommitBody, body_shape
 from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
 from novelbus.novel.quality import refused_code
 from novelbus.writers.chat import assistant_message, system_message, user_message
@@ -21,10 +21,10 @@ from novelbus.writers.runner._window import (
 )
 from novelbus.writers.structured import unit_target_max
 
+# QUAL-1: the field names from the body's one definition; no placeholder to copy as prose.
 W1_INSTRUCTION = (
     "Write the unit described in [[unit]] now. Reply with one JSON object only, no Markdown "
-    'fence: {"paragraphs": [...], "sceneCompletion": {"completed": ..., "basis": ..., '
-    '"outstandingGoals": [...], "nextAnchor": ...}, "canonChanges": [...]}.'
+    f"fence, with the fields the protocol lists: {body_shape()}."
 )
 
 
