@@ -17,6 +17,7 @@ leaves the row, and the next check of the candidate re-publishes it).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -32,6 +33,7 @@ from novelbus.novel.body import CommitBody
 from novelbus.novel.commitcheck import business_hash
 from novelbus.novel.detection import (
     DETECTOR_SCHEMA,
+    DETECTOR_UNAVAILABLE,
     DETECTOR_UNPARSED,
     Claim,
     Detection,
@@ -47,12 +49,13 @@ from novelbus.novel.roles.detector import project
 from novelbus.novel.text import effective_characters
 from novelbus.store.context import refreeze
 from novelbus.store.detections import DetectionRecord, detection_inputs, save_detection_with_event
-from novelbus.writers.provider import ModelProvider, complete
+from novelbus.writers.provider import ModelProvider, ProviderError, complete
 from novelbus.writers.structured import mechanism_override, response_format
 
 log = logging.getLogger(__name__)
 
-DETECTOR_MAX_TOKENS = 2_048
+DETECTOR_MAX_TOKENS = 1_024
+DETECTOR_TIME_SHARE = 0.8  # of the verifier's request timeout
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,11 @@ class CandidateDetector:
             else:
                 detection = detect_offline(projection)
         except DetectorReplyError:
-            return await self._unparsed(novel_id, unit_id, body, shape)
+            return await self._unanswered(novel_id, unit_id, body, shape, DETECTOR_UNPARSED)
+        except (ProviderError, TimeoutError) as e:
+            log.info("detector call for %s/%s failed (%s)", novel_id, unit_id,
+                     e.code if isinstance(e, ProviderError) else "timeout")
+            return await self._unanswered(novel_id, unit_id, body, shape, DETECTOR_UNAVAILABLE)
         outcome = detection.refusal() or "pass"
         counts = detection.counts()
         record = DetectionRecord(
@@ -159,15 +166,18 @@ class CandidateDetector:
         self.checked += 1
         return _verdict(record)
 
-    async def _unparsed(self, novel_id: str, unit_id: str, body: CommitBody, shape: str) -> DetectorVerdict:
-        """A model detector's reply that does not parse: refused (never a pass), counted, and
-        not recorded as a verdict on the candidate — its next check asks the detector again."""
+    async def _unanswered(self, novel_id: str, unit_id: str, body: CommitBody, shape: str,
+                          code: str) -> DetectorVerdict:
+        """A model detector whose reply does not parse, or that failed or did not answer within
+        its time: refused (never a pass), counted, and not recorded as a verdict on the candidate
+        — its next check asks the detector again."""
         await self.ctx.emit(ev.CandidateDetected(novel_id=novel_id, unit_id=unit_id, detector="model",
-                                                 outcome=DETECTOR_UNPARSED, supported=0, contradicted=0, unknown=0))
-        await self.ctx.emit(self._refused(novel_id, unit_id, body, shape, DETECTOR_UNPARSED))
+                                                 outcome=code, supported=0, contradicted=0, unknown=0))
+        await self.ctx.emit(self._refused(novel_id, unit_id, body, shape, code))
         self.checked += 1
-        return DetectorVerdict(DETECTOR_UNPARSED, f"{DETECTOR_UNPARSED}: the detector's reply could not be read, "
-                               "so the candidate was not checked and is not committed; commit it again")
+        what = "reply could not be read" if code == DETECTOR_UNPARSED else "model did not answer"
+        return DetectorVerdict(code, f"{code}: the detector's {what}, so the candidate was not checked and is "
+                               "not committed; commit it again")
 
     @staticmethod
     def _refused(novel_id: str, unit_id: str, body: CommitBody, shape: str, code: str) -> ev.UnitRefused:
@@ -197,8 +207,12 @@ class CandidateDetector:
         mechanism = mechanism_override() or (known if isinstance(known, str) else "json_object")
         messages = detector_messages(projection)
         started = time.monotonic()
-        reply = await complete(provider, messages, None, max_output_tokens=DETECTOR_MAX_TOKENS,
-                               response_format=response_format(mechanism, DETECTOR_SCHEMA))
+        # Inside the verifier's request: the detector answers within most of its timeout, or the
+        # candidate is refused `detector-unavailable` (the caller's retry would only ask again).
+        reply = await asyncio.wait_for(
+            complete(provider, messages, None, max_output_tokens=DETECTOR_MAX_TOKENS,
+                     response_format=response_format(mechanism, DETECTOR_SCHEMA)),
+            timeout=self.ctx.settings.request_timeout_s * DETECTOR_TIME_SHARE)
         await self._record_usage(novel_id, unit_id, key, provider, messages, reply, time.monotonic() - started)
         return parse_detector_reply(reply.text, projection)
 

@@ -47,6 +47,7 @@ DETECTOR_MODES: tuple[str, ...] = ("off", "offline", "model")
 CONTRADICTED = "contradicted"
 EVIDENCE_GAP = "evidence-gap"
 DETECTOR_UNPARSED = "detector-unparsed"
+DETECTOR_UNAVAILABLE = "detector-unavailable"  # the detector model failed or did not answer in time
 
 GAP_PREFIX = "character:"
 

@@ -15,12 +15,17 @@ from novelbus import store
 from novelbus.actors.runtime import running
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
-from novelbus.novel.detection import CONTRADICTED, DETECTOR_UNPARSED, EVIDENCE_GAP
+from novelbus.novel.detection import (
+    CONTRADICTED,
+    DETECTOR_UNAVAILABLE,
+    DETECTOR_UNPARSED,
+    EVIDENCE_GAP,
+)
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.store.detections import list_detections
 from novelbus.writers.offline import OfflineProvider, UnitBrief
-from novelbus.writers.provider import ChatMessage, ModelReply, ToolCall, Usage
+from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError, ToolCall, Usage
 from tests.e2e.test_detector import harbor
 from tests.writers.harness import drive, writer_stack
 
@@ -151,7 +156,7 @@ class DetectorScript:
     label = "detector script (test replies, no language model)"
     structured_mode = "json_object"
 
-    def __init__(self, replies: list[str]) -> None:
+    def __init__(self, replies: list[str | BaseException]) -> None:
         self.replies = list(replies)
         self.calls: list[tuple[list[ChatMessage], dict[str, Any]]] = []
 
@@ -159,6 +164,8 @@ class DetectorScript:
                        max_output_tokens: int, **options: Any) -> ModelReply:
         self.calls.append((messages, options))
         text = self.replies.pop(0) if self.replies else '{"claims": []}'
+        if isinstance(text, BaseException):
+            raise text
         return ModelReply(text=text, usage=Usage(input_tokens=100, output_tokens=10))
 
 
@@ -188,3 +195,19 @@ async def test_a_model_detector_reply_that_does_not_parse_is_refused_never_passe
             "outline:scene/s1#participants"]
         totals = (await store.usage_totals(rt.ctx.pool, driven.novel_id)).get("detector", {})
         assert totals.get("calls") == len(detector.calls) and totals.get("inputTokens") == 100 * len(detector.calls)
+
+
+async def test_a_model_detector_that_fails_refuses_the_candidate_and_is_asked_again(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """ROLE-2: a detector model that fails (a provider error, or no answer in time) refuses the
+    candidate as `detector-unavailable` — never a pass — and the retried commit asks again."""
+    detector = DetectorScript([ProviderError("provider-unavailable", "down")])
+    dsn = await new_database()
+    async with running(nats_url, dsn, subjects=Subjects(namespace),
+                       actor_kwargs={"verifier": {"detector_provider": detector}}) as rt:
+        driven = await drive(rt, harbor(detector="model"), timeout=90)
+        assert isinstance(driven.final, ev.NovelFinished), driven.final
+        ledger = await store.list_events(rt.ctx.pool, driven.novel_id)
+        outcomes = [r.payload["outcome"] for r in ledger if r.type == "candidate.detected"]
+        assert outcomes[:2] == [DETECTOR_UNAVAILABLE, "pass"]
+        assert [r.payload["code"] for r in ledger if r.type == "unit.refused"] == [DETECTOR_UNAVAILABLE]
