@@ -293,3 +293,33 @@ def test_the_outline_brings_an_absent_participant_back_but_not_a_dead_one() -> N
         frozen = freeze_from_snapshot(after, u2, scenario="detection")
         d = detect_offline(project(role_inputs("detector", frozen, candidate=Candidate(paragraphs=["Tom waited."]))))
         assert next(c for c in d.claims if c.subject == "tom").verdict == verdict
+
+
+@pytest.mark.parametrize("cjk", [False, True])
+def test_the_offline_writers_prose_is_never_refused_over_generated_books(cjk: bool) -> None:
+    """ROLE-2: the offline detector does not refuse the offline writer's own prose (benchmarks and
+    chaos run with it on): generated books, seeds 1–12, every unit checked in its writer's context."""
+    import msgspec
+
+    from novelbus.bench.generate import generate_novel_file
+    from novelbus.novel.outline import NovelFile
+    from novelbus.novel.pack import render_writer_pack
+    from novelbus.writers.offline import compose_draft
+    from tests.pure.sim import write_book
+
+    refused: list[tuple[int, str, list[Claim]]] = []
+    for seed in range(1, 13):
+        nf = NovelFile.model_validate(generate_novel_file(2, 5, seed=seed, unit_chars=600, cjk=cjk))
+
+        def body_for(snapshot: NovelSnapshot, unit: Any, seed: int = seed) -> CommitBody:
+            frozen = freeze_from_snapshot(snapshot, unit.unit_id)
+            draft = msgspec.convert(compose_draft(render_writer_pack(frozen, "full").text), CommitBody)
+            detection = freeze_from_snapshot(snapshot, unit.unit_id, scenario="detection")
+            found = detect_offline(project(role_inputs("detector", detection, candidate=Candidate(
+                paragraphs=list(draft.paragraphs), canon_changes=list(draft.canon_changes)))))
+            if found.refusal() is not None:
+                refused.append((seed, unit.unit_id, found.claims))
+            return draft
+
+        write_book(snapshot_from_file(nf), body_for)
+    assert refused == []
