@@ -401,16 +401,24 @@ def novel_mode(novel_id: str, mode: Annotated[str, typer.Argument(help="inline |
 def novel_list(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
                namespace: NsOpt = "") -> None:
     """List novels with their status."""
-    async def go(ctx: Any) -> list[Any]:
-        return await store.list_novels(ctx.pool)
+    async def go(ctx: Any) -> tuple[list[Any], dict[str, str]]:
+        novels = await store.list_novels(ctx.pool)
+        pauses: dict[str, str] = {}  # why each paused novel paused (e.g. quality: the check's code)
+        for n in novels:
+            if n.pause_reason:
+                paused = await store.last_event_payload(ctx.pool, n.novel_id, tag_of(ev.NovelPaused))
+                detail = (paused or {}).get("detail")
+                pauses[n.novel_id] = f"{n.pause_reason}: {detail}" if detail else n.pause_reason
+        return novels, pauses
 
-    novels = run(_with_ctx(home, nats_url, database_url, namespace, go))
+    novels, pauses = run(_with_ctx(home, nats_url, database_url, namespace, go))
     if not novels:
         err_console.print("no novels yet; create one with `novelbus novel create FILE` "
                           "(`novelbus demo` writes a sample one)")
     for n in novels:
+        why = f"  ({escape(pauses[n.novel_id])})" if n.novel_id in pauses else ""
         console.print(f"{n.novel_id:<16} {n.status:<9} {n.writer_mode:<9} turns {n.turns:<4} "
-                      f"{escape(_short(n.title))}")
+                      f"{escape(_short(n.title))}{why}", soft_wrap=True)
 
 
 @app.command()
