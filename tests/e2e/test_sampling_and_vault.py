@@ -137,3 +137,52 @@ async def test_every_refused_candidate_of_a_keeping_novel_is_in_the_vault_with_i
     first = json.loads(files[0].read_text())
     assert first["code"] == "quality:no-letters" and first["candidate"]["paragraphs"] == ["...", "..."]
     assert sorted(p.name for p in vault.iterdir()) == ["n-junk"]
+
+
+async def novelbus_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    import asyncio
+    import os
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NOVELBUS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "novelbus.cli.main", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**base, "COLUMNS": "200", **env})
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_novel_create_names_a_sampling_field_the_server_refuses_and_creates_nothing(
+        stack: Any, nats_url: str, tmp_path: Path) -> None:
+    """QUAL-4: `novel create --model openai:…` with config.model.sampling asks the server once with
+    it; a server refusing `seed` (HTTP 400) stops the creation naming config.model.sampling.seed —
+    not a failed unit later; without the field the same novel is created."""
+    from tests.writers.chat_server import json_response
+
+    model = FakeModel()
+
+    def no_seed(request: dict[str, Any]) -> Any:
+        if "seed" in request:
+            return json_response({"error": {"message": "unknown field seed", "param": "seed"}}, 400)
+        return model(request)
+
+    dsn = stack.ctx.pool._connect_args[0]
+    flags = ["--nats-url", nats_url, "--database-url", dsn, "--namespace", stack.ctx.subjects.namespace,
+             "--home", str(tmp_path / "home"), "--no-start", "--model", "openai:no-seed"]
+    seeded, plain = tmp_path / "seeded.json", tmp_path / "plain.json"
+    data = json.loads(json.dumps(copy.deepcopy(PROBE_NOVEL)))
+    data["config"].update(writerShape="W1", model={"sampling": {"temperature": 0.5, "seed": 9}})
+    seeded.write_text(json.dumps(data))
+    data["config"]["model"] = {"sampling": {"temperature": 0.5}}
+    plain.write_text(json.dumps(data))
+    async with ChatServer([], responder=no_seed) as server:
+        env = {"NOVELBUS_MODEL_BASE_URL": server.base_url, "NOVELBUS_MODEL_CONTEXT_WINDOW": "32768"}
+        code, _, err = await novelbus_cli("novel", "create", str(seeded), *flags, env=env)
+        flat = " ".join(err.split())
+        assert code == 1 and "config.model.sampling.seed" in flat and "Nothing was created" in flat, err
+        assert "temperature" not in flat.split("refused", 1)[1].split(":", 1)[0]
+        assert await store.list_novels(stack.ctx.pool) == []
+        code, _, err = await novelbus_cli("novel", "create", str(plain), *flags, env=env)
+        assert code == 0, err
+    assert len(await store.list_novels(stack.ctx.pool)) == 1
