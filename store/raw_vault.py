@@ -204,7 +204,7 @@ class RawVault:
     def purge(self, *, novel_id: str | None = None, older_than_days: float | None = None,
               now: float | None = None) -> PurgeReceipt:
         """Delete the matching files (all of a novel's when no age is given) and say what went."""
-        files, size, novels = 0, 0, set()
+        files, size, novels = 0, 0, set[str]()
         for entry in self.entries(novel_id=novel_id, older_than_days=older_than_days, now=now):
             try:
                 entry.path.unlink()
@@ -223,7 +223,7 @@ class RawVault:
 
     def sweep(self, now: float | None = None) -> PurgeReceipt:
         """Retention: each novel's files older than its `retentionDays` are deleted."""
-        files, size, novels = 0, 0, set()
+        files, size, novels = 0, 0, set[str]()
         for folder in list(self._novel_dirs(None)):
             try:
                 days = int((folder / RETENTION_FILE).read_text().strip())

@@ -138,13 +138,13 @@ class OpenAIProvider:
         refuses `max_tokens` naming it (reasoning models want `max_completion_tokens`) gets the
         same request once more with the other field, which this provider then keeps using."""
         field = self.max_tokens_field
+        create: Any = self._client.chat.completions.create  # the request is built as a dict
         try:
-            return await self._client.chat.completions.create(**request, **{field: max_output_tokens})
+            return await create(**request, **{field: max_output_tokens})
         except openai.BadRequestError as e:
             if self._detect_field and field == "max_tokens" and _names_max_tokens(e):
                 self.max_tokens_field = "max_completion_tokens"
-                return await self._client.chat.completions.create(
-                    **request, max_completion_tokens=max_output_tokens)
+                return await create(**request, max_completion_tokens=max_output_tokens)
             raise
 
     # --- mapping -------------------------------------------------------------------------------
