@@ -113,13 +113,15 @@ async def test_a_planted_contradiction_is_refused_and_a_fresh_writer_commits(
         assert refused == [EVIDENCE_GAP, CONTRADICTED]
 
 
+@pytest.mark.parametrize("mode", ["subagent", "inline"])
 async def test_an_offline_novel_with_the_roles_on_finishes_with_a_detection_per_committed_unit(
-        nats_url: str, new_database: Any, namespace: str) -> None:
+        nats_url: str, new_database: Any, namespace: str, mode: str) -> None:
     """ROLE-2 (with ROLE-3 on): the sample novel with `detector: offline`, `extractor: offline`,
-    `canonSource: both` finishes; every committed unit has a `candidate.detected` event and a
-    passed detection record bound to its commit's context hash."""
+    `canonSource: both` finishes, written by W2 subagents or by one inline session; every committed
+    unit has a `candidate.detected` event and a passed detection record."""
     data = json.loads(sample_novel_bytes())
-    data["config"].update({"detector": "offline", "extractor": "offline", "canonSource": "both"})
+    data["config"].update({"detector": "offline", "extractor": "offline", "canonSource": "both",
+                           "writerMode": mode})
     async with writer_stack(nats_url, new_database, namespace) as rt:
         driven = await drive(rt, parse_novel_file(json.dumps(data)), timeout=120)
         assert isinstance(driven.final, ev.NovelFinished), driven.final
