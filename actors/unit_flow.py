@@ -26,6 +26,7 @@ from novelbus.messages import usage as um
 from novelbus.messages import verify as vm
 from novelbus.messages.errors import CLAIM_LOST, DELEGATION_NOT_FOUND, DISPATCH_LIMIT, PACK_ERROR
 from novelbus.novel.after_turn import WINDOW_EXCEEDED
+from novelbus.novel.body import CommitBody
 from novelbus.novel.quality import pack_target_min, refused_code
 from novelbus.store.detections import detection_gaps
 from novelbus.writers.sampling import sampling_of
@@ -188,8 +189,27 @@ class UnitFlow:
         ctx = self.ctx
         if result.draft is None:
             return "invalid-draft"
+        if not result.verified:  # QUAL-3: the writer's run asked the verifier already when it says so
+            failure = await self._validate_draft(novel_id, unit_id, claim, run_id, result.draft, context_sha256,
+                                                 target_min)
+            if failure is not None:
+                return failure
+        try:
+            await request(ctx.nc, ctx.subjects.commit(claim.instance),
+                          cm.CommitUnit(delegation_id=claim.delegation_id, novel_id=novel_id, unit_id=unit_id,
+                                        body=result.draft, run_id=run_id, context_sha256=context_sha256,
+                                        checked=True, shape="W1"),
+                          cm.CommitReceipt, timeout=ctx.settings.request_timeout_s, retries=2)
+        except RemoteError as e:
+            return f"commit:{e.code}"
+        return None
+
+    async def _validate_draft(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, run_id: str,
+                              draft: CommitBody, context_sha256: str | None, target_min: int | None) -> str | None:
+        """VER-2: the verifier's whole path on a W1 draft; a failure's reason, or None."""
+        ctx = self.ctx
         valid = await request(ctx.nc, ctx.subjects.verify,
-                              vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=result.draft,
+                              vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=draft,
                                                target_min=target_min, shape="W1", context_sha256=context_sha256,
                                                claim_id=claim.claim_id),
                               vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
@@ -199,14 +219,6 @@ class UnitFlow:
             if valid.code is not None:  # a refusal of the verification path: quality:<code>
                 return f"{valid.failure}:{valid.code}"
             return f"verify:{valid.failure}"
-        try:
-            await request(ctx.nc, ctx.subjects.commit(claim.instance),
-                          cm.CommitUnit(delegation_id=claim.delegation_id, novel_id=novel_id, unit_id=unit_id,
-                                        body=result.draft, run_id=run_id, context_sha256=context_sha256,
-                                        checked=True, shape="W1"),
-                          cm.CommitReceipt, timeout=ctx.settings.request_timeout_s, retries=2)
-        except RemoteError as e:
-            return f"commit:{e.code}"
         return None
 
 

@@ -109,7 +109,10 @@ class CommitVerifier(ServiceActor):
         return [self._check_body, self._check_quality, self._check_detector]
 
     async def _check_body(self, req: m.ValidateDraft) -> m.Verified | None:
-        """The body's rules (SPEC §16 Commit) and the prose guard (STORE-6)."""
+        """The body's rules (SPEC §16 Commit) and the prose guard (STORE-6). A W2 or inline commit's
+        body is checked by the store in its commit transaction, with its own codes: not twice."""
+        if req.shape != "W1":
+            return None
         try:
             check_body(req.body, known_commits=await store.commit_paragraph_counts(self.ctx.pool, req.novel_id),
                        hard_max_remaining=None)

@@ -141,12 +141,13 @@ class WriterRunner(ServiceActor):
         self.state.runs += 1
         self.state.active.add(req.run_id)
         started: set[int] = set()  # tool calls whose tool.started event went out as they began
+        passed: list[CommitBody] = []  # QUAL-3: W1 drafts the verifier's whole path accepted
         try:
             window = effective_window(provider, req.context_window)
             if req.shape == "W1":
                 outcome = await run_w1(provider, req.pack_text, max_output_tokens=max_output_tokens,
                                        mechanism=await self.mechanism(provider), window=window,
-                                       check=self._draft_check(req))
+                                       check=self._draft_check(req, passed))
             else:
                 try:  # TOOL-4: fail closed before any model call, recorded with its reason
                     check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
@@ -157,9 +158,10 @@ class WriterRunner(ServiceActor):
                                                  inline=req.shape == "inline", started=started, window=window)
         finally:
             self.state.active.discard(req.run_id)
-        return await self._finish(req, provider, outcome, started)
+        verified = outcome.draft is not None and any(d is outcome.draft for d in passed)
+        return await self._finish(req, provider, outcome, started, verified=verified)
 
-    def _draft_check(self, req: m.RunWriter) -> DraftCheck:
+    def _draft_check(self, req: m.RunWriter, passed: list[CommitBody]) -> DraftCheck:
         """QUAL-3: a W1 draft goes to the verifier's one verification path before the run ends,
         so a refusal can still be repaired in this run. The body's own rules stay the
         orchestrator's to refuse after the run (VER-2), as ever."""
@@ -172,7 +174,10 @@ class WriterRunner(ServiceActor):
                                                       context_sha256=req.context_sha256,
                                                       claim_id=req.claim_id or None),
                                      vm.Verified, timeout=self.ctx.settings.request_timeout_s, retries=2)
-            if verified.ok or verified.failure in ("schema", "guard"):
+            if verified.ok:
+                passed.append(body)  # the orchestrator need not ask again (VER-2 answered)
+                return None
+            if verified.failure in ("schema", "guard"):
                 return None
             failure = verified.failure or "refused"
             reason = f"{failure}:{verified.code}" if verified.code else failure
@@ -286,7 +291,7 @@ class WriterRunner(ServiceActor):
         return outcome
 
     async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome,
-                      started: set[int] | None = None) -> m.WriterResult:
+                      started: set[int] | None = None, verified: bool = False) -> m.WriterResult:
         reason = outcome.reason or "completed"
         tool_bytes: dict[str, int] = {}
         for rec in outcome.tool_calls:
@@ -315,7 +320,7 @@ class WriterRunner(ServiceActor):
                                 model_ms=getattr(provider, "elapsed_ms", 0.0),
                                 dependencies=len(manifest or ()),
                                 dependencies_at=manifest_location(req.run_id) if manifest else None,
-                                session_continued=outcome.session_continued)
+                                session_continued=outcome.session_continued, verified=verified)
 
 
 MAX_OUTPUT_TOKENS = 8_192  # one unit's prose plus its tool calls

@@ -80,6 +80,9 @@ class WriterResult(Message, tag="runs.finished", frozen=True):
     dependencies: int = 0
     dependencies_at: str | None = None
     session_continued: bool = False  # RUN-5: the run re-sent a stored session's history
+    # QUAL-2 / VER-2: the W1 draft passed the verifier's whole path inside the run (its repair loop);
+    # the orchestrator commits it without asking the verifier again
+    verified: bool = False
 
 
 RunsRequest = RunWriter
