@@ -31,7 +31,7 @@ def _type_words(t: mi.Type) -> str:
         kinds = [_type_words(x) for x in t.types if not isinstance(x, mi.NoneType)]
         return " or ".join(kinds) + (" or null" if any(isinstance(x, mi.NoneType) for x in t.types) else "")
     if isinstance(t, mi.LiteralType):
-        return "one of " + ", ".join(str(v) for v in sorted(t.values))
+        return "one of " + ", ".join(sorted(str(v) for v in t.values))
     if isinstance(t, mi.ListType):
         item = _type_words(t.item_type)
         return f"list of {item}s" if isinstance(t.item_type, mi.StructType) else f"list of {item}"
