@@ -26,7 +26,7 @@ from tests.e2e.conftest import run_novel
 # expected change: she drowns. Scene 2 is Tom's alone, at dawn in the harbor.
 HARBOR: dict[str, Any] = {
     "title": "The Harbor Watch",
-    "config": {"writerShape": "W2", "detector": "offline",
+    "config": {"writerMode": "subagent", "writerShape": "W2", "detector": "offline",
                "budgets": {"externalRetry": {"maxAttempts": 1, "backoffMs": 0}},
                "length": {"kind": "target", "targetCharacters": 1200}},
     "outline": {
