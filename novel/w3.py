@@ -6,6 +6,12 @@ both halves: cost (subagent raw input ≤ 40 % of inline) and quality (judged bl
 here, and `NovelConfig.writerMode`'s default is `DEFAULT_WRITER_MODE`, derived from it — never
 written twice. A new documented run changes `DOCUMENTED_RUN`, and the default follows.
 
+A verdict supports `subagent` only when the run behind it can carry it: a real language model
+(the offline writer writes a scene from the pack's scene and unit blocks, the same in both
+modes, so its two books are identical and its quality half is empty by construction) and at
+least `MIN_UNITS_PER_ARM` units in each arm (JUDGE-4's size: past the point where the inline
+session's history grows).
+
 This module imports nothing from the rest of the domain: the outline model reads it.
 """
 
@@ -15,6 +21,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 W3Verdict = Literal["subagent", "inline", "undecided"]
+WriterModeDefault = Literal["subagent", "inline"]
+
+MIN_UNITS_PER_ARM = 24
 
 
 @dataclass(frozen=True)
@@ -22,41 +31,56 @@ class DocumentedRun:
     """One `bench ab --judge` run: what ran, what it measured, what it decided."""
 
     command: str
-    model: str
-    units_per_arm: int
+    model: str  # the writer: `offline`, `local`, `openai:<model>`
+    inline_units: int
+    subagent_units: int
     cost_ratio: float
     not_worse_low: float | None
     judge: str
-    verdict: W3Verdict
+    verdict: W3Verdict  # what `bench ab` printed for it (`novel.judge.w3`)
 
 
-def default_writer_mode(verdict: str) -> Literal["subagent", "inline"]:
-    """The default a verdict supports: `subagent` only when W3 passed; otherwise `inline`."""
-    return "subagent" if verdict == "subagent" else "inline"
+def why_not_subagent(run: DocumentedRun) -> list[str]:
+    """What keeps the run's verdict from supporting `subagent` (empty: it does)."""
+    reasons: list[str] = []
+    if run.verdict != "subagent":
+        reasons.append(f"its W3 verdict is {run.verdict!r}")
+    if run.model == "offline":
+        reasons.append("its writer is the offline writer, whose two books are identical by construction")
+    if min(run.inline_units, run.subagent_units) < MIN_UNITS_PER_ARM:
+        reasons.append(f"it wrote {run.inline_units} inline and {run.subagent_units} subagent units "
+                       f"(W3 asks for at least {MIN_UNITS_PER_ARM} per arm)")
+    return reasons
+
+
+def default_writer_mode(run: DocumentedRun) -> WriterModeDefault:
+    """The default a documented run supports: `subagent` only when nothing in `why_not_subagent`."""
+    return "inline" if why_not_subagent(run) else "subagent"
 
 
 DOCUMENTED_RUN = DocumentedRun(
     command="novelbus bench ab --judge --json",
     model="offline",
-    units_per_arm=60,
+    inline_units=60,
+    subagent_units=60,
     cost_ratio=0.1128,
     not_worse_low=0.9398,
     judge="offline",
     verdict="subagent",
 )
 
-DEFAULT_WRITER_MODE = default_writer_mode(DOCUMENTED_RUN.verdict)
+DEFAULT_WRITER_MODE = default_writer_mode(DOCUMENTED_RUN)
 
 
 def default_reason(run: DocumentedRun | None = None) -> str | None:
     """Why the default is not `subagent` (None when it is): what `novel create` prints when a
     novel file leaves writerMode to the default. `run`: the documented run unless given."""
     run = DOCUMENTED_RUN if run is None else run
-    mode = default_writer_mode(run.verdict)
-    if mode == "subagent":
+    reasons = why_not_subagent(run)
+    if not reasons:
         return None
-    quality = ("not measured" if run.not_worse_low is None
+    quality = ("quality not measured" if run.not_worse_low is None
                else f"not-worse lower bound {run.not_worse_low:.3f}")
-    return (f"writerMode defaults to {mode}: the documented A/B ({run.model}, {run.units_per_arm} units per "
-            f"arm) gave the W3 verdict {run.verdict!r} (cost ratio {run.cost_ratio:.3f}, {quality}; W3 needs "
-            "≤ 0.40 and a lower bound ≥ 0.5, see docs/ab.md); set config.writerMode to choose")
+    return (f"writerMode defaults to inline: the documented A/B ({run.model}; cost ratio {run.cost_ratio:.3f}, "
+            f"{quality}) does not support subagent: {'; '.join(reasons)}. See docs/ab.md; set "
+            "config.writerMode to choose")

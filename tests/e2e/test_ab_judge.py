@@ -138,3 +138,28 @@ async def test_a_model_judge_is_blind_position_swapped_and_its_bad_replies_are_f
             assert banned not in text, banned
         assert not re.search(r"\bch\d{3}", text)  # generated chapter, scene and unit ids
         assert set(json.loads(request["messages"][1]["content"])["candidates"]) == {"A", "B"}
+
+
+async def test_novel_create_says_why_the_default_writer_mode_is_not_subagent(
+    nats_url: str, new_database: Any, tmp_path: Path
+) -> None:
+    """JUDGE-3: when the default writerMode is not subagent, `novel create` of a file that leaves
+    writerMode to the default prints why; a file that sets writerMode gets no note."""
+    from novelbus.novel import w3
+    from novelbus.novel.sample import sample_novel_bytes
+
+    dsn = await new_database()
+    data = json.loads(sample_novel_bytes())
+    del data["config"]["writerMode"]
+    bare, chosen = tmp_path / "bare.json", tmp_path / "chosen.json"
+    bare.write_text(json.dumps(data))
+    chosen.write_text(sample_novel_bytes().decode())
+    servers = ("--no-start", "--nats-url", nats_url, "--database-url", dsn)
+    out = novelbus("novel", "create", str(bare), *servers)
+    assert out.returncode == 0, out.stderr
+    reason = w3.default_reason()
+    assert (reason is None) == (w3.DEFAULT_WRITER_MODE == "subagent")
+    if reason is not None:
+        assert "writerMode defaults to inline" in out.stderr and "docs/ab.md" in out.stderr
+    out = novelbus("novel", "create", str(chosen), *servers)
+    assert out.returncode == 0 and "writerMode defaults" not in out.stderr

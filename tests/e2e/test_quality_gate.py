@@ -29,7 +29,7 @@ GOALS = ("Mara hears the harbour bell ring with no wind to move it, and she goes
          "Mara holds the last ferry at the quay although the timetable says it must leave.")
 NOVEL = {
     "title": "The Ferry Bell",
-    "config": {"writerShape": "W1",
+    "config": {"writerMode": "subagent", "writerShape": "W1",
                "length": {"kind": "target", "targetCharacters": 1600, "toleranceRatio": 0.4},
                "budgets": {"externalRetry": {"maxAttempts": 1, "backoffMs": 0}}},
     "outline": {
