@@ -38,7 +38,9 @@ MAX_PARAGRAPHS = 128
 RAW_PER_EFFECTIVE = 1.25  # prose has about a fifth more characters than letters and digits
 SHORT_CHARS = 120  # basis, goals, summaries: notes, not prose
 NOTE_CHARS = 100  # nextAnchor, a canon change's detail
-MAX_CANON_CHANGES = 3  # room for a foreshadowing item beside the unit's facts
+ID_CHARS = 64  # characterIds, foreshadowingId: outline ids (novel.outline.ID_PATTERN)
+MAX_CANON_CHANGES = 2  # a foreshadowing payoff beside one fact; a small model under a grammar
+# otherwise fills every optional note it is allowed and runs out of tokens
 SOURCE_PATTERN = "^(inline(#[0-9]+)?|commit-[1-9][0-9]*(#[0-9]+)?)$"
 
 
@@ -99,6 +101,9 @@ def bounded(schema: dict[str, Any], *, target_max: int | None = None,
     change = changes["items"]["properties"]
     _bound_string(change["summary"], SHORT_CHARS)
     _bound_string(change["detail"], NOTE_CHARS)
+    _bound_string(change["foreshadowingId"], ID_CHARS)
+    change["characterIds"]["maxItems"] = 3
+    _bound_string(change["characterIds"]["items"], ID_CHARS)
     change["sources"].update(minItems=1, maxItems=1)
     change["sources"]["items"]["pattern"] = SOURCE_PATTERN
     # canonChanges is asked for (an empty list is fine): a model that must write it considers it

@@ -49,7 +49,7 @@ def test_the_unit_range_bounds_the_paragraphs() -> None:
 def test_grammar_servers_can_take_the_schema_for_any_unit_size(target_max: int) -> None:
     """MODEL-2: llama.cpp refuses a grammar of more than ~2,000 rules (its server then dies); a string
     bounded at N characters costs N rules. Whatever the unit's range, the bounded strings of the
-    forced commit schema stay far below that."""
+    forced commit schema (every string of the body bounded, QUAL-1) stay far below that."""
     schema = commit_schema("u-1", target_max=target_max)
     bounded: list[int] = []
 
@@ -64,7 +64,7 @@ def test_grammar_servers_can_take_the_schema_for_any_unit_size(target_max: int) 
                 walk(value)
 
     walk(schema)
-    assert bounded and sum(bounded) <= 1_200
+    assert bounded and sum(bounded) <= 1_400
 
 
 def test_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
