@@ -66,17 +66,16 @@ def _commands() -> Iterator[tuple[list[str], Any, Any]]:
 
     from novelbus.cli.main import app
 
-    root = typer.main.get_command(app)
-    stack: list[tuple[list[str], Any, Any]] = [(["novelbus"], root, root.context_class(root, info_name="novelbus"))]
-    while stack:
-        path, cmd, ctx = stack.pop(0)
-        yield path, cmd, ctx
+    def walk(path: list[str], cmd: Any, ctx: Any) -> Iterator[tuple[list[str], Any, Any]]:
+        yield path, cmd, ctx  # a group, then each of its commands: depth first, in their order
         if _is_group(cmd):
             for name in cmd.list_commands(ctx):
                 sub = cmd.get_command(ctx, name)
-                if sub is None or getattr(sub, "hidden", False):
-                    continue
-                stack.append(([*path, name], sub, sub.context_class(sub, info_name=name, parent=ctx)))
+                if sub is not None and not getattr(sub, "hidden", False):
+                    yield from walk([*path, name], sub, sub.context_class(sub, info_name=name, parent=ctx))
+
+    root = typer.main.get_command(app)
+    yield from walk(["novelbus"], root, root.context_class(root, info_name="novelbus"))
 
 
 def _default(param: Any) -> str:
