@@ -39,8 +39,7 @@ RAW_PER_EFFECTIVE = 1.25  # prose has about a fifth more characters than letters
 SHORT_CHARS = 120  # basis, goals, summaries: notes, not prose
 NOTE_CHARS = 100  # nextAnchor, a canon change's detail
 ID_CHARS = 64  # characterIds, foreshadowingId: outline ids (novel.outline.ID_PATTERN)
-MAX_CANON_CHANGES = 2  # a foreshadowing payoff beside one fact; a small model under a grammar
-# otherwise fills every optional note it is allowed and runs out of tokens
+MAX_CANON_CHANGES = 3  # a scene may pay off two foreshadowing items beside one fact
 SOURCE_PATTERN = "^(inline(#[0-9]+)?|commit-[1-9][0-9]*(#[0-9]+)?)$"
 
 
