@@ -279,6 +279,15 @@ class NovelConfig(_Model):
     canonSource: Literal["writer", "extractor", "both"] = "writer"
     extractor: Literal["off", "offline", "model"] = "off"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shape_implies_subagent(cls, data: Any) -> Any:
+        # JUDGE-3: a file that names a writer shape (W1, W2: the bounded writer's shapes) asks for
+        # the bounded writer; only a file silent on both takes the documented verdict's default.
+        if isinstance(data, dict) and "writerShape" in data and "writerMode" not in data:
+            return {**data, "writerMode": "subagent"}
+        return data
+
 
 class NovelFile(_Model):
     """What `novelbus novel create FILE` reads."""

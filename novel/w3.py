@@ -83,4 +83,4 @@ def default_reason(run: DocumentedRun | None = None) -> str | None:
                else f"not-worse lower bound {run.not_worse_low:.3f}")
     return (f"writerMode defaults to inline: the documented A/B ({run.model}; cost ratio {run.cost_ratio:.3f}, "
             f"{quality}) does not support subagent: {'; '.join(reasons)}. See docs/ab.md; set "
-            "config.writerMode to choose")
+            "config.writerMode (or config.writerShape, which asks for subagent) to choose")
