@@ -13,7 +13,8 @@ managers; tests may hand it servers and a fresh database instead.
 It writes two consecutive W2 units of one chapter of a tiny probe novel:
 
 - run A (unit A): the model researches and commits. The probe host injects two calls into the
-  model's replies — a claim tool outside the allow-list into its first reply (P2), and a commit
+  model's replies — a claim tool outside the allow-list into its first reply (P2; a text answer
+  cut at max_tokens is left as it is, so the runner's policy recovers from it), and a commit
   naming unit B into the reply that carries its own commit, just before it (P3). Both must be
   refused host-side and recorded. Injected calls are named in the evidence; the model's own
   calls are never altered.
@@ -253,6 +254,11 @@ class ProbeProvider:
         log.model_calls.extend(reply.tool_calls)
         log.forced.extend([options.get("tool_choice") is not None] * len(reply.tool_calls))
         calls = list(reply.tool_calls)
+        if reply.stop_reason == "length" and not calls:
+            # A text answer cut at max_tokens: the runner recovers by forcing a tool (MODEL-3),
+            # which a call injected here would prevent (a cut reply with calls fails the run).
+            # The injections wait for the next reply, the forced one.
+            return reply
         if run in self.inject_forbidden:
             self.inject_forbidden.discard(run)
             calls.insert(0, ToolCall(id=f"{INJECTED_PREFIX}forbidden", name=FORBIDDEN_TOOL, arguments="{}"))
