@@ -95,6 +95,11 @@ PROBE_NOVEL: dict[str, Any] = {
         "writerMode": "subagent",
         "writerShape": "W2",
         "length": {"kind": "target", "targetCharacters": 1600, "toleranceRatio": 0.3},
+        # P1-P3 test the host's handling of the model's tool calls, not its prose: the content
+        # gate (QUAL-2) is off for this synthetic novel only, so a small model's weak prose cannot
+        # end run A before the scope and ended-claim refusals are seen. Every user novel's commits
+        # still pass its own config.quality gate, refused per unit with the check's code.
+        "quality": {"enabled": False},
     },
     "outline": {
         "story": {

@@ -43,6 +43,10 @@ from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS
 pytestmark = [pytest.mark.timeout(900), pytest.mark.local_model]
 
 MAX_OUTPUT_TOKENS = 512  # small: a few short paragraphs; keeps the real-model calls short
+# QUAL-2 thresholds a small model's prose can meet: the gate still refuses a commit of no prose
+LENIENT_QUALITY = {"minLetterShare": 0.2, "minScriptShare": 0.3, "maxSentenceRepeats": 6,
+                   "maxRepeatedShare": 0.9, "maxOutlineCopyShare": 1.0, "maxProseCopyShare": 1.0,
+                   "minLengthRatio": 0.0}
 _UNIT_RE = re.compile(r"^unitId: (\S+)$", re.MULTILINE)
 
 
@@ -261,6 +265,10 @@ async def test_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_un
         data = generate_novel_file(1, 2, seed=3, unit_chars=200)
         data["config"].update(writerShape=shape, writerMode="subagent")
         data["config"]["budgets"] = {"writerDispatchLimit": 3, "consecutiveFailureLimit": 3}
+        # This test is about the model *path* (probes, drafts, tool calls, usage); the embedded
+        # 135M model's prose often fails the default content gate (docs/models.md), so the gate
+        # runs with lenient thresholds here, set explicitly, instead of pausing the novel.
+        data["config"]["quality"] = LENIENT_QUALITY
         path = tmp_path / f"{shape}.json"
         path.write_text(json.dumps(data))
         started = time.monotonic()
