@@ -156,7 +156,10 @@ P6_SYSTEM = (
     "canonChanges (a list, which may be empty)."
 )
 P6_USER = "Write one short paragraph: a ferry pilot hears a harbour bell ring with no wind."
-P6_MAX_TOKENS = 160
+# The draft schema grew optional fields (QUAL-1) a small model fills under a grammar: 160 tokens
+# cut the embedded 135M model's every reply; its short paragraph is bounded by P6_TARGET_MAX.
+P6_MAX_TOKENS = 512
+P6_TARGET_MAX = 300
 
 
 class StructuredProbe:
@@ -181,7 +184,7 @@ async def probe_structured(provider: ModelProvider, *, known: Mechanism | None =
     whose reply validates against the commit schema is chosen. A server that rejects a
     mechanism (HTTP 4xx) moves the probe on to the next."""
     order = MECHANISMS[MECHANISMS.index(known):] if known else MECHANISMS
-    schema = draft_schema(max_paragraphs=2)
+    schema = draft_schema(target_max=P6_TARGET_MAX, max_paragraphs=2)
     evidence: list[str] = []
     for mechanism in order:
         started = time.monotonic()
