@@ -121,6 +121,13 @@ def words_of(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1024)
+def _paragraph_words(paragraph: str) -> tuple[str, ...]:
+    """`words_of` of a committed paragraph: the same earlier prose is read for every unit after it
+    (its last `proseWindow` commits), so its tokens are kept rather than scanned again (PERF-2)."""
+    return tuple(words_of(paragraph))
+
+
 @functools.lru_cache(maxsize=8192)
 def script_of(ch: str) -> Script:
     """The script of one letter (a CJK script for Han, kana and Hangul alike)."""
@@ -322,7 +329,7 @@ def check_candidate(
                        "in your own words, with action, dialogue and detail.")
     if earlier and rules.proseWindow > 0:
         run = rules.proseRun * scale
-        source = ngrams_of([t for p in earlier for t in words_of(p)], run)
+        source = ngrams_of([t for p in earlier for t in _paragraph_words(p)], run)
         repeated = copied_share(tokens, source, run)
         if repeated > rules.maxProseCopyShare:
             return Refusal("copies-prose",
