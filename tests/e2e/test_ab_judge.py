@@ -151,6 +151,7 @@ async def test_novel_create_says_why_the_default_writer_mode_is_not_subagent(
     dsn = await new_database()
     data = json.loads(sample_novel_bytes())
     del data["config"]["writerMode"]
+    data["config"].pop("writerShape", None)  # a named shape asks for subagent: the file is silent on both
     bare, chosen = tmp_path / "bare.json", tmp_path / "chosen.json"
     bare.write_text(json.dumps(data))
     chosen.write_text(sample_novel_bytes().decode())

@@ -58,20 +58,20 @@ async def test_restart_recovers_own_claims_and_old_delegation_is_refused(
     async with connected(nats_url, dsn, subjects=subjects, name="test") as ctx:
         novel_a, unit_a = await new_novel_with_unit(ctx.pool)
         novel_b, unit_b = await new_novel_with_unit(ctx.pool)
-        async with running(nats_url, dsn, names=("claims",), subjects=subjects,
+        async with running(nats_url, dsn, names=("claims", "verifier"), subjects=subjects,
                            settings=Settings(claims_instance="claims-a")):
             old = await claim(ctx, novel_a, unit_a)
             grant = await request(ctx.nc, claims_instance_subject(subjects, "claims-a"),
                                   cm.BeginDispatch(delegation_id=old.delegation_id), cm.DispatchGranted)
             assert old.instance == "claims-a" and old.delegation_id.startswith("dlg-claims-a-") and grant.dispatch == 1
-        async with running(nats_url, dsn, names=("claims",), subjects=subjects,
+        async with running(nats_url, dsn, names=("claims", "verifier"), subjects=subjects,
                            settings=Settings(claims_instance="claims-b")):
             other = await claim(ctx, novel_b, unit_b)
             assert other.instance == "claims-b"
 
         notices = await ctx.js.subscribe(subjects.work(novel_a), stream=subjects.work_stream,
                                          ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
-        async with running(nats_url, dsn, names=("claims",), subjects=subjects,
+        async with running(nats_url, dsn, names=("claims", "verifier"), subjects=subjects,
                            settings=Settings(claims_instance="claims-a")):
             unit = await store.get_unit(ctx.pool, novel_a, unit_a)
             assert unit.state == "prepared" and unit.attempt == old.attempt + 1 and unit.claim_id is None
@@ -108,9 +108,9 @@ async def test_claims_spread_over_instances_and_route_to_the_holder(
     dsn = await new_database()
     subjects = Subjects(namespace)
     async with connected(nats_url, dsn, subjects=subjects, name="test") as ctx, \
-            running(nats_url, dsn, names=("claims",), subjects=subjects,
+            running(nats_url, dsn, names=("claims", "verifier"), subjects=subjects,
                     settings=Settings(claims_instance="claims-0")) as rt0, \
-            running(nats_url, dsn, names=("claims",), subjects=subjects,
+            running(nats_url, dsn, names=("claims", "verifier"), subjects=subjects,
                     settings=Settings(claims_instance="claims-1")) as rt1:
         novels = [await new_novel_with_unit(ctx.pool) for _ in range(16)]
         claims = [await claim(ctx, n, u) for n, u in novels]

@@ -217,7 +217,7 @@ async def test_bench_throughput_measures_a_novel_longer_than_the_usage_ring(
     of the book — whether a unit costs more the longer the book already is."""
     dsn = await new_database()
     out = novelbus("bench", "throughput", "--novels", "1", "--chapters", "1", "--scenes", "2",
-                   "--latency-units", "60", "--unit-chars", "200", "--warmup-units", "0", "--json",
+                   "--latency-units", "60", "--unit-chars", "400", "--warmup-units", "0", "--json",
                    "--no-autovacuum", "--nats-url", nats_url, "--database-url", dsn)
     assert out.returncode in (0, 1), out.stderr  # 1: a PERF-2 guard failed (a busy test machine)
     report = json.loads(out.stdout)

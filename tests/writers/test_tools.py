@@ -333,13 +333,13 @@ def test_first_request_bound_of_w1_and_inline_is_what_their_runs_send() -> None:
     equal to the estimate of the opening request those runs build (writers.runner /
     writers.inline), plus the reply reserve — the unit's targetMax in tokens (QUAL-4), as the runs
     reserve it; `fit_error` names the shape when it does not fit."""
+    from novelbus.actors.writer import MAX_OUTPUT_TOKENS
     from novelbus.app.window_fit import first_request_bound, fit_error
     from novelbus.novel.outline import outline_revision
     from novelbus.novel.pack import render_pack
     from novelbus.novel.snapshot import NovelSnapshot, UnitView
     from novelbus.writers.chat import system_message, user_message
     from novelbus.writers.inline import session_preamble, unit_brief
-    from novelbus.actors.writer import MAX_OUTPUT_TOKENS
     from novelbus.writers.runner import W1_INSTRUCTION, expected_output_tokens, request_tokens
     from novelbus.writers.structured import unit_target_max
 
