@@ -125,5 +125,31 @@ async def measured_tool_tokens(
     return value if isinstance(value, int) else None
 
 
+class ProviderWrapper:
+    """A provider wrapped for ONE run (sampling, recording, timing): it speaks for the provider
+    it wraps — name, label, window (MODEL-5), structured mode (MODEL-2), tool-token measure —
+    and passes each call through `complete`; subclasses add what they do around the call."""
+
+    def __init__(self, provider: ModelProvider) -> None:
+        self.inner = provider
+        self.name = provider.name
+        self.label = provider.label
+        self.context_window = getattr(provider, "context_window", None)
+        self.structured_mode = getattr(provider, "structured_mode", None)
+
+    async def complete(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None,
+        *,
+        max_output_tokens: int,
+        **options: Any,
+    ) -> ModelReply:
+        return await complete(self.inner, messages, tools, max_output_tokens=max_output_tokens, **options)
+
+    async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
+        return await measured_tool_tokens(self.inner, tools)
+
+
 def forced_tool_choice(name: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name}}

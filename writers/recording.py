@@ -17,8 +17,7 @@ from novelbus.writers.provider import (
     ModelProvider,
     ModelReply,
     ProviderError,
-    complete,
-    measured_tool_tokens,
+    ProviderWrapper,
 )
 
 # (call number in the run from 1, the request as sent, the reply or None, the error or None)
@@ -33,17 +32,13 @@ def request_record(messages: list[ChatMessage], tools: list[dict[str, Any]] | No
             "options": {k: msgspec.to_builtins(v) for k, v in options.items()}}
 
 
-class RecordedProvider:
+class RecordedProvider(ProviderWrapper):
     """Wraps a provider for ONE run and hands each call's request and reply to `record`."""
 
     def __init__(self, provider: ModelProvider, record: CallRecorder) -> None:
-        self.inner = provider
+        super().__init__(provider)
         self.record = record
         self.calls = 0
-        self.name = provider.name
-        self.label = provider.label
-        self.context_window = getattr(provider, "context_window", None)  # MODEL-5
-        self.structured_mode = getattr(provider, "structured_mode", None)  # MODEL-2
 
     async def complete(
         self,
@@ -57,12 +52,9 @@ class RecordedProvider:
         seq = self.calls
         request = request_record(messages, tools, max_output_tokens, options)
         try:
-            reply = await complete(self.inner, messages, tools, max_output_tokens=max_output_tokens, **options)
+            reply = await super().complete(messages, tools, max_output_tokens=max_output_tokens, **options)
         except ProviderError as e:
             await self.record(seq, request, None, {"code": e.code, "message": e.message})
             raise
         await self.record(seq, request, msgspec.to_builtins(reply), None)
         return reply
-
-    async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
-        return await measured_tool_tokens(self.inner, tools)

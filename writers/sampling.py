@@ -22,8 +22,8 @@ from novelbus.writers.provider import (
     ModelProvider,
     ModelReply,
     ProviderError,
+    ProviderWrapper,
     complete,
-    measured_tool_tokens,
 )
 
 # The config's camelCase names beside the wire struct's fields, for errors naming the field.
@@ -51,16 +51,12 @@ def capped_output_tokens(max_output_tokens: int, sampling: Sampling | None) -> i
     return min(max_output_tokens, sampling.max_output_tokens)
 
 
-class SampledProvider:
+class SampledProvider(ProviderWrapper):
     """Wraps a provider for ONE run and adds the novel's sampling settings to every call."""
 
     def __init__(self, provider: ModelProvider, sampling: Sampling | None) -> None:
-        self.inner = provider
+        super().__init__(provider)
         self.sampling = sampling
-        self.name = provider.name
-        self.label = provider.label
-        self.context_window = getattr(provider, "context_window", None)  # MODEL-5
-        self.structured_mode = getattr(provider, "structured_mode", None)  # MODEL-2
 
     async def complete(
         self,
@@ -72,10 +68,7 @@ class SampledProvider:
     ) -> ModelReply:
         if self.sampling is not None:
             options["sampling"] = self.sampling
-        return await complete(self.inner, messages, tools, max_output_tokens=max_output_tokens, **options)
-
-    async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
-        return await measured_tool_tokens(self.inner, tools)
+        return await super().complete(messages, tools, max_output_tokens=max_output_tokens, **options)
 
 
 PROBE_MESSAGES: list[ChatMessage] = [user_message("Say one word.")]

@@ -9,22 +9,17 @@ from novelbus.writers.provider import (
     ChatMessage,
     ModelProvider,
     ModelReply,
-    complete,
-    measured_tool_tokens,
+    ProviderWrapper,
 )
 
 
-class TimedProvider:
+class TimedProvider(ProviderWrapper):
     """Wraps a provider for ONE run and adds up the wall time spent inside `complete`."""
 
     def __init__(self, provider: ModelProvider) -> None:
-        self.inner = provider
-        self.name = provider.name
-        self.label = provider.label
+        super().__init__(provider)
         self.elapsed_s = 0.0
         self.calls = 0
-        self.context_window = getattr(provider, "context_window", None)  # MODEL-5
-        self.structured_mode = getattr(provider, "structured_mode", None)  # MODEL-2
 
     @property
     def elapsed_ms(self) -> float:
@@ -40,11 +35,7 @@ class TimedProvider:
     ) -> ModelReply:
         started = time.perf_counter()
         try:
-            return await complete(self.inner, messages, tools,
-                                  max_output_tokens=max_output_tokens, **options)
+            return await super().complete(messages, tools, max_output_tokens=max_output_tokens, **options)
         finally:
             self.elapsed_s += time.perf_counter() - started
             self.calls += 1
-
-    async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
-        return await measured_tool_tokens(self.inner, tools)
