@@ -159,7 +159,7 @@ class ActorContext:
     # statement (PERF-2). None: those reads open a read-only transaction on `pool` instead.
     read_pool: asyncpg.Pool | None = field(default=None, repr=False)
 
-    async def emit(self, event: Event) -> None:
+    async def emit(self, event: Event, *, once: str | None = None) -> None:
         """Append to the event ledger, then publish on `novel.events.<novel>.<type>` (BUS-3, BUS-6).
 
         The ledger row's sequence is the NATS message id, so a retried publish is de-duplicated.
@@ -172,10 +172,12 @@ class ActorContext:
         them first (`bus.outbox`), so events stay ordered per novel.
         The ledger row is written before `emit` returns: callers outside a command or notice
         (the CLI, the panel) rely on it.
+        `once`: the once-key of an event that is once per request rather than per its own fields
+        (a refusal answered again to a retried request is the same refusal).
         """
         tag = type_tag(event)
         payload = msgspec.to_builtins(event)
-        key = once_key(event)
+        key = once or once_key(event)
         if key is None:
             if self.ledger is None:
                 self.ledger = LedgerBatch(self.pool)

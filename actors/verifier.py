@@ -16,7 +16,7 @@ from novelbus.bus.service import CommandService
 from novelbus.messages import events as ev
 from novelbus.messages import verify as m
 from novelbus.messages.claims import CommitReceipt
-from novelbus.novel.commitcheck import BodyError, check_body
+from novelbus.novel.commitcheck import BodyError, business_hash, check_body
 from novelbus.novel.guard import ProseGuardError, guard_prose
 from novelbus.novel.quality import OutlineProfile, check_candidate, outline_profile
 from novelbus.novel.text import effective_characters
@@ -142,10 +142,14 @@ class CommitVerifier(ServiceActor):
         if refusal is None:
             return None
         self.state.refused += 1
+        # One refusal per claim and candidate: a retried request (its reply lost) is answered
+        # again without a second count (QUAL-3).
+        once = (f"unit.refused:{req.novel_id}:{req.unit_id}:{req.claim_id}:{business_hash(req.body)}"
+                if req.claim_id else None)
         await self.ctx.emit(ev.UnitRefused(
             novel_id=req.novel_id, unit_id=req.unit_id, code=refusal.code, shape=req.shape,
             paragraph_count=len(req.body.paragraphs),
-            characters=sum(effective_characters(p) for p in req.body.paragraphs)))
+            characters=sum(effective_characters(p) for p in req.body.paragraphs)), once=once)
         self.state.failed += 1
         return m.Verified(ok=False, failure="quality", code=refusal.code, detail=refusal.for_model())
 
