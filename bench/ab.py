@@ -461,8 +461,10 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                 home: Path | None, nats_url: str | None, database_url: str | None, window: int | None = None,
                 usage_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
                 max_output_tokens: int | None = None, judge: str | None = None,
-                measure_paused: bool = False, quality_gate: bool = True) -> dict[str, Any]:
-    """`judge`: None measures the cost half and JUDGE-1's figures; `offline` or a provider spec
+                measure_paused: bool = False, quality_gate: bool = True,
+                subagent_shape: str = "W2") -> dict[str, Any]:
+    """`subagent_shape`: the bounded writers' shape in the subagent arm (W2 commits itself, W1
+    drafts). `judge`: None measures the cost half and JUDGE-1's figures; `offline` or a provider spec
     adds the blind judge (JUDGE-2). The W3 verdict (JUDGE-3) is in the report either way."""
     started = time.monotonic()
     async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn:
@@ -483,6 +485,8 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                 for label, mode, n_chapters in plan:
                     data = novel_dict(n_chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk, mode=mode,
                                       label=f"bench ab {label}", window=window, ratio=usage_ratio)
+                    if mode == "subagent":
+                        data["config"]["writerShape"] = subagent_shape
                     if not quality_gate:  # JUDGE-4: a small model's prose is committed and judged, not refused
                         data["config"]["quality"] = {"enabled": False}
                     err_console.print(f"[dim]{label}: {n_chapters} chapters × {scenes} scenes in {mode} mode[/]")
@@ -531,6 +535,7 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                           f"calls / {x['modelCallsPerUnit']:.2f} model calls / {x['inputTokensPerUnit']:,.0f} input "
                           "tokens per unit")
     report: dict[str, Any] = {
+        "subagent_shape": subagent_shape,
         "units": len(inline.units),
         "inline_input_tokens": inline.input_tokens,
         "subagent_input_tokens": sub.input_tokens,
@@ -632,6 +637,9 @@ def bench_ab(
     quality_gate: Annotated[bool, typer.Option(
         "--quality-gate/--no-quality-gate", help="The content gate (QUAL-2) on both novels; off, a small model's "
                                                  "prose is committed and judged instead of refused")] = True,
+    subagent_shape: Annotated[str, typer.Option(
+        "--subagent-shape", help="The bounded writers' shape in the subagent arm: W2 (commits itself through its "
+                                 "delegation) or W1 (drafts; one structured call per unit)")] = "W2",
 ) -> None:
     """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio;
     consistency figures, the blind judge (--judge) and the W3 verdict."""
@@ -649,6 +657,8 @@ def bench_ab(
         fail(f"--usage-threshold-ratio must be in (0, 1], got {usage_ratio}", code=2)
     if timeout <= 0:
         fail(f"--timeout must be positive, got {timeout}", code=2)
+    if subagent_shape not in ("W1", "W2"):
+        fail(f"--subagent-shape must be W1 or W2, got {subagent_shape!r}", code=2)
     check_output(out, "--out", directory=True)
     judge_spec: str | None = None
     if judge or judge_model is not None:
@@ -662,7 +672,8 @@ def bench_ab(
                            out=(out or home_dir(home) / "bench"), timeout=timeout, as_json=as_json,
                            home=home, nats_url=nats_url, database_url=database_url, window=window,
                            usage_ratio=usage_ratio, max_output_tokens=max_output_tokens, judge=judge_spec,
-                           measure_paused=measure_paused, quality_gate=quality_gate))
+                           measure_paused=measure_paused, quality_gate=quality_gate,
+                           subagent_shape=subagent_shape))
     except ProviderError as e:
         fail(f"writer provider: {e}", code=2)
     except (RuntimeError, ValueError) as e:

@@ -67,15 +67,22 @@ async def test_bench_ab_judge_json_reports_both_halves_and_the_w3_verdict(
 async def test_bench_ab_without_judge_still_gives_consistency_and_an_undecided_quality_half(
     nats_url: str, new_database: Any, tmp_path: Path
 ) -> None:
-    """JUDGE-1/3: without --judge the figures are there, quality_ok is null (not measured)."""
+    """JUDGE-1/3: without --judge the figures are there, quality_ok is null (not measured). The
+    subagent arm here drafts (W1): one call per unit, no tools."""
     dsn = await new_database()
     report = await bench_ab.bench(chapters=2, scenes=2, unit_chars=500, seed=7, cjk=False, model="offline",
                                   compact_tokens=5000, check_flat=False, out=tmp_path, timeout=120,
                                   as_json=True, home=None, nats_url=nats_url, database_url=dsn,
-                                  quality_gate=False, measure_paused=True)
+                                  quality_gate=False, measure_paused=True, subagent_shape="W1")
     assert report["inline_units_committed"] == report["subagent_units_committed"] == 4
+    assert report["subagent_shape"] == "W1" and report["subagent_calls"] == 4
     assert "judge" not in report["quality"] and set(report["quality"]["consistency"]) == {"inline", "subagent"}
     assert report["w3"]["quality_ok"] is None and report["w3"]["verdict"] in ("undecided", "inline")
+
+
+def test_a_subagent_shape_other_than_w1_or_w2_exits_2_naming_the_option() -> None:
+    out = novelbus("bench", "ab", "--subagent-shape", "W3", "--json", timeout=60)
+    assert out.returncode == 2 and "--subagent-shape must be W1 or W2, got 'W3'" in out.stderr and not out.stdout
 
 
 @pytest.mark.parametrize("spec", ["bogus", "claude:opus", "openai:"])
