@@ -48,7 +48,12 @@ from novelbus.novel.roles import Candidate, role_inputs
 from novelbus.novel.roles.detector import project
 from novelbus.novel.text import effective_characters
 from novelbus.store.context import refreeze
-from novelbus.store.detections import DetectionRecord, detection_inputs, save_detection_with_event
+from novelbus.store.detections import (
+    DetectionInputs,
+    DetectionRecord,
+    detection_inputs,
+    save_detection_with_event,
+)
 from novelbus.writers.provider import ModelProvider, ProviderError, complete
 from novelbus.writers.structured import mechanism_override, response_format
 
@@ -104,12 +109,14 @@ class CandidateDetector:
 
     async def check(self, novel_id: str, unit_id: str, body: CommitBody, *, context_sha256: str | None,
                     claim_id: str | None = None, shape: str = "W2",
-                    config: NovelConfig | None = None) -> DetectorVerdict:
-        """The verdict on one candidate (`config`: the novel's, else read with the inputs)."""
+                    config: NovelConfig | None = None, inputs: DetectionInputs | None = None) -> DetectorVerdict:
+        """The verdict on one candidate (`config`: the novel's, else read with the inputs;
+        `inputs`: already read for this candidate, by the verifier's one read, PERF-2)."""
         pool = self.ctx.pool
         body_hash = business_hash(body)
         key = once_key_of_detection(novel_id, unit_id, context_sha256, body_hash)
-        inputs = await detection_inputs(pool, novel_id, unit_id, context_sha256, body_hash)
+        if inputs is None:
+            inputs = await detection_inputs(pool, novel_id, unit_id, context_sha256, body_hash)
         config = config or inputs.config
         mode = config.detector
         if mode == "off":

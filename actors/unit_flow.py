@@ -211,7 +211,7 @@ class UnitFlow:
         valid = await request(ctx.nc, ctx.subjects.verify,
                               vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=draft,
                                                target_min=target_min, shape="W1", context_sha256=context_sha256,
-                                               claim_id=claim.claim_id),
+                                               claim_id=claim.claim_id, attempt=f"{run_id}:draft"),
                               vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
         if not valid.ok:
             await ctx.emit(ev.VerificationFailed(novel_id=novel_id, unit_id=unit_id, run_id=run_id,

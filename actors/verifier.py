@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -27,7 +28,31 @@ log = logging.getLogger(__name__)
 
 PROFILES_KEPT = 256  # outline profiles (novel, revision) this verifier keeps
 
-CandidateCheck = Callable[[m.ValidateDraft], Awaitable[m.Verified | None]]
+CandidateCheck = Callable[["Candidate"], Awaitable[m.Verified | None]]
+
+
+class Candidate:
+    """One `ValidateDraft` on its way through the checks, with the store read they share: the
+    content gate's inputs and the detector's, in one statement (PERF-2), read when first asked."""
+
+    def __init__(self, pool: Any, req: m.ValidateDraft) -> None:
+        self.pool = pool
+        self.req = req
+        self._inputs: store.GateInputs | None = None
+        self._body_hash: str | None = None
+
+    @property
+    def body_hash(self) -> str:
+        if self._body_hash is None:
+            self._body_hash = business_hash(self.req.body)
+        return self._body_hash
+
+    async def inputs(self) -> store.GateInputs:
+        if self._inputs is None:
+            req = self.req
+            self._inputs = await store.gate_inputs(
+                self.pool, req.novel_id, (req.unit_id, req.context_sha256, self.body_hash))
+        return self._inputs
 
 
 @dataclass
@@ -78,8 +103,9 @@ class CommitVerifier(ServiceActor):
         the claim manager holds — runs the verification path's checks in order; the first that
         refuses answers. A check returns None (passed) or a failed `Verified`; a new check (the
         semantic detector) is appended to `candidate_checks`."""
+        candidate = Candidate(self.ctx.pool, req)
         for check in self.candidate_checks():
-            failed = await check(req)
+            failed = await check(candidate)
             if failed is not None:
                 await self._keep_refused(req, failed)
                 return failed
@@ -108,9 +134,10 @@ class CommitVerifier(ServiceActor):
     def candidate_checks(self) -> list[CandidateCheck]:
         return [self._check_body, self._check_quality, self._check_detector]
 
-    async def _check_body(self, req: m.ValidateDraft) -> m.Verified | None:
+    async def _check_body(self, candidate: Candidate) -> m.Verified | None:
         """The body's rules (SPEC §16 Commit) and the prose guard (STORE-6). A W2 or inline commit's
         body is checked by the store in its commit transaction, with its own codes: not twice."""
+        req = candidate.req
         if req.shape != "W1":
             return None
         try:
@@ -123,10 +150,10 @@ class CommitVerifier(ServiceActor):
             return self._fail("schema", str(e))
         return None
 
-    async def _check_quality(self, req: m.ValidateDraft) -> m.Verified | None:
+    async def _check_quality(self, candidate: Candidate) -> m.Verified | None:
         """QUAL-2: the content gate with the novel's config.quality; a refusal is counted as a
         `unit.refused` event (code and counts, QUAL-3) and answered with what to change."""
-        inputs = await store.gate_inputs(self.ctx.pool, req.novel_id)
+        req, inputs = candidate.req, await candidate.inputs()
         rules = inputs.config.quality
         if not rules.enabled or inputs.outline is None or inputs.outline_revision is None:
             return None
@@ -142,10 +169,9 @@ class CommitVerifier(ServiceActor):
         if refusal is None:
             return None
         self.state.refused += 1
-        # One refusal per claim and candidate: a retried request (its reply lost) is answered
-        # again without a second count (QUAL-3).
-        once = (f"unit.refused:{req.novel_id}:{req.unit_id}:{req.claim_id}:{business_hash(req.body)}"
-                if req.claim_id else None)
+        # One refusal per attempt: a retried request (its reply lost) is answered again without
+        # a second count (QUAL-3).
+        once = f"unit.refused:{req.novel_id}:{req.unit_id}:{req.attempt}" if req.attempt else None
         await self.ctx.emit(ev.UnitRefused(
             novel_id=req.novel_id, unit_id=req.unit_id, code=refusal.code, shape=req.shape,
             paragraph_count=len(req.body.paragraphs),
@@ -153,12 +179,14 @@ class CommitVerifier(ServiceActor):
         self.state.failed += 1
         return m.Verified(ok=False, failure="quality", code=refusal.code, detail=refusal.for_model())
 
-    async def _check_detector(self, req: m.ValidateDraft) -> m.Verified | None:
+    async def _check_detector(self, candidate: Candidate) -> m.Verified | None:
         """ROLE-2: the semantic detector, after the content gate (`actors.detection`): a
         contradiction or an evidence gap refuses the candidate, with the claims and their
         pointers for the writer; the record and the events are written by the detector."""
+        req, inputs = candidate.req, await candidate.inputs()
         verdict = await self.detector.check(req.novel_id, req.unit_id, req.body, context_sha256=req.context_sha256,
-                                            claim_id=req.claim_id, shape=req.shape)
+                                            claim_id=req.claim_id, shape=req.shape, config=inputs.config,
+                                            inputs=inputs.detection)
         if verdict.code is None:
             return None
         self.state.failed += 1

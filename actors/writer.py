@@ -166,13 +166,17 @@ class WriterRunner(ServiceActor):
         so a refusal can still be repaired in this run. The body's own rules stay the
         orchestrator's to refuse after the run (VER-2), as ever."""
         target_min = pack_target_min(req.pack_text)
+        checks = 0
 
         async def check(body: CommitBody) -> tuple[str, str] | None:
+            nonlocal checks
+            checks += 1  # the draft, then its repair: two attempts, each counted if refused
             verified = await request(self.ctx.nc, self.ctx.subjects.verify,
                                      vm.ValidateDraft(novel_id=req.novel_id, unit_id=req.unit_id, body=body,
                                                       target_min=target_min, shape="W1",
                                                       context_sha256=req.context_sha256,
-                                                      claim_id=req.claim_id or None),
+                                                      claim_id=req.claim_id or None,
+                                                      attempt=f"{req.run_id}:check-{checks}"),
                                      vm.Verified, timeout=self.ctx.settings.request_timeout_s, retries=2)
             if verified.ok:
                 passed.append(body)  # the orchestrator need not ask again (VER-2 answered)

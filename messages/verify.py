@@ -25,6 +25,9 @@ class ValidateDraft(Message, tag="verify.draft", frozen=True):
     # written in (its asOf and recalled evidence are found by this hash) and the claim.
     context_sha256: str | None = None
     claim_id: str | None = None
+    # QUAL-3: the check's identity, the same when the request is retried (its reply lost): a
+    # refusal is counted once per attempt. None: counted each time it is answered.
+    attempt: str | None = None
 
 
 class Verified(Message, tag="verify.result", frozen=True):

@@ -48,23 +48,31 @@ class DetectionInputs(msgspec.Struct, frozen=True):
     record: DetectionRecord | None  # an earlier check of this candidate in that context
 
 
+# The two columns a check reads beside `novels n` ($1 novel, $2 unit, $3 context hash, $4 body
+# hash); the content gate's read selects them too (`store.quality.gate_inputs`).
+DETECTION_COLUMNS_SQL = (
+    "(SELECT f.manifest -> 'request' FROM context_freeze f WHERE f.context_hash = $3"
+    "   AND f.novel_id = $1 AND f.unit_id = $2 LIMIT 1) AS request,"
+    f" (SELECT row_to_json(d) FROM (SELECT {_COLUMNS} FROM detections WHERE novel_id = $1"
+    "   AND unit_id = $2 AND context_hash = $3 AND body_hash = $4) d) AS record")
+
+
+def detection_inputs_of(config: NovelConfig, row: Any) -> DetectionInputs:
+    record = row["record"]
+    return DetectionInputs(config=config, request=row["request"],
+                           record=_record(record) if record is not None else None)
+
+
 async def detection_inputs(pool: Db, novel_id: str, unit_id: str, context_hash: str | None,
                            body_hash: str) -> DetectionInputs:
     """The novel's config, the candidate context's frozen request (only when frozen for this very
     unit) and the record of an earlier check of this candidate in that context: one round trip."""
     async with statement(pool) as conn:
-        row = await conn.fetchrow(
-            "SELECT n.config, (SELECT f.manifest -> 'request' FROM context_freeze f WHERE f.context_hash = $3"
-            "   AND f.novel_id = $1 AND f.unit_id = $2 LIMIT 1) AS request,"
-            f" (SELECT row_to_json(d) FROM (SELECT {_COLUMNS} FROM detections WHERE novel_id = $1"
-            "   AND unit_id = $2 AND context_hash = $3 AND body_hash = $4) d) AS record"
-            " FROM novels n WHERE n.novel_id = $1",
-            novel_id, unit_id, context_hash or "", body_hash)
+        row = await conn.fetchrow(f"SELECT n.config, {DETECTION_COLUMNS_SQL} FROM novels n WHERE n.novel_id = $1",
+                                  novel_id, unit_id, context_hash or "", body_hash)
     if row is None:
         raise NovelNotFound(f"novel {novel_id!r} not found")
-    record = row["record"]
-    return DetectionInputs(config=parse_config(row["config"]), request=row["request"],
-                           record=_record(record) if record is not None else None)
+    return detection_inputs_of(parse_config(row["config"]), row)
 
 
 async def save_detection_with_event(

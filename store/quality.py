@@ -2,7 +2,9 @@
 
 The gate itself is pure (`novel.quality`); the verifier reads its inputs here in one statement:
 the novel's config and outline revision, and the paragraphs of its latest live commits
-(`config.quality.proseWindow` of them). Refusals are counted from the event ledger's refusal
+(`config.quality.proseWindow` of them) — and, in the same statement, what the semantic detector
+reads next for the same candidate (`store.detections`: its context's frozen request and an
+earlier record), so the verification path makes one read, not two (PERF-2). Refusals are counted from the event ledger's refusal
 rows, which the verifier writes with each refusal: one record, no second count.
 """
 
@@ -14,6 +16,7 @@ import msgspec
 
 from novelbus.novel.outline import NovelConfig, Outline
 from novelbus.store._db import Db, statement
+from novelbus.store.detections import DETECTION_COLUMNS_SQL, DetectionInputs, detection_inputs_of
 from novelbus.store.errors import NovelNotFound
 from novelbus.store.novels import fetch_outline, parse_config
 
@@ -28,7 +31,8 @@ SELECT n.config, n.outline_revision,
                        WHERE c.novel_id = n.novel_id AND u.state = 'committed'
                        ORDER BY c.seq DESC
                        LIMIT COALESCE((n.config #>> '{{quality,proseWindow}}')::int,
-                                      {DEFAULT_PROSE_WINDOW})) r), '[]'::json)::text AS earlier
+                                      {DEFAULT_PROSE_WINDOW})) r), '[]'::json)::text AS earlier,
+       {DETECTION_COLUMNS_SQL}
 FROM novels n WHERE n.novel_id = $1
 """
 
@@ -40,17 +44,21 @@ class GateInputs(msgspec.Struct, frozen=True):
     outline_revision: str | None
     outline: Outline | None
     earlier: list[str]  # paragraphs of the latest live commits, oldest first
+    detection: DetectionInputs | None = None  # what the detector reads for the candidate asked about
 
 
-async def gate_inputs(pool: Db, novel_id: str) -> GateInputs:
+async def gate_inputs(pool: Db, novel_id: str, candidate: tuple[str, str | None, str] | None = None) -> GateInputs:
+    """The gate's inputs; `candidate` (unit id, context hash, body hash): also the detector's."""
+    unit_id, context_hash, body_hash = candidate if candidate is not None else (None, None, None)
     async with statement(pool) as conn:
-        row = await conn.fetchrow(_GATE_INPUTS_SQL, novel_id)
+        row = await conn.fetchrow(_GATE_INPUTS_SQL, novel_id, unit_id, context_hash or "", body_hash)
         if row is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         outline = await fetch_outline(conn, novel_id, row["outline_revision"])  # cached per revision
     earlier = [p for paragraphs in _paragraph_lists.decode(row["earlier"]) for p in paragraphs]
-    return GateInputs(config=parse_config(row["config"]), outline_revision=row["outline_revision"],
-                      outline=outline, earlier=earlier)
+    config = parse_config(row["config"])
+    return GateInputs(config=config, outline_revision=row["outline_revision"], outline=outline, earlier=earlier,
+                      detection=detection_inputs_of(config, row) if candidate is not None else None)
 
 
 async def refusal_counts(pool: Db, novel_id: str, refused_type: str) -> dict[str, int]:

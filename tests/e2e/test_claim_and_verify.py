@@ -128,14 +128,15 @@ async def test_draft_validation_failures(stack: Runtime, paragraph: str, failure
 
 
 async def test_a_refusal_answered_again_to_a_retried_request_is_counted_once(stack: Runtime) -> None:
-    """QUAL-3: a candidate the content gate refuses is one refusal per claim, however often the
-    request is retried (its reply lost); the same candidate under another claim is another."""
+    """QUAL-3: a candidate the content gate refuses is one refusal per attempt, however often the
+    request is retried (its reply lost); the same candidate in another attempt is another."""
     ctx = stack.ctx
     novel_id, unit_id = await _prepared(stack)
     junk = CommitBody(paragraphs=["...", "!!!"], scene_completion=SceneCompletion(completed=True, basis="b"))
-    for claim_id in ("claim-a", "claim-a", "claim-b"):
+    for attempt in ("run-1:check-1", "run-1:check-1", "run-1:check-2"):
         v = await request(ctx.nc, ctx.subjects.verify,
-                          vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=junk, claim_id=claim_id),
+                          vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=junk, claim_id="claim-a",
+                                           attempt=attempt),
                           vm.Verified)
         assert (v.ok, v.failure, v.code) == (False, "quality", "no-letters")
     assert await store.refusal_counts(ctx.pool, novel_id, "unit.refused") == {"no-letters": 2}
