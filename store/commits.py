@@ -290,6 +290,22 @@ async def get_commit_for_unit(pool: Db, novel_id: str, unit_id: str) -> CommitRo
     return None if row is None else _commit_row(row, with_body=True)
 
 
+async def get_commit_for_unit_with(
+    pool: Db, novel_id: str, unit_id: str, also: str
+) -> tuple[CommitRow | None, asyncpg.Record | None]:
+    """The unit's commit with its body, and its row with `also`: more columns over `k` (the
+    commit), read in the same statement."""
+    async with statement(pool) as conn:
+        row = await conn.fetchrow(
+            f"SELECT {_COMMIT_COLUMNS}, body, {also} FROM commits k WHERE k.novel_id = $1 AND k.unit_id = $2",
+            novel_id,
+            unit_id,
+        )
+    if row is None:
+        return None, None
+    return _commit_row(row, with_body=True), row
+
+
 async def list_commits(pool: Db, novel_id: str) -> list[CommitRow]:
     """The novel's commits in seq order, without bodies."""
     async with statement(pool) as conn:

@@ -254,6 +254,11 @@ def _remember(context_hash: str, sources: ContextSources) -> None:
         _RECENT.popitem(last=False)
 
 
+def clear_recent_contexts() -> None:
+    """Forget the contexts this process assembled (tests: what another process would see)."""
+    _RECENT.clear()
+
+
 def refreeze(context_hash: str | None, *, scenario: str) -> FrozenContext | None:
     """The context this process froze under ``context_hash``, assembled again under another
     scenario from the same sources (pure, no read); None when this process did not freeze it."""

@@ -137,19 +137,32 @@ async def extracted_canon(pool: Db, novel_id: str, *, up_to: int | None = None) 
     return decode_extracted(text)
 
 
+def chapter_canon_sql(novel: str, chapter: str, up_to: str) -> str:
+    """SQL (text): every canon fact of the chapter's commits at or before seq `up_to`, the
+    writer's and the extractor's, oldest first, as a JSON list of CanonChange."""
+    return (
+        "(SELECT coalesce(json_agg(f.fact ORDER BY f.seq, f.src, f.idx), '[]'::json)::text FROM ("
+        " SELECT c.seq, 0 AS src, cf.idx, json_build_object('kind', cf.kind, 'summary', cf.summary,"
+        "  'sources', cf.sources, 'detail', cf.detail, 'characterIds', cf.character_ids) AS fact"
+        " FROM commits c JOIN canon_facts cf ON cf.novel_id = c.novel_id AND cf.commit_id = c.commit_id"
+        f" WHERE c.novel_id = {novel} AND c.chapter_id = {chapter} AND c.seq <= {up_to}"
+        " UNION ALL SELECT c.seq, 1, e.idx, json_build_object('kind', e.kind, 'summary', e.summary,"
+        "  'sources', e.sources, 'detail', e.detail, 'characterIds', e.character_ids)"
+        " FROM commits c JOIN extracted_canon e ON e.novel_id = c.novel_id AND e.commit_id = c.commit_id"
+        f" WHERE c.novel_id = {novel} AND c.chapter_id = {chapter} AND c.seq <= {up_to}) f)"
+    )
+
+
+_changes = msgspec.json.Decoder(list[CanonChange])
+
+
+def decode_changes(text: str) -> list[CanonChange]:
+    return _changes.decode(text)
+
+
 async def chapter_canon(pool: Db, novel_id: str, chapter_id: str, up_to: int) -> list[CanonChange]:
     """Every canon fact of the chapter's commits at or before seq `up_to`, the writer's and the
     extractor's, oldest first: the extractor's de-duplication knowledge (events included)."""
     async with statement(pool) as conn:
-        text = await conn.fetchval(
-            "SELECT coalesce(json_agg(f.fact ORDER BY f.seq, f.src, f.idx), '[]'::json)::text FROM ("
-            " SELECT c.seq, 0 AS src, cf.idx, json_build_object('kind', cf.kind, 'summary', cf.summary,"
-            "  'sources', cf.sources, 'detail', cf.detail, 'characterIds', cf.character_ids) AS fact"
-            " FROM commits c JOIN canon_facts cf ON cf.novel_id = c.novel_id AND cf.commit_id = c.commit_id"
-            " WHERE c.novel_id = $1 AND c.chapter_id = $2 AND c.seq <= $3"
-            " UNION ALL SELECT c.seq, 1, e.idx, json_build_object('kind', e.kind, 'summary', e.summary,"
-            "  'sources', e.sources, 'detail', e.detail, 'characterIds', e.character_ids)"
-            " FROM commits c JOIN extracted_canon e ON e.novel_id = c.novel_id AND e.commit_id = c.commit_id"
-            " WHERE c.novel_id = $1 AND c.chapter_id = $2 AND c.seq <= $3) f",
-            novel_id, chapter_id, up_to)
-    return msgspec.json.decode(text, type=list[CanonChange])
+        text = await conn.fetchval(f"SELECT {chapter_canon_sql('$1', '$2', '$3')}", novel_id, chapter_id, up_to)
+    return decode_changes(text)

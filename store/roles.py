@@ -10,10 +10,11 @@ itself is pure (`novel.roles.project`). Nothing here writes.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
+from novelbus.novel.body import CanonChange
 from novelbus.novel.roles import (
     CANDIDATE_ROLES,
     SCENARIO_OF,
@@ -27,9 +28,9 @@ from novelbus.novel.roles import (
 from novelbus.novel.roles.extractor import merge_canon
 from novelbus.novel.snapshot import CommitView, NovelSnapshot
 from novelbus.store._db import Db
-from novelbus.store.commits import get_commit_for_unit
+from novelbus.store.commits import get_commit_for_unit, get_commit_for_unit_with
 from novelbus.store.context import load_context
-from novelbus.store.extraction import chapter_canon, extracted_canon
+from novelbus.store.extraction import chapter_canon_sql, decode_changes, extracted_canon
 from novelbus.store.snapshots import load_snapshot
 
 
@@ -38,9 +39,7 @@ def rewrite_inline(source: str, commit_id: str) -> str:
     return commit_id + source[len("inline"):] if source.startswith("inline") else source
 
 
-async def unit_commit_view(pool: Db, novel_id: str, unit_id: str) -> CommitView | None:
-    """The unit's commit with its prose and its writer's canon facts (pointers rewritten), or None."""
-    row = await get_commit_for_unit(pool, novel_id, unit_id)
+def _commit_view(row: Any) -> CommitView | None:
     if row is None or row.body is None:
         return None
     body = row.body
@@ -52,6 +51,25 @@ async def unit_commit_view(pool: Db, novel_id: str, unit_id: str) -> CommitView 
         canon_changes=changes, effective_characters=row.effective_chars, body_hash=row.body_hash,
         paragraph_count=len(body.paragraphs),
     )
+
+
+async def unit_commit_view(pool: Db, novel_id: str, unit_id: str) -> CommitView | None:
+    """The unit's commit with its prose and its writer's canon facts (pointers rewritten), or None."""
+    return _commit_view(await get_commit_for_unit(pool, novel_id, unit_id))
+
+
+class _ExtractorCommit(msgspec.Struct, frozen=True):
+    commit: CommitView | None
+    known: list[CanonChange] = []  # the chapter's canon before the commit (de-duplication)
+
+
+async def _extractor_commit(pool: Db, novel_id: str, unit_id: str) -> _ExtractorCommit:
+    """What the extractor reads beside its context, in one statement."""
+    row, record = await get_commit_for_unit_with(
+        pool, novel_id, unit_id, chapter_canon_sql("k.novel_id", "k.chapter_id", "k.seq - 1") + " AS known")
+    if row is None or record is None:
+        return _ExtractorCommit(None)
+    return _ExtractorCommit(_commit_view(row), decode_changes(record["known"]))
 
 
 async def planning_snapshot(pool: Db, novel_id: str, *, as_of: int | None = None) -> NovelSnapshot:
@@ -81,14 +99,22 @@ async def load_role_inputs(
     other: Candidate | None = None,
 ) -> RoleInputs:
     """A role's inputs for a unit (module docstring). The extractor reads the unit's commit, so
-    its asOf is the commit before it (an ``as_of`` given for it is refused). Raises
-    RoleInputError (unknown role, missing commit or candidate) and what `load_context` raises."""
+    its asOf is the commit before it (an ``as_of`` given for it is refused); the commit, its
+    prose and the chapter's canon before it (de-duplication) come in one read. Raises
+    RoleInputError (unknown role, missing commit or candidate) and what `load_context` raises.
+
+    Not the writer's own frozen context (`refreeze`): the extractor of the commit before may land
+    after that context was frozen, so the writer's context read back at its asOf can differ; at
+    the commit before, every earlier commit is extracted first (the keeper goes in commit order),
+    and the context read back is the one extracted with (CTX-9)."""
     name = check_role(role)
     commit = None
+    known: list[CanonChange] | None = None  # the extractor's de-duplication knowledge
     if name == "extractor":
         if as_of is not None:
             raise RoleInputError("the extractor reads the unit's commit: its asOf is fixed, drop --as-of")
-        commit = await unit_commit_view(pool, novel_id, unit_id)
+        read = await _extractor_commit(pool, novel_id, unit_id)
+        commit, known = read.commit, read.known
         if commit is None:
             raise RoleInputError(f"unit {unit_id!r} has no commit for the extractor to read")
         as_of = commit.seq - 1
@@ -100,13 +126,11 @@ async def load_role_inputs(
             raise RoleInputError(
                 f"unit {unit_id!r} has no committed body: give the candidate to review (--candidate FILE)")
         candidate = Candidate(paragraphs=own.paragraphs)
-    snapshot, known, outline = None, None, None
+    snapshot, outline = None, None
     at = frozen.context.request.as_of
     if name == "planner":
         snapshot = await planning_snapshot(pool, novel_id, as_of=at)
     if name == "judge":
         outline = (await load_snapshot(pool, novel_id, as_of_seq=at, prose=False)).outline
-    if commit is not None:  # the extractor de-duplicates against the chapter's canon so far
-        known = await chapter_canon(pool, novel_id, commit.chapter_id, at)
     return role_inputs(name, frozen, candidate=candidate, commit=commit, snapshot=snapshot, shape=shape,
                        known_canon=known, outline=outline, other=other)

@@ -22,6 +22,7 @@ from novelbus.novel.body import CanonChange
 from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.novel.pack import parse_pack, render_writer_pack
 from novelbus.novel.sample import sample_novel_bytes
+from novelbus.store.context import clear_recent_contexts
 from novelbus.store.errors import ConfigInvalid
 from tests.e2e.conftest import run_novel
 
@@ -74,11 +75,14 @@ async def test_every_commit_is_extracted_once_with_one_event_and_sourced_facts(s
             assert key not in keys, key
             keys.add(key)
     assert commits and counts
-    # CTX-9: each extraction is bound to the context it was read with (frozen again: the same hash)
-    last = commits[-1]
-    inputs = await store.load_role_inputs(pool, novel_id=novel_id, unit_id=last.unit_id, role="extractor",
-                                          purpose="production", profile="bounded")
-    assert ledger[-1].context_hash == inputs.frozen.context_sha256
+    # CTX-9: each extraction is bound to the context it was read with — its writer's, assembled
+    # under the extraction scenario from this process's freeze — and read back from the store at
+    # that context's frozen request it is the same context, byte for byte (the same hash)
+    clear_recent_contexts()
+    for commit, record in zip(commits, ledger, strict=True):
+        inputs = await store.load_role_inputs(pool, novel_id=novel_id, unit_id=commit.unit_id, role="extractor",
+                                              purpose="production", profile="bounded")
+        assert record.context_hash == inputs.frozen.context_sha256, commit.commit_id
     assert all(r.context_hash and len(r.context_hash) == 64 for r in ledger)
 
 
