@@ -15,10 +15,11 @@ LLAMA_VERSION    := 0.3.36
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
 LLAMA_KEY        := $(shell printf '%s %s' '$(LLAMA_VERSION)' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEELS     := .wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_KEY)
+LLAMA_LOG        := .wheels/llama-build.log
 
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo demo-model test docs lint bench clean llama-wheel
+.PHONY: demo demo-model test docs lint bench clean llama-wheel build-tools
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,17 +27,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The local model's native part: built from source with the flags above, no pip cache. A C/C++
-# compiler is installed when missing (Debian's build-essential; needs root, as CI runs, or sudo).
-$(LLAMA_WHEELS)/.built: | $(STAMP)
+# The local model's native part: built from source with the flags above, no pip cache, by the
+# interpreter that makes the venv (the wheel is tagged py3-none: any CPython 3 takes it), so it
+# needs no venv and can start first. A C/C++ compiler is installed when missing (Debian's
+# build-essential; needs root, as CI runs, or sudo).
+$(LLAMA_WHEELS)/.built: | build-tools
+	mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(PYTHON) -m pip wheel --quiet --no-deps \
+	  --no-cache-dir --no-binary llama-cpp-python -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
+	touch $@
+
+build-tools:
 	@if command -v gcc >/dev/null && command -v g++ >/dev/null; then :; \
 	  elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential >/dev/null; \
 	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential >/dev/null; \
 	  else echo "building llama-cpp-python needs gcc and g++: run 'apt-get install build-essential' as root" >&2; exit 1; fi
-	mkdir -p $(LLAMA_WHEELS)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" FORCE_CMAKE=1 $(BIN)/python -m pip wheel --quiet --no-deps \
-	  --no-cache-dir --no-binary llama-cpp-python -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_VERSION)
-	touch $@
 
 llama-wheel: $(LLAMA_WHEELS)/.built
 
@@ -54,26 +59,29 @@ demo-model: $(LOCAL_STAMP)
 	NOVELBUS_MAX_OUTPUT_TOKENS=768 $(BIN)/novelbus demo --model local
 
 # The suite in two pytest runs. On a fresh clone the local model's compile (llama-wheel, about 10
-# minutes) runs in the background at idle CPU priority (SCHED_IDLE, else nice 19) while every test
-# not marked local_model runs, in TEST_WORKERS pytest-xdist workers (each with its own embedded
-# NATS and PostgreSQL; TEST_WORKERS=0 runs them in one process); then the `local` extra is
+# minutes) starts first and runs in the background at idle CPU priority (SCHED_IDLE, else nice 19)
+# while the venv and the browser are installed (the compiler first, so two package installs never
+# meet) and every test not marked local_model runs, in TEST_WORKERS pytest-xdist workers (each with
+# its own embedded NATS and PostgreSQL; TEST_WORKERS=0 runs them in one process); then the `local` extra is
 # installed and the local_model tests run, in one process (the model takes both cores). Both runs
 # require the browser and the local model (a test that needs either fails, never skips); either
 # failing fails `make test`. Ctrl-C stops the background compile too.
 TEST_ENV := NOVELBUS_REQUIRE_BROWSER=1 NOVELBUS_REQUIRE_LOCAL_MODEL=1
 TEST_WORKERS ?= 2
 
-test: $(STAMP) $(CHROMIUM)
+test:
 	@build=; \
 	if [ ! -f $(LLAMA_WHEELS)/.built ]; then \
+	  $(MAKE) --no-print-directory build-tools || exit 1; mkdir -p .wheels; \
 	  if chrt --idle 0 true 2>/dev/null; then idle="chrt --idle 0"; else idle="nice -n 19"; fi; \
-	  echo "make test: llama-cpp-python compiles at idle priority meanwhile (log: $(VENV)/llama-build.log)"; \
-	  setsid $$idle $(MAKE) --no-print-directory llama-wheel > $(VENV)/llama-build.log 2>&1 & build=$$!; \
+	  echo "make test: llama-cpp-python compiles at idle priority meanwhile (log: $(LLAMA_LOG))"; \
+	  setsid $$idle $(MAKE) --no-print-directory llama-wheel > $(LLAMA_LOG) 2>&1 & build=$$!; \
 	  trap 'kill -TERM -'$$build' 2>/dev/null' EXIT; trap 'exit 130' INT TERM HUP; \
 	fi; \
+	$(MAKE) --no-print-directory $(STAMP) $(CHROMIUM) || exit 1; \
 	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m 'not local_model'; others=$$?; \
 	if [ -n "$$build" ] && ! wait $$build; then \
-	  tail -n 40 $(VENV)/llama-build.log >&2; echo "make test: the llama-cpp-python build failed" >&2; exit 1; \
+	  tail -n 40 $(LLAMA_LOG) >&2; echo "make test: the llama-cpp-python build failed" >&2; exit 1; \
 	fi; \
 	$(MAKE) --no-print-directory $(LOCAL_STAMP) || exit 1; \
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m local_model; local=$$?; \
