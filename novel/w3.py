@@ -59,14 +59,15 @@ def default_writer_mode(run: DocumentedRun) -> WriterModeDefault:
 
 
 DOCUMENTED_RUN = DocumentedRun(
-    command="novelbus bench ab --judge --json",
-    model="offline",
-    inline_units=60,
-    subagent_units=60,
-    cost_ratio=0.1128,
-    not_worse_low=0.9398,
-    judge="offline",
-    verdict="subagent",
+    command=("novelbus bench ab --model local --chapters 4 --scenes 6 --unit-chars 600 --max-output-tokens 640 "
+             "--subagent-shape W1 --judge-model local --no-quality-gate --measure-paused --timeout 3300 --json"),
+    model="local",
+    inline_units=33,
+    subagent_units=26,
+    cost_ratio=0.3979,
+    not_worse_low=0.4329,
+    judge="local",
+    verdict="inline",
 )
 
 DEFAULT_WRITER_MODE = default_writer_mode(DOCUMENTED_RUN)
