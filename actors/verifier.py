@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
@@ -35,8 +34,8 @@ class Candidate:
     """One `ValidateDraft` on its way through the checks, with the store read they share: the
     content gate's inputs and the detector's, in one statement (PERF-2), read when first asked."""
 
-    def __init__(self, pool: Any, req: m.ValidateDraft) -> None:
-        self.pool = pool
+    def __init__(self, ctx: ActorContext, req: m.ValidateDraft) -> None:
+        self.ctx = ctx
         self.req = req
         self._inputs: store.GateInputs | None = None
         self._body_hash: str | None = None
@@ -51,7 +50,7 @@ class Candidate:
         if self._inputs is None:
             req = self.req
             self._inputs = await store.gate_inputs(
-                self.pool, req.novel_id, (req.unit_id, req.context_sha256, self.body_hash))
+                self.ctx.pool, req.novel_id, (req.unit_id, req.context_sha256, self.body_hash))
         return self._inputs
 
 
@@ -103,7 +102,7 @@ class CommitVerifier(ServiceActor):
         the claim manager holds — runs the verification path's checks in order; the first that
         refuses answers. A check returns None (passed) or a failed `Verified`; a new check (the
         semantic detector) is appended to `candidate_checks`."""
-        candidate = Candidate(self.ctx.pool, req)
+        candidate = Candidate(self.ctx, req)
         for check in self.candidate_checks():
             failed = await check(candidate)
             if failed is not None:

@@ -4,8 +4,9 @@ The gate itself is pure (`novel.quality`); the verifier reads its inputs here in
 the novel's config and outline revision, and the paragraphs of its latest live commits
 (`config.quality.proseWindow` of them) — and, in the same statement, what the semantic detector
 reads next for the same candidate (`store.detections`: its context's frozen request and an
-earlier record), so the verification path makes one read, not two (PERF-2). Refusals are counted from the event ledger's refusal
-rows, which the verifier writes with each refusal: one record, no second count.
+earlier record), so the verification path makes one read, not two (PERF-2). Refusals are
+counted from the event ledger's refusal rows, which the verifier writes with each refusal: one
+record per attempt, no second count.
 """
 
 from __future__ import annotations
