@@ -10,7 +10,7 @@ itself is pure (`novel.roles.project`). Nothing here writes.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -28,7 +28,7 @@ from novelbus.novel.roles import (
 from novelbus.novel.roles.extractor import merge_canon
 from novelbus.novel.snapshot import CommitView, NovelSnapshot
 from novelbus.store._db import Db
-from novelbus.store.commits import get_commit_for_unit, get_commit_for_unit_with
+from novelbus.store.commits import CommitRow, get_commit_for_unit, get_commit_for_unit_with
 from novelbus.store.context import load_context
 from novelbus.store.extraction import chapter_canon_sql, decode_changes, extracted_canon
 from novelbus.store.snapshots import load_snapshot
@@ -39,7 +39,7 @@ def rewrite_inline(source: str, commit_id: str) -> str:
     return commit_id + source[len("inline"):] if source.startswith("inline") else source
 
 
-def _commit_view(row: Any) -> CommitView | None:
+def _commit_view(row: CommitRow | None) -> CommitView | None:
     if row is None or row.body is None:
         return None
     body = row.body
