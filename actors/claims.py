@@ -32,7 +32,6 @@ from novelbus.messages import events as ev
 from novelbus.messages import verify as vm
 from novelbus.messages.base import tag_of
 from novelbus.messages.errors import DELEGATION_NOT_FOUND, DISPATCH_LIMIT, SCOPE_VIOLATION
-from novelbus.novel.commitcheck import business_hash
 from novelbus.novel.outline import ID_PATTERN
 
 
@@ -266,9 +265,7 @@ class ClaimManager(ServiceActor):
                                  vm.ValidateDraft(novel_id=d.novel_id, unit_id=d.unit_id, body=req.body,
                                                   target_min=req.target_min, shape=req.shape,
                                                   context_sha256=req.context_sha256, claim_id=d.claim_id,
-                                                  # the same body committed again in the run is
-                                                  # the same attempt (a retried commit request)
-                                                  attempt=f"{req.run_id}:commit-{business_hash(req.body)}"),
+                                                  attempt=f"{req.run_id}:commit"),
                                  vm.Verified, timeout=self.ctx.settings.request_timeout_s, retries=2)
         if verified.ok or verified.failure in BODY_FAILURES:
             return

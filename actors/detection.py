@@ -109,11 +109,13 @@ class CandidateDetector:
 
     async def check(self, novel_id: str, unit_id: str, body: CommitBody, *, context_sha256: str | None,
                     claim_id: str | None = None, shape: str = "W2",
-                    config: NovelConfig | None = None, inputs: DetectionInputs | None = None) -> DetectorVerdict:
+                    config: NovelConfig | None = None, inputs: DetectionInputs | None = None,
+                    body_hash: str | None = None) -> DetectorVerdict:
         """The verdict on one candidate (`config`: the novel's, else read with the inputs;
-        `inputs`: already read for this candidate, by the verifier's one read, PERF-2)."""
+        `inputs` and `body_hash`: already read and hashed for this candidate by the verifier,
+        PERF-2)."""
         pool = self.ctx.pool
-        body_hash = business_hash(body)
+        body_hash = body_hash or business_hash(body)
         key = once_key_of_detection(novel_id, unit_id, context_sha256, body_hash)
         if inputs is None:
             inputs = await detection_inputs(pool, novel_id, unit_id, context_sha256, body_hash)

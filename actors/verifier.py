@@ -50,7 +50,7 @@ class Candidate:
         if self._inputs is None:
             req = self.req
             self._inputs = await store.gate_inputs(
-                self.ctx.pool, req.novel_id, (req.unit_id, req.context_sha256, self.body_hash))
+                self.ctx.pool, req.novel_id, req.unit_id, req.context_sha256, self.body_hash)
         return self._inputs
 
 
@@ -168,9 +168,11 @@ class CommitVerifier(ServiceActor):
         if refusal is None:
             return None
         self.state.refused += 1
-        # One refusal per attempt: a retried request (its reply lost) is answered again without
-        # a second count (QUAL-3).
-        once = f"unit.refused:{req.novel_id}:{req.unit_id}:{req.attempt}" if req.attempt else None
+        # One refusal per attempt and body: a retried request (its reply lost) is answered again
+        # without a second count; a W2 writer committing the very same body again in its run is
+        # the same refusal (QUAL-3).
+        once = (f"unit.refused:{req.novel_id}:{req.unit_id}:{req.attempt}:{candidate.body_hash}"
+                if req.attempt else None)
         await self.ctx.emit(ev.UnitRefused(
             novel_id=req.novel_id, unit_id=req.unit_id, code=refusal.code, shape=req.shape,
             paragraph_count=len(req.body.paragraphs),
@@ -185,7 +187,7 @@ class CommitVerifier(ServiceActor):
         req, inputs = candidate.req, await candidate.inputs()
         verdict = await self.detector.check(req.novel_id, req.unit_id, req.body, context_sha256=req.context_sha256,
                                             claim_id=req.claim_id, shape=req.shape, config=inputs.config,
-                                            inputs=inputs.detection)
+                                            inputs=inputs.detection, body_hash=candidate.body_hash)
         if verdict.code is None:
             return None
         self.state.failed += 1

@@ -26,7 +26,7 @@ class ValidateDraft(Message, tag="verify.draft", frozen=True):
     context_sha256: str | None = None
     claim_id: str | None = None
     # QUAL-3: the check's identity, the same when the request is retried (its reply lost): a
-    # refusal is counted once per attempt. None: counted each time it is answered.
+    # refusal is counted once per attempt and body. None: counted each time it is answered.
     attempt: str | None = None
 
 

@@ -281,23 +281,18 @@ async def _commit_body(
 
 async def get_commit_for_unit(pool: Db, novel_id: str, unit_id: str) -> CommitRow | None:
     """The unit's commit with its body, or None (VER-1 reads this, never the model's report)."""
-    async with statement(pool) as conn:
-        row = await conn.fetchrow(
-            f"SELECT {_COMMIT_COLUMNS}, body FROM commits WHERE novel_id = $1 AND unit_id = $2",
-            novel_id,
-            unit_id,
-        )
-    return None if row is None else _commit_row(row, with_body=True)
+    return (await get_commit_for_unit_with(pool, novel_id, unit_id))[0]
 
 
 async def get_commit_for_unit_with(
-    pool: Db, novel_id: str, unit_id: str, also: str
+    pool: Db, novel_id: str, unit_id: str, also: str = ""
 ) -> tuple[CommitRow | None, asyncpg.Record | None]:
     """The unit's commit with its body, and its row with `also`: more columns over `k` (the
     commit), read in the same statement."""
     async with statement(pool) as conn:
         row = await conn.fetchrow(
-            f"SELECT {_COMMIT_COLUMNS}, body, {also} FROM commits k WHERE k.novel_id = $1 AND k.unit_id = $2",
+            f"SELECT {_COMMIT_COLUMNS}, body{', ' + also if also else ''} FROM commits k"
+            " WHERE k.novel_id = $1 AND k.unit_id = $2",
             novel_id,
             unit_id,
         )

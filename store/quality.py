@@ -45,12 +45,12 @@ class GateInputs(msgspec.Struct, frozen=True):
     outline_revision: str | None
     outline: Outline | None
     earlier: list[str]  # paragraphs of the latest live commits, oldest first
-    detection: DetectionInputs | None = None  # what the detector reads for the candidate asked about
+    detection: DetectionInputs  # what the detector reads for the same candidate
 
 
-async def gate_inputs(pool: Db, novel_id: str, candidate: tuple[str, str | None, str] | None = None) -> GateInputs:
-    """The gate's inputs; `candidate` (unit id, context hash, body hash): also the detector's."""
-    unit_id, context_hash, body_hash = candidate if candidate is not None else (None, None, None)
+async def gate_inputs(pool: Db, novel_id: str, unit_id: str, context_hash: str | None, body_hash: str) -> GateInputs:
+    """The gate's and the detector's inputs for one candidate (the unit, the hash of the context
+    it was written in, the hash of its body)."""
     async with statement(pool) as conn:
         row = await conn.fetchrow(_GATE_INPUTS_SQL, novel_id, unit_id, context_hash or "", body_hash)
         if row is None:
@@ -59,7 +59,7 @@ async def gate_inputs(pool: Db, novel_id: str, candidate: tuple[str, str | None,
     earlier = [p for paragraphs in _paragraph_lists.decode(row["earlier"]) for p in paragraphs]
     config = parse_config(row["config"])
     return GateInputs(config=config, outline_revision=row["outline_revision"], outline=outline, earlier=earlier,
-                      detection=detection_inputs_of(config, row) if candidate is not None else None)
+                      detection=detection_inputs_of(config, row))
 
 
 async def refusal_counts(pool: Db, novel_id: str, refused_type: str) -> dict[str, int]:
