@@ -124,6 +124,10 @@ def small_novel(shape: str, mode: str = "subagent", scenes: int = 2, **model: An
     data = generate_novel_file(1, scenes, seed=3, unit_chars=200)
     data["config"].update(writerShape=shape, writerMode=mode)
     data["config"]["budgets"] = {"writerDispatchLimit": 3, "consecutiveFailureLimit": 3}
+    # These tests hold the model *path* (probes, drafts, tool calls, compaction, usage); the
+    # embedded 135M model's prose often fails the default content gate (docs/models.md), so the
+    # gate runs with lenient thresholds, set explicitly, instead of pausing the novel.
+    data["config"]["quality"] = LENIENT_QUALITY
     if model:
         data["config"]["model"] = model
     return parse_novel_file(json.dumps(data))
