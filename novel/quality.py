@@ -25,7 +25,8 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Container, Iterable, Sequence
 from typing import Literal
 
 import msgspec
@@ -138,12 +139,16 @@ def script_of(ch: str) -> Script:
 
 
 def script_counts(texts: Iterable[str]) -> dict[Script, int]:
-    counts: dict[Script, int] = {}
+    """Letters per script. The characters are counted in C first (`collections.Counter`), so
+    each distinct character is classified once, not once per occurrence."""
+    chars: Counter[str] = Counter()
     for text in texts:
-        for ch in text:
-            if ch.isalpha():
-                s = script_of(ch)
-                counts[s] = counts.get(s, 0) + 1
+        chars.update(text)
+    counts: dict[Script, int] = {}
+    for ch, n in chars.items():
+        if ch.isalpha():
+            s = script_of(ch)
+            counts[s] = counts.get(s, 0) + n
     return counts
 
 
@@ -162,7 +167,7 @@ def script_share(text: str, script: Script) -> float | None:
 
 def letter_share(text: str) -> float:
     """Letters and digits among the visible (non-space) characters; 0 for an empty text."""
-    visible = sum(1 for ch in text if not ch.isspace())
+    visible = len(text) - sum(map(str.isspace, text))
     return 0.0 if visible == 0 else effective_characters(text) / visible
 
 
@@ -217,7 +222,28 @@ def ngrams_of(tokens: Sequence[str], n: int) -> set[tuple[str, ...]]:
     return {tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
 
 
-def copied_share(tokens: Sequence[str], source: set[tuple[str, ...]] | frozenset[tuple[str, ...]], n: int,
+class RunIndex:
+    """The `n`-grams of `tokens` as a container, without building them: `gram in index` holds
+    exactly when `gram in ngrams_of(tokens, n)`. A long run (`proseRun` is 40 words) over a few
+    thousand tokens of earlier prose is checked for a handful of candidate positions per unit, so
+    looking each candidate up by its first two tokens costs far less than the set of every run."""
+
+    def __init__(self, tokens: Sequence[str], n: int) -> None:
+        self.tokens = tuple(tokens)
+        self.n = n
+        self.starts: dict[tuple[str, str] | str, list[int]] = {}
+        for i in range(len(self.tokens) - n + 1):
+            key = (self.tokens[i], self.tokens[i + 1]) if n > 1 else self.tokens[i]
+            self.starts.setdefault(key, []).append(i)
+
+    def __contains__(self, gram: object) -> bool:
+        if not isinstance(gram, tuple) or len(gram) != self.n or not gram:
+            return False
+        key = (gram[0], gram[1]) if self.n > 1 else gram[0]
+        return any(self.tokens[j:j + self.n] == gram for j in self.starts.get(key, ()))
+
+
+def copied_share(tokens: Sequence[str], source: Container[tuple[str, ...]], n: int,
                  short: Sequence[tuple[str, ...]] = ()) -> float:
     """The share of `tokens` inside a run of at least `n` tokens found in `source` (its n-grams),
     or inside a whole `short` field found verbatim."""
@@ -329,7 +355,7 @@ def check_candidate(
                        "in your own words, with action, dialogue and detail.")
     if earlier and rules.proseWindow > 0:
         run = rules.proseRun * scale
-        source = ngrams_of([t for p in earlier for t in _paragraph_words(p)], run)
+        source = RunIndex([t for p in earlier for t in _paragraph_words(p)], run)
         repeated = copied_share(tokens, source, run)
         if repeated > rules.maxProseCopyShare:
             return Refusal("copies-prose",

@@ -13,10 +13,16 @@ from pydantic import ValidationError
 from novelbus.novel.outline import NovelConfig, NovelFile, QualityConfig, parse_novel_file
 from novelbus.novel.quality import (
     QUALITY_CODES,
+    RunIndex,
     check_candidate,
+    copied_share,
     dominant_script,
+    letter_share,
+    ngrams_of,
     outline_profile,
     repetition_share,
+    script_counts,
+    script_of,
     words_of,
 )
 
@@ -227,3 +233,37 @@ def test_words_are_case_folded_and_cjk_split(words: list[str]) -> None:
     assert words_of(text.upper()) == words_of(text)
     assert words_of("林雾 " + text) == ["林", "雾", *words_of(text)]
     assert words_of("林雾走了") == ["林", "雾", "走", "了"]
+
+
+_few_words = st.sampled_from(["the", "tide", "lamp", "keeper", "林", "雾", "a"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_few_words, max_size=60), st.lists(_few_words, max_size=40), st.integers(min_value=1, max_value=6))
+def test_the_run_index_holds_exactly_the_ngrams_of_its_tokens(earlier: list[str], tokens: list[str], n: int) -> None:
+    """QUAL-2 copies-prose: the index the gate looks earlier prose up in answers as the set of its
+    n-grams would, for every candidate run, and so gives the same copied share."""
+    index, grams = RunIndex(earlier, n), ngrams_of(earlier, n)
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        assert (gram in index) == (gram in grams)
+    for gram in grams:
+        assert gram in index
+    assert tuple(earlier[:n - 1]) not in index  # a run of another length never is
+    assert copied_share(tokens, index, n) == copied_share(tokens, grams, n)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=40), max_size=4))
+def test_letters_are_counted_per_script_and_share_as_defined(texts: list[str]) -> None:
+    """QUAL-2 no-letters / wrong-script: the counts taken per distinct character are the counts of
+    every letter, one by one; the letter share is letters and digits among visible characters."""
+    expected: dict[str, int] = {}
+    for text in texts:
+        for ch in text:
+            if ch.isalpha():
+                expected[script_of(ch)] = expected.get(script_of(ch), 0) + 1
+    assert script_counts(texts) == expected
+    text = "".join(texts)
+    visible = [ch for ch in text if not ch.isspace()]
+    assert letter_share(text) == (0.0 if not visible else sum(ch.isalnum() for ch in visible) / len(visible))
