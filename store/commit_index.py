@@ -23,6 +23,12 @@ is visible to the new one (else, a reader older than what is known, it gets them
 novel is the same novel (its creation time: `NOVEL_MARK_SQL`). The rule is the usual one for
 changes since a snapshot; it takes no lock and no counter. It assumes a process's transaction ids
 come from one server: a process must be restarted after its database is restored elsewhere.
+
+**The extractor's facts** (ROLE-3) are kept the way units are (`KnownExtracted`): a commit's facts
+and its ledger row are written once, by one statement, and each ledger row carries its writer's
+transaction id (migration 018), so a read with the snapshot of the last one asks only for the
+commits extracted since. Extraction runs beside the units, in any order against the reads, so a
+seq cannot serve as the mark here.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Generic, TypeVar
 
+from novelbus.novel.body import CanonChange
 from novelbus.novel.snapshot import CommitView, UnitView
 
 MAX_COMMITS = 20_000  # ≈ 1-3 KB each (canon facts included, no prose): tens of MB at most
@@ -43,6 +50,7 @@ MAX_COMMITS = 20_000  # ≈ 1-3 KB each (canon facts included, no prose): tens o
 MARK_SQL = "(floor(extract(epoch FROM {t}.created_at) * 1000000)::bigint::text || ':' || {t}.body_hash)"
 NOVEL_MARK_SQL = "(floor(extract(epoch FROM n.created_at) * 1000000)::bigint::text)"  # `n`: the novel row
 MAX_UNITS = 50_000
+MAX_EXTRACTED = 100_000  # facts over all novels (a few hundred bytes each)
 _CREATED = itemgetter(0)  # a unit row's created_seq
 K = TypeVar("K")
 
@@ -235,3 +243,64 @@ class UnitsCache:
 
 
 UNITS = UnitsCache()
+
+
+Facts = dict[str, tuple[CanonChange, ...]]  # the extractor's facts by commit id, in fact order
+
+
+@dataclass(frozen=True)
+class KnownExtracted:
+    """A novel's extracted facts as one read saw them, that read's snapshot and the novel's mark."""
+
+    facts: Facts
+    snapshot: str | None = None
+    mark: str | None = None
+    count: int = 0  # facts held (the bound counts facts, not commits)
+
+
+NO_EXTRACTED = KnownExtracted({})
+
+
+def merge_extracted(known: KnownExtracted, known_ok: bool, rows: list[tuple[str, list[CanonChange]]]) -> Facts:
+    """The facts a read returns (pure): `rows` are the commits extracted since `known.snapshot`
+    when the statement found it usable (`known_ok`), else all of them. A commit's facts are
+    written once, so a row for a known commit replaces it with the same facts."""
+    if known_ok and not rows:
+        return known.facts  # shared, never changed: nothing was extracted since
+    out: Facts = dict(known.facts) if known_ok else {}
+    for commit_id, facts in rows:
+        out[commit_id] = tuple(facts)
+    return out
+
+
+class ExtractedCache:
+    """Per process: each novel's `KnownExtracted`, least recently read dropped past `max_facts`.
+    A read always replaces what was known: its facts and snapshot are one consistent pair."""
+
+    def __init__(self, max_facts: int = MAX_EXTRACTED) -> None:
+        self._novels = _PerNovel(max_facts, NO_EXTRACTED, lambda k: k.count)
+        self.full_reads = 0
+        self.partial_reads = 0
+
+    def known(self, novel_id: str) -> KnownExtracted:
+        return self._novels.get(novel_id)
+
+    def read(self, novel_id: str, known: KnownExtracted, known_ok: bool, rows: list[tuple[str, list[CanonChange]]],
+             snapshot: str, mark: str) -> Facts:
+        """All the novel's extracted facts a statement sent with `known` returned
+        (`merge_extracted`), kept with the snapshot they were read at for the next read."""
+        facts = merge_extracted(known, known_ok, rows)
+        if known_ok:
+            self.partial_reads += 1
+            count = known.count + sum(len(f) - len(known.facts.get(c, ())) for c, f in rows)
+        else:
+            self.full_reads += 1
+            count = sum(len(f) for f in facts.values())
+        self._novels.put(novel_id, KnownExtracted(facts, snapshot, mark, count))
+        return facts
+
+    def clear(self) -> None:
+        self._novels.clear()
+
+
+EXTRACTED = ExtractedCache()

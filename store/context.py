@@ -36,25 +36,27 @@ from novelbus.novel.context import (
     validate_request,
 )
 from novelbus.novel.outline import Outline
-from novelbus.novel.roles.extractor import merge_canon
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
-from novelbus.store.commit_index import CACHE, NOVEL_MARK_SQL, UNITS
+from novelbus.store.commit_index import CACHE, EXTRACTED, NOVEL_MARK_SQL, UNITS
 from novelbus.store.errors import NovelNotFound
-from novelbus.store.extraction import decode_extracted, extracted_json
 from novelbus.store.novels import fetch_outline, parse_config
 from novelbus.store.snapshots import (
     commits_json,
+    extracted_columns,
     known_after,
     latest_mark,
+    read_extracted,
     unit_rows_json,
     units_known,
+    with_extracted,
 )
 
 # The commit index: no prose (read by pointer below), canon facts nested; only the commits after
 # those this process knows ($4, $5: `store.commit_index`, issue 14), unless their mark changed.
 _KNOWN_AFTER = known_after("$4::int", "$5::text")
 _INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of", after=_KNOWN_AFTER)
+CANON_KIND_SET = frozenset(CANON_KINDS)  # the extractor's facts a context selects
 _unit_rows = msgspec.json.Decoder(list[tuple[int, UnitView]])
 _commits = msgspec.json.Decoder(list[CommitView])
 
@@ -98,7 +100,7 @@ async def read_context_sources(
         profile=profile,
         evidence=evidence,
     )
-    known, known_units = CACHE.known(novel_id), UNITS.known(novel_id)
+    known, known_units, known_extracted = CACHE.known(novel_id), UNITS.known(novel_id), EXTRACTED.known(novel_id)
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
         # One round trip (PERF-2): the isolation actually in force, the novel, the latest commit,
         # the unit's own commit (if any), the units, and the commit index and canon facts at or
@@ -117,11 +119,11 @@ async def read_context_sources(
             f" {units_known('$6::text', '$7::text')} AS units_known,"
             f" pg_current_snapshot()::text AS units_snapshot, {NOVEL_MARK_SQL} AS novel_mark,"
             f" {_INDEX_COMMITS}::text AS commits, {_KNOWN_AFTER} AS commits_after,"
-            f" {latest_mark('a.as_of')} AS mark,"
-            # ROLE-3: the extractor's facts at or before asOf, when the novel's canon uses them —
-            # of the kinds a context selects (CANON_KINDS), not the whole book's events.
-            " CASE WHEN coalesce(n.config ->> 'canonSource', 'writer') = 'writer' THEN NULL"
-            f" ELSE {extracted_json('n.novel_id', 'a.as_of', CANON_KINDS)} END AS extracted"
+            # ROLE-3: the extractor's facts when the novel's canon uses them — those extracted
+            # since the snapshot this process read them at; the commits' at or before asOf, of
+            # the kinds a context selects (CANON_KINDS), are taken below.
+            f" {extracted_columns('$8::text', '$9::text')}"
+            f" {latest_mark('a.as_of')} AS mark"
             " FROM novels n, k, a WHERE n.novel_id = $1",
             novel_id,
             unit_id,
@@ -130,6 +132,8 @@ async def read_context_sources(
             known.mark,
             known_units.snapshot,
             known_units.mark,
+            known_extracted.snapshot,
+            known_extracted.mark,
         )
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
@@ -171,10 +175,9 @@ async def read_context_sources(
         commits = CACHE.read(novel_id, known, novel["commits_after"], _commits.decode(novel["commits"]),
                              request.as_of, novel["mark"])
         config = parse_config(novel["config"])
-        if config.canonSource != "writer":  # ROLE-3: the canon the packs see (new views, cache untouched)
-            extracted = decode_extracted(novel["extracted"])
-            commits = [msgspec.structs.replace(c, canon_changes=merge_canon(
-                c.canon_changes, extracted.get(c.commit_id, []), config.canonSource)) for c in commits]
+        facts = read_extracted(novel_id, known_extracted, novel)
+        if facts is not None and config.canonSource != "writer":  # ROLE-3: the canon the packs see
+            commits = with_extracted(novel_id, commits, facts, config.canonSource, CANON_KIND_SET)
         index = NovelSnapshot(
             novel_id=novel_id,
             title=novel["title"],

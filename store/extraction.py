@@ -42,21 +42,33 @@ class ExtractionRecord(msgspec.Struct, frozen=True):
     context_hash: str | None = None  # the extractor's frozen context (CTX-9)
 
 
+# SQL: the facts of rows `e` of extracted_canon as a JSON array of `CanonChange`, in fact order.
+EXTRACTED_FACTS_AGG = (
+    "json_agg(json_build_object('kind', e.kind, 'summary', e.summary,"
+    " 'sources', e.sources, 'detail', e.detail, 'characterIds', e.character_ids,"
+    " 'foreshadowingId', e.foreshadowing_id,"
+    " 'foreshadowingStatus', coalesce(e.foreshadowing_status, 'resolved')) ORDER BY e.idx)"
+)
+
+
 def extracted_json(novel: str, up_to: str, kinds: tuple[str, ...] | None = None) -> str:
     """SQL: ``{commit id: [CanonChange JSON, …]}`` of the extractor's facts of novel `novel` at
     or before seq `up_to` (of these `kinds` only; None: all), in fact order (text)."""
     only = "" if kinds is None else " AND e.kind IN (" + ", ".join(f"'{k}'" for k in kinds) + ")"
     return (
         "(SELECT coalesce(json_object_agg(x.commit_id, x.facts), '{}'::json)::text FROM"
-        " (SELECT e.commit_id, json_agg(json_build_object('kind', e.kind, 'summary', e.summary,"
-        " 'sources', e.sources, 'detail', e.detail, 'characterIds', e.character_ids,"
-        " 'foreshadowingId', e.foreshadowing_id,"
-        " 'foreshadowingStatus', coalesce(e.foreshadowing_status, 'resolved')) ORDER BY e.idx) AS facts"
+        f" (SELECT e.commit_id, {EXTRACTED_FACTS_AGG} AS facts"
         f" FROM extracted_canon e WHERE e.novel_id = {novel} AND e.seq <= {up_to}{only} GROUP BY e.commit_id) x)"
     )
 
 
 _extracted = msgspec.json.Decoder(dict[str, list[CanonChange]])
+_extracted_rows = msgspec.json.Decoder(list[tuple[str, list[CanonChange]]])
+
+
+def decode_extracted_rows(text: str | None) -> list[tuple[str, list[CanonChange]]]:
+    """`store.snapshots.extracted_rows_json`'s (commit id, facts) pairs."""
+    return [] if not text else _extracted_rows.decode(text)
 
 
 def decode_extracted(text: str | None) -> dict[str, list[CanonChange]]:

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
+from novelbus.novel.body import CanonChange
 from novelbus.novel.outline import Outline
 from novelbus.novel.roles.extractor import merge_canon
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 from novelbus.store._db import Db, statement, transaction
 from novelbus.store.commit_index import (
     CACHE,
+    EXTRACTED,
     MARK_SQL,
     NOVEL_MARK_SQL,
     UNITS,
+    Facts,
     Known,
+    KnownExtracted,
     KnownUnits,
 )
 from novelbus.store.errors import CommitNotVisible, NovelNotFound, ReadOnlyRequired
-from novelbus.store.extraction import decode_extracted, extracted_json
+from novelbus.store.extraction import EXTRACTED_FACTS_AGG, decode_extracted_rows
 from novelbus.store.novels import (
     NovelRow,
     cached_outline,
@@ -82,6 +87,23 @@ def unit_rows_json(snapshot: str, mark: str) -> str:
         f" SELECT coalesce(json_agg(json_build_array(u.created_seq, {_UNIT_OBJECT}) ORDER BY u.created_seq),"
         " '[]'::json) FROM s JOIN units u ON u.novel_id = n.novel_id AND u.written_xid >= s.since"
         f" WHERE s.since = '0'::xid8 OR NOT pg_visible_in_snapshot(u.written_xid, {snapshot}::pg_snapshot))"
+    )
+
+
+def extracted_rows_json(snapshot: str, mark: str) -> str:
+    """SQL: the extractor's facts of the novel in `n` as `[commit id, [CanonChange, …]]` pairs —
+    only those of the commits extracted since `snapshot` when it can be brought up to date
+    (`units_known`: the same rule as units), else all; every kind, at any seq (a reader keeps
+    those of the commits in its index). A range of the `extracted_commits_written` index
+    (migration 018), as `unit_rows_json` is of `units_written`."""
+    return (
+        f"(WITH s AS MATERIALIZED (SELECT CASE WHEN {units_known(snapshot, mark)}"
+        f" THEN pg_snapshot_xmin({snapshot}::pg_snapshot) ELSE '0'::xid8 END AS since)"
+        " SELECT coalesce(json_agg(json_build_array(x.commit_id,"
+        f" (SELECT coalesce({EXTRACTED_FACTS_AGG}, '[]'::json) FROM extracted_canon e"
+        "   WHERE e.novel_id = x.novel_id AND e.commit_id = x.commit_id))), '[]'::json)"
+        " FROM s JOIN extracted_commits x ON x.novel_id = n.novel_id AND x.written_xid >= s.since"
+        f" WHERE s.since = '0'::xid8 OR NOT pg_visible_in_snapshot(x.written_xid, {snapshot}::pg_snapshot))"
     )
 
 
@@ -189,12 +211,65 @@ _SNAPSHOT_TOOLS = _snapshot_sql("'[]'::json", ("$5::int", "$6::text"), ("$7::tex
     "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
     1,
 )
-# ROLE-3: the read tools see the canon the packs see — the extractor's facts (at or before $2)
-# beside the row, merged under `config.canonSource` by `_read_only`.
-_EXTRACTED_COLUMN = (" CASE WHEN coalesce(n.config ->> 'canonSource', 'writer') = 'writer' THEN NULL"
-                     f" ELSE {extracted_json('n.novel_id', '$2')} END AS snap_extracted,")
-_SNAPSHOT_READ_ONLY = _SNAPSHOT_READ_ONLY.replace("AS snap_outline,", "AS snap_outline," + _EXTRACTED_COLUMN, 1)
-_SNAPSHOT_TOOLS = _SNAPSHOT_TOOLS.replace("AS snap_outline,", "AS snap_outline," + _EXTRACTED_COLUMN, 1)
+
+
+def extracted_columns(snapshot: str, mark: str) -> str:
+    """SQL columns (beside `novels n`): the extractor's facts extracted since the caller's
+    `snapshot` of them (`snap_extracted`, NULL when the novel's canon does not use them),
+    whether that snapshot could be brought up to date (`snap_extracted_known`), this read's own
+    snapshot and the novel's mark: what `read_extracted` keeps for the next read (ROLE-3)."""
+    return (" CASE WHEN coalesce(n.config ->> 'canonSource', 'writer') = 'writer' THEN NULL"
+            f" ELSE {extracted_rows_json(snapshot, mark)}::text END AS snap_extracted,"
+            f" {units_known(snapshot, mark)} AS snap_extracted_known,"
+            f" pg_current_snapshot()::text AS snap_extracted_snapshot, {NOVEL_MARK_SQL} AS snap_novel_mark,")
+
+
+# ROLE-3: the read tools see the canon the packs see — the extractor's facts beside the row,
+# those extracted since the snapshot this process read them at ($4, $5; with the tools' $9, $10),
+# merged under `config.canonSource` by `_read_only`.
+_SNAPSHOT_READ_ONLY = _SNAPSHOT_READ_ONLY.replace(
+    "AS snap_outline,", "AS snap_outline," + extracted_columns("$4::text", "$5::text"), 1)
+_SNAPSHOT_TOOLS = _SNAPSHOT_TOOLS.replace(
+    "AS snap_outline,", "AS snap_outline," + extracted_columns("$9::text", "$10::text"), 1)
+
+
+def read_extracted(novel_id: str, known: KnownExtracted, row: Any) -> Facts | None:
+    """The novel's extracted facts from a read's `extracted_columns` (None: its canon does not
+    use them), kept in `EXTRACTED` with that read's snapshot."""
+    text = row["snap_extracted"]
+    if text is None:
+        return None
+    return EXTRACTED.read(novel_id, known, bool(row["snap_extracted_known"]), decode_extracted_rows(text),
+                          row["snap_extracted_snapshot"], row["snap_novel_mark"])
+
+
+# The merged views built last, by (novel, commit id, canonSource, kinds): each with the cached commit view
+# and the facts it was built from, so the same pair is merged once, not once per read (a read of
+# a long book passes every commit; PERF-2). Bounded; the oldest dropped first.
+_MERGED: OrderedDict[tuple[str, str, str, frozenset[str] | None],
+                     tuple[CommitView, tuple[CanonChange, ...], CommitView]] = OrderedDict()
+MERGED_KEPT = 50_000
+
+
+def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, source: str,
+                   kinds: frozenset[str] | None = None) -> list[CommitView]:
+    """Commit views whose canon is the writer's and the extractor's merged under `source`
+    (`canonSource`; the extractor's of `kinds` only, None: all); the cached index untouched."""
+    out = []
+    for c in commits:
+        extracted = facts.get(c.commit_id, ())
+        key = (novel_id, c.commit_id, source, kinds)
+        hit = _MERGED.get(key)
+        if hit is not None and hit[0] is c and hit[1] is extracted:
+            out.append(hit[2])
+            continue
+        chosen = extracted if kinds is None else [f for f in extracted if f.kind in kinds]
+        merged = msgspec.structs.replace(c, canon_changes=merge_canon(c.canon_changes, chosen, source))
+        _MERGED[key] = (c, extracted, merged)
+        if len(_MERGED) > MERGED_KEPT:
+            _MERGED.popitem(last=False)
+        out.append(merged)
+    return out
 # Without prose: the commits' paragraphs are empty (next_work and the finish guards need none),
 # and only the commits after those this process knows ($3, $4) and the units written since the
 # snapshot its units were read at ($5, $6): `store.commit_index`.
@@ -292,8 +367,10 @@ async def load_tool_snapshot(
 async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: Any,
                      known: Known | None = None, known_units: KnownUnits | None = None
                      ) -> tuple[NovelSnapshot, Any]:
+    known_extracted = EXTRACTED.known(novel_id)
     async with statement(read_pool) as conn:
-        novel = await conn.fetchrow(sql, novel_id, (1 << 31) - 1, cached_outline_revisions(novel_id), *args)
+        novel = await conn.fetchrow(sql, novel_id, (1 << 31) - 1, cached_outline_revisions(novel_id), *args,
+                                    known_extracted.snapshot, known_extracted.mark)
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         if (novel["snap_read_only"], novel["snap_isolation"]) != ("on", "repeatable read"):
@@ -312,12 +389,10 @@ async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: An
     if known is not None:
         row = _index(novel_id, row, known, None, known_units)
     snapshot = _assemble(novel_id, row, outline, None)
-    source = snapshot.config.canonSource
-    if source != "writer":  # ROLE-3: new commit views, the cached index untouched
-        extracted = decode_extracted(novel["snap_extracted"])
-        snapshot = msgspec.structs.replace(snapshot, commits=[
-            msgspec.structs.replace(c, canon_changes=merge_canon(c.canon_changes, extracted.get(c.commit_id, []),
-                                                                 source)) for c in snapshot.commits])
+    facts = read_extracted(novel_id, known_extracted, novel)
+    if facts is not None and snapshot.config.canonSource != "writer":  # ROLE-3
+        snapshot = msgspec.structs.replace(
+            snapshot, commits=with_extracted(novel_id, snapshot.commits, facts, snapshot.config.canonSource))
     return snapshot, novel
 
 

@@ -11,14 +11,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novelbus.novel.body import SceneCompletion
+from novelbus.novel.body import CanonChange, SceneCompletion
 from novelbus.novel.snapshot import CommitView, UnitView
 from novelbus.store.commit_index import (
     CommitIndexCache,
+    ExtractedCache,
     Known,
+    KnownExtracted,
     KnownUnits,
     UnitsCache,
     merge,
+    merge_extracted,
     merge_units,
 )
 
@@ -142,3 +145,35 @@ def test_units_numbered_otherwise_are_merged_by_id() -> None:
     known = KnownUnits(((1, unit(1, "committed")), (2, unit(2, "prepared"))), "s", "m")
     merged = merge_units(known, True, [(2, unit(5, "prepared"))])
     assert [u.unit_id for _, u in merged] == ["u1", "u2", "u5"]  # u2 is kept, u5 is added
+
+
+def facts_of(commit_id: str, n: int) -> list[CanonChange]:
+    return [CanonChange(kind="relation", summary=f"{commit_id} {i}", sources=[f"{commit_id}#0"]) for i in range(n)]
+
+
+@given(sizes=st.lists(st.integers(0, 3), max_size=30), data=st.data())
+def test_known_facts_and_the_commits_extracted_since_are_all_facts(sizes: list[int], data: st.DataObject) -> None:
+    """ROLE-3 / PERF-2: whatever subset of the extracted commits a process knew, adding those
+    extracted since gives every commit's facts, as a whole read does; a read that could not use
+    what was known gives exactly what it read."""
+    everything = {f"commit-{i}": tuple(facts_of(f"commit-{i}", n)) for i, n in enumerate(sizes)}
+    ids = list(everything)
+    known_ids = data.draw(st.sets(st.sampled_from(ids)) if ids else st.just(set()))
+    since = [c for c in ids if c not in known_ids or data.draw(st.booleans())]  # a known one may come again
+    known = KnownExtracted({c: everything[c] for c in known_ids}, "snapshot", "mark")
+    rows = [(c, list(everything[c])) for c in since]
+    assert merge_extracted(known, True, rows) == everything
+    assert merge_extracted(known, False, [(c, list(f)) for c, f in everything.items()]) == everything
+
+
+def test_the_process_facts_are_bounded_and_counted_by_fact() -> None:
+    cache = ExtractedCache(max_facts=5)
+    cache.read("a", KnownExtracted({}), False, [("c1", facts_of("c1", 2))], "s1", "m")
+    cache.read("b", KnownExtracted({}), False, [("c1", facts_of("c1", 2))], "s1", "m")
+    a = cache.known("a")
+    assert cache.read("a", a, True, [], "s2", "m") is a.facts  # nothing extracted since: shared, not copied
+    cache.read("a", cache.known("a"), True, [("c2", facts_of("c2", 1)), ("c1", facts_of("c1", 2))], "s3", "m")
+    assert cache.known("a").count == 3 and cache.known("a").snapshot == "s3"
+    cache.read("c", KnownExtracted({}), False, [("c1", facts_of("c1", 1))], "s4", "m")  # 3 + 2 + 1 > 5: b goes
+    assert cache.known("b").facts == {} and cache.known("c").snapshot == "s4"
+    assert (cache.full_reads, cache.partial_reads) == (3, 2)

@@ -10,7 +10,9 @@ is known). Checked here against whole reads on real PostgreSQL, commit by commit
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -20,7 +22,7 @@ from novelbus import store
 from novelbus.novel.body import CanonChange
 from novelbus.novel.snapshot import NovelSnapshot
 from novelbus.store import snapshots
-from novelbus.store.commit_index import CACHE, UNITS, Known
+from novelbus.store.commit_index import CACHE, EXTRACTED, UNITS, Known
 from tests.store.helpers import NOVEL_ID, make_body, novel_file
 from tests.store.test_snapshot_decode import reference_context_index, reference_snapshot
 
@@ -223,3 +225,63 @@ async def test_a_reader_older_than_the_known_units_reads_its_own_snapshot(
             assert UNITS.known(novel_id).units[0][1].state == "claimed"
             mine = await store.load_snapshot(old, novel_id, prose=False)
             assert [u.state for u in mine.units] == ["prepared"]
+
+
+async def _extract(db: Any, novel_id: str, commit_id: str, seq: int, summary: str) -> None:
+    """The extractor's ledger row and one fact of `commit_id`, as the keeper writes them."""
+    fact = CanonChange(kind="character-state", summary=summary, sources=[f"{commit_id}#0"], character_ids=["mira"])
+    await store.save_extraction(db, ("canon.extracted", {"novel_id": novel_id}), once_key=f"x:{novel_id}:{commit_id}",
+                                novel_id=novel_id, commit_id=commit_id, seq=seq, mode="offline",
+                                outcome="extracted", proposed=1, facts=[fact])
+
+
+async def _canon_seen(pool: asyncpg.Pool, read_pool: asyncpg.Pool, novel_id: str, unit_id: str) -> list[Any]:
+    """The canon summaries per commit that the read tools' snapshot and the context index hold."""
+    tools, _ = await store.load_tool_snapshot(read_pool, novel_id, unit_id)
+    sources = await store.read_context_sources(pool, novel_id=novel_id, unit_id=unit_id, scenario="generation",
+                                               purpose="production", profile="bounded")
+    return [[[f.summary for f in c.canon_changes] for c in s] for s in (tools.commits, sources.index.commits)]
+
+
+async def test_facts_extracted_since_the_known_snapshot_equal_a_whole_read(
+    pool: asyncpg.Pool, read_pool: asyncpg.Pool
+) -> None:
+    """ROLE-3 / PERF-2: the read tools' snapshot and the context index ask only for the commits
+    extracted since the snapshot this process read the facts at, and hold exactly what a process
+    that knew nothing reads — extractions landing out of commit order, and one whose transaction
+    was still open when a read took its snapshot, included."""
+    novel_id = await store.create_novel(pool, novel_file("n-x-since", canonSource="both", extractor="offline"))
+    for n in range(3):
+        await write_unit(pool, novel_id, n)
+    nxt = await store.prepare_unit(pool, novel_id, "ch-b", "s3", fragment=2, continuation_anchor="on")
+    commits = await store.list_commits(pool, novel_id)
+
+    async def check(expected_facts: dict[str, str]) -> None:
+        before = EXTRACTED.partial_reads
+        seen = await _canon_seen(pool, read_pool, novel_id, nxt)
+        assert EXTRACTED.partial_reads - before == 2  # both reads asked only for what changed
+        EXTRACTED.clear()  # what a process that knew nothing reads
+        assert await _canon_seen(pool, read_pool, novel_id, nxt) == seen
+        for views in seen:  # the writer's fact, then the extractor's of that commit (canonSource both)
+            assert [v[1:] for v in views] == [[expected_facts[c.commit_id]] if c.commit_id in expected_facts else []
+                                              for c in commits]
+
+    await _canon_seen(pool, read_pool, novel_id, nxt)  # the process knows the (empty) facts now
+    await check({})
+    await _extract(pool, novel_id, commits[2].commit_id, commits[2].seq, "third first")  # out of commit order
+    await check({commits[2].commit_id: "third first"})
+    async with pool.acquire() as conn:
+        async with conn.transaction():  # an extraction in flight while a later one lands and a read takes its snapshot
+            await _extract(conn, novel_id, commits[0].commit_id, commits[0].seq, "first, in flight")
+            await _extract(pool, novel_id, commits[1].commit_id, commits[1].seq, "second")
+            seen = await _canon_seen(pool, read_pool, novel_id, nxt)
+            assert [[v[1:] for v in views] for views in seen] == [[[], ["second"], ["third first"]]] * 2
+    await check({c.commit_id: s for c, s in zip(commits, ["first, in flight", "second", "third first"], strict=True)})
+    # Another novel's mark: every extracted commit, not only those since.
+    known = EXTRACTED.known(novel_id)
+    row = await pool.fetchrow(f"SELECT {snapshots.extracted_columns('$2::text', '$3::text')} 1 FROM novels n"
+                              " WHERE n.novel_id = $1", novel_id, known.snapshot, "0")
+    assert not row["snap_extracted_known"] and len(json.loads(row["snap_extracted"])) == 3
+    row = await pool.fetchrow(f"SELECT {snapshots.extracted_columns('$2::text', '$3::text')} 1 FROM novels n"
+                              " WHERE n.novel_id = $1", novel_id, known.snapshot, known.mark)
+    assert row["snap_extracted_known"] and json.loads(row["snap_extracted"]) == []
