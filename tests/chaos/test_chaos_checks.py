@@ -47,11 +47,13 @@ async def test_each_chaos_check_fails_on_purpose(stack: Runtime) -> None:
     await pool.execute("UPDATE turn_ledger SET usage = $3 WHERE novel_id = $1 AND turn_key = $2",
                        novel_id, row["turn_key"], row["usage"])
 
-    # a writer run left running
-    run_id = await pool.fetchval("SELECT run_id FROM writer_runs WHERE novel_id = $1 LIMIT 1", novel_id)
-    await pool.execute("UPDATE writer_runs SET status = 'running' WHERE run_id = $1", run_id)
+    # a writer run left running — without its claim, so the stack's own reconciliation sweep
+    # (every 2 s, `store.abandon_writer_runs`) cannot close it while the check runs
+    run_id, claim_id = await pool.fetchrow("SELECT run_id, claim_id FROM writer_runs WHERE novel_id = $1 LIMIT 1",
+                                           novel_id)
+    await pool.execute("UPDATE writer_runs SET status = 'running', claim_id = NULL WHERE run_id = $1", run_id)
     assert _failing(await _checked(stack, novel_id), "writer runs left running")
-    await pool.execute("UPDATE writer_runs SET status = 'ok' WHERE run_id = $1", run_id)
+    await pool.execute("UPDATE writer_runs SET status = 'ok', claim_id = $2 WHERE run_id = $1", run_id, claim_id)
 
     # a once-only event missing from the stream (its message deleted), then published again
     sub = await ctx.js.subscribe(ctx.subjects.events_of(novel_id), stream=ctx.subjects.events_stream,
