@@ -25,13 +25,12 @@ from novelbus.novel.roles import (
     planner_snapshot,
     role_inputs,
 )
-from novelbus.novel.roles.extractor import merge_canon
 from novelbus.novel.snapshot import CommitView, NovelSnapshot
 from novelbus.store._db import Db
 from novelbus.store.commits import CommitRow, get_commit_for_unit, get_commit_for_unit_with
 from novelbus.store.context import load_context
 from novelbus.store.extraction import chapter_canon_sql, decode_changes, extracted_canon
-from novelbus.store.snapshots import load_snapshot
+from novelbus.store.snapshots import load_snapshot, merged_view
 
 
 def rewrite_inline(source: str, commit_id: str) -> str:
@@ -79,8 +78,8 @@ async def planning_snapshot(pool: Db, novel_id: str, *, as_of: int | None = None
     at = snapshot.as_of_seq if as_of is None else as_of
     if snapshot.config.canonSource != "writer":
         extracted = await extracted_canon(pool, novel_id, up_to=at)
-        commits = [msgspec.structs.replace(c, canon_changes=merge_canon(
-            c.canon_changes, extracted.get(c.commit_id, []), snapshot.config.canonSource)) for c in snapshot.commits]
+        commits = [merged_view(c, extracted.get(c.commit_id, []), snapshot.config.canonSource)
+                   for c in snapshot.commits]
         snapshot = msgspec.structs.replace(snapshot, commits=commits)
     return planner_snapshot(snapshot, at)
 

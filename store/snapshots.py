@@ -251,10 +251,17 @@ _MERGED: OrderedDict[tuple[str, str, str, frozenset[str] | None],
 MERGED_KEPT = 50_000
 
 
+def merged_view(c: CommitView, extracted: Sequence[CanonChange], source: str,
+                kinds: frozenset[str] | None = None) -> CommitView:
+    """A new commit view whose canon is the writer's and the extractor's merged under `source`
+    (`canonSource`; the extractor's of `kinds` only, None: all); `c` untouched."""
+    chosen = extracted if kinds is None else [f for f in extracted if f.kind in kinds]
+    return msgspec.structs.replace(c, canon_changes=merge_canon(c.canon_changes, chosen, source))
+
+
 def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, source: str,
                    kinds: frozenset[str] | None = None) -> list[CommitView]:
-    """Commit views whose canon is the writer's and the extractor's merged under `source`
-    (`canonSource`; the extractor's of `kinds` only, None: all); the cached index untouched."""
+    """`merged_view` of every commit with its facts, each pair merged once (`_MERGED`)."""
     out = []
     for c in commits:
         extracted = facts.get(c.commit_id, ())
@@ -263,13 +270,14 @@ def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, sourc
         if hit is not None and hit[0] is c and hit[1] is extracted:
             out.append(hit[2])
             continue
-        chosen = extracted if kinds is None else [f for f in extracted if f.kind in kinds]
-        merged = msgspec.structs.replace(c, canon_changes=merge_canon(c.canon_changes, chosen, source))
+        merged = merged_view(c, extracted, source, kinds)
         _MERGED[key] = (c, extracted, merged)
         if len(_MERGED) > MERGED_KEPT:
             _MERGED.popitem(last=False)
         out.append(merged)
     return out
+
+
 # Without prose: the commits' paragraphs are empty (next_work and the finish guards need none),
 # and only the commits after those this process knows ($3, $4) and the units written since the
 # snapshot its units were read at ($5, $6): `store.commit_index`.
