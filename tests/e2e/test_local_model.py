@@ -120,8 +120,9 @@ async def local_model() -> AsyncIterator[Any]:
     assert not provider.server.running
 
 
-def small_novel(shape: str, mode: str = "subagent", scenes: int = 2, failures: int = 3, **model: Any) -> Any:
-    """A generated novel for the model path; `failures`: failed units in a row before it pauses."""
+def small_novel_data(shape: str, mode: str = "subagent", scenes: int = 2, failures: int = 3,
+                     **model: Any) -> dict[str, Any]:
+    """A generated novel file for the model path; `failures`: failed units in a row before it pauses."""
     data = generate_novel_file(1, scenes, seed=3, unit_chars=200)
     data["config"].update(writerShape=shape, writerMode=mode)
     data["config"]["budgets"] = {"writerDispatchLimit": 3, "consecutiveFailureLimit": failures}
@@ -131,7 +132,11 @@ def small_novel(shape: str, mode: str = "subagent", scenes: int = 2, failures: i
     data["config"]["quality"] = LENIENT_QUALITY
     if model:
         data["config"]["model"] = model
-    return parse_novel_file(json.dumps(data))
+    return data
+
+
+def small_novel(shape: str, mode: str = "subagent", scenes: int = 2, failures: int = 3, **model: Any) -> Any:
+    return parse_novel_file(json.dumps(small_novel_data(shape, mode, scenes, failures, **model)))
 
 
 async def write_until(rt: Runtime, nf: Any, done: Any, timeout: float = 600.0) -> tuple[str, list[Any]]:
@@ -267,15 +272,8 @@ async def test_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_un
     flags = ["--home", str(home), "--nats-url", nats_url, "--database-url", dsn, "--namespace", namespace]
     ids: dict[str, str] = {}
     for shape in ("W2", "W1"):
-        data = generate_novel_file(1, 2, seed=3, unit_chars=200)
-        data["config"].update(writerShape=shape, writerMode="subagent")
-        data["config"]["budgets"] = {"writerDispatchLimit": 3, "consecutiveFailureLimit": 3}
-        # This test is about the model *path* (probes, drafts, tool calls, usage); the embedded
-        # 135M model's prose often fails the default content gate (docs/models.md), so the gate
-        # runs with lenient thresholds here, set explicitly, instead of pausing the novel.
-        data["config"]["quality"] = LENIENT_QUALITY
         path = tmp_path / f"{shape}.json"
-        path.write_text(json.dumps(data))
+        path.write_text(json.dumps(small_novel_data(shape)))
         started = time.monotonic()
         code, out, err = await novelbus("novel", "create", str(path), "--model", "local", *flags,
                                         env=env, timeout=1200)
