@@ -1,9 +1,7 @@
-"""Connection pool with JSON codecs, and versioned migrations under an advisory lock (INFRA-3)."""
+"""Connection pools with JSON codecs; the schema's migrations are `store.schema`'s (re-exported here)."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
 import os
 from typing import Any
 from urllib.parse import urlsplit
@@ -11,10 +9,12 @@ from urllib.parse import urlsplit
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from novelbus.store._db import Db, acquire, measured_statement
-
-# Arbitrary but fixed: every novelbus process serialises migrations on this key.
-MIGRATION_LOCK_KEY = 0x6E6F76656C627573  # "novelbus"
+from novelbus.store._db import measured_statement
+from novelbus.store.schema import FUNCTIONS_FILE as FUNCTIONS_FILE
+from novelbus.store.schema import MIGRATION_LOCK_KEY as MIGRATION_LOCK_KEY
+from novelbus.store.schema import functions_sql as functions_sql
+from novelbus.store.schema import migrate as migrate
+from novelbus.store.schema import migration_files as migration_files
 
 _json_encoder = msgspec.json.Encoder()
 
@@ -143,72 +143,3 @@ async def connect_read_only(dsn: str, *, max_size: int = 4) -> asyncpg.Pool:
     )
     assert pool is not None
     return pool
-
-
-FUNCTIONS_FILE = "functions.sql"
-
-
-def functions_sql() -> str:
-    """The current definition of every step function (HOUSE-4): `store/functions.sql`."""
-    return (importlib.resources.files("novelbus.store") / FUNCTIONS_FILE).read_text(encoding="utf-8")
-
-
-def migration_files() -> list[tuple[str, str]]:
-    """(name, sql) of every packaged migration, sorted by name."""
-    root = importlib.resources.files("novelbus.store") / "migrations"
-    files = [p for p in root.iterdir() if p.name.endswith(".sql")]
-    return [(p.name, p.read_text(encoding="utf-8")) for p in sorted(files, key=lambda p: p.name)]
-
-
-async def migrate(pool: Db) -> list[str]:
-    """Apply pending migrations in name order, then the step functions' current definitions
-    when they changed; return the migration names applied by this call.
-
-    INFRA-3: a session advisory lock serialises concurrent starters; each file is applied
-    in its own transaction together with its schema_migrations row. HOUSE-4: `functions.sql`
-    is applied last, in one transaction with its SHA-256 in schema_functions, only when that
-    hash differs (idempotent: a start with nothing new runs one read).
-    """
-    applied_now: list[str] = []
-    async with acquire(pool) as conn:
-        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
-        try:
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " name text PRIMARY KEY,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
-            for name, sql in migration_files():
-                if name in done:
-                    continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
-                applied_now.append(name)
-            await _apply_functions(conn)
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
-    return applied_now
-
-
-async def _apply_functions(conn: Any) -> None:
-    """HOUSE-4: (re)create the step functions from `functions.sql` when its hash is not the one
-    applied last; under the caller's migration lock."""
-    sql = functions_sql()
-    digest = hashlib.sha256(sql.encode()).hexdigest()
-    await conn.execute(
-        "CREATE TABLE IF NOT EXISTS schema_functions ("
-        " file text PRIMARY KEY,"
-        " sha256 text NOT NULL,"
-        " applied_at timestamptz NOT NULL DEFAULT now())"
-    )
-    current = await conn.fetchval("SELECT sha256 FROM schema_functions WHERE file = $1", FUNCTIONS_FILE)
-    if current == digest:
-        return
-    async with conn.transaction():
-        await conn.execute(sql)
-        await conn.execute(
-            "INSERT INTO schema_functions (file, sha256) VALUES ($1, $2)"
-            " ON CONFLICT (file) DO UPDATE SET sha256 = EXCLUDED.sha256, applied_at = now()",
-            FUNCTIONS_FILE, digest)

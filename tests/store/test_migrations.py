@@ -34,7 +34,7 @@ def test_migrations_are_versioned_sql_sorted_by_name() -> None:
     """INFRA-3"""
     names = [name for name, _ in migration_files()]
     assert names and names == sorted(names)
-    assert names[0] == "001_init.sql"
+    assert names[0] == "018_baseline.sql"  # HOUSE-8: the baseline comes first
     assert all(name.endswith(".sql") for name in names)
 
 

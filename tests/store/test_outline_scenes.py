@@ -7,14 +7,11 @@ when it is written, in `outline_scenes`, and the prepare looks the (chapter, sce
 
 from __future__ import annotations
 
-import re
-
 import asyncpg
 import pytest
 
 from novelbus import store
 from novelbus.store.errors import SceneNotFound
-from novelbus.store.pool import migration_files
 from tests.store.helpers import novel_file
 
 
@@ -54,18 +51,3 @@ async def test_each_revisions_scenes_are_listed_and_the_prepare_uses_the_current
         await store.prepare_unit(pool, nid, "ch-b", "s3", fragment=1, continuation_anchor=None)
     assert await store.prepare_unit(pool, nid, "ch-a", "s3", fragment=1, continuation_anchor=None)
     assert await store.prepare_unit(pool, nid, "ch-b", "s4", fragment=1, continuation_anchor=None)
-
-
-async def test_the_migration_lists_the_scenes_of_revisions_written_before_it(pool: asyncpg.Pool) -> None:
-    """PERF-2"""
-    nid = await store.create_novel(pool, novel_file("n-scenes-old"))
-    revision = (await store.get_novel(pool, nid)).outline_revision
-    await pool.execute("DELETE FROM outline_scenes WHERE novel_id = $1", nid)  # as before migration 014
-    with pytest.raises(SceneNotFound):
-        await store.prepare_unit(pool, nid, "ch-a", "s1", fragment=1, continuation_anchor=None)
-    sql = dict(migration_files())["014_outline_scenes.sql"]
-    backfill = re.search(r"^INSERT INTO outline_scenes .*?;$", sql, re.S | re.M)
-    assert backfill is not None
-    await pool.execute(backfill.group(0))
-    assert await _listed(pool, nid, revision) == await _outlined(pool, nid, revision)
-    assert await store.prepare_unit(pool, nid, "ch-a", "s1", fragment=1, continuation_anchor=None)

@@ -15,7 +15,6 @@ import asyncpg
 
 from novelbus import store
 from novelbus.store.commit_index import NOVEL_MARK_SQL
-from novelbus.store.pool import migration_files
 from novelbus.store.snapshots import unit_rows_json
 from tests.store.helpers import make_body, novel_file
 
@@ -62,29 +61,6 @@ async def test_a_commit_carries_the_books_running_total_and_its_paragraph_count(
     await pool.execute("UPDATE commits SET body = jsonb_set(body, '{paragraphs}', '[\"x\"]'::jsonb)"
                        " WHERE novel_id = $1 AND seq = 1", a)
     assert (await _sums(pool, a))[0][3:] == (1, 1)
-
-
-async def test_the_migration_fills_the_columns_of_commits_written_before_it(
-    pool: asyncpg.Pool,
-) -> None:
-    """PERF-2"""
-    nid = await store.create_novel(pool, novel_file("n-flat-old"))
-    await _write(pool, nid)
-    before = await _sums(pool, nid)
-    # As an older schema left them: no totals, no counts (the trigger is off for this).
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("ALTER TABLE commits DISABLE TRIGGER commits_totals")
-        await conn.execute("UPDATE commits SET total_chars = -1, paragraph_count = -1 WHERE novel_id = $1", nid)
-        await conn.execute("ALTER TABLE commits ENABLE TRIGGER commits_totals")
-    assert all(r[1] == -1 for r in await _sums(pool, nid))
-    sql = dict(migration_files())["013_flat_reads.sql"]
-    backfill = re.search(r"^UPDATE commits c SET total_chars.*?;$", sql, re.S | re.M)
-    assert backfill is not None
-    async with pool.acquire() as conn, conn.transaction():  # in the migration, before its trigger exists
-        await conn.execute("ALTER TABLE commits DISABLE TRIGGER commits_totals")
-        await conn.execute(backfill.group(0))
-        await conn.execute("ALTER TABLE commits ENABLE TRIGGER commits_totals")
-    assert await _sums(pool, nid) == before
 
 
 async def test_units_written_since_a_snapshot_are_an_index_range(pool: asyncpg.Pool) -> None:
