@@ -135,6 +135,10 @@ class CandidateDetector:
                 pool, novel_id=novel_id, unit_id=unit_id, scenario="detection", purpose="production",
                 profile=req.get("profile", config.continuityProfile), as_of=req.get("asOf"),
                 evidence=tuple(req.get("evidence") or ()))
+        # CTX-6, CTX-12: the detector's freeze persisted like the writer's, so it can be verified.
+        await store.save_context_freeze(pool, novel_id=novel_id, unit_id=unit_id,
+                                        manifest_hash=frozen.manifest_sha256, context_hash=frozen.context_sha256,
+                                        manifest=frozen.manifest_builtins())
         candidate = Candidate(paragraphs=list(body.paragraphs), canon_changes=list(body.canon_changes),
                               scene_completion=body.scene_completion)
         projection = project(role_inputs("detector", frozen, candidate=candidate))

@@ -159,6 +159,10 @@ class CanonKeeper:
             outcome = "no-context"
         else:
             context_hash = inputs.frozen.context_sha256
+            # CTX-6, CTX-12: the extractor's freeze persisted like the writer's, so it can be verified.
+            await store.save_context_freeze(pool, novel_id=p.novel_id, unit_id=p.unit_id,
+                                            manifest_hash=inputs.frozen.manifest_sha256, context_hash=context_hash,
+                                            manifest=inputs.frozen.manifest_builtins())
             if p.mode == "model":
                 outcome, proposed, facts = await self._model(p, inputs)
             else:

@@ -30,7 +30,9 @@ and JetStream (REL-1, REL-7, REL-8):
   notice reached the dead-letter stream, none ran out of deliveries;
 - every kill landed, each on a live process, and every victim is up again;
 - how many claims were recovered (claim-manager restarts, driver restarts, lapsed leases, lost
-  delegations).
+  delegations);
+- every freeze of the novel (writer, detector, extractor) is assembled again from the store with
+  the hash it was persisted with (`novelbus context verify`, CTX-12).
 
 It runs against embedded servers by default, or an operator's own NATS and PostgreSQL
 (`--nats-url/--database-url`): the actor processes it starts use a private subject namespace,
@@ -53,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 import typer
 
 from novelbus import store
@@ -75,6 +78,7 @@ from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.next_work import completed_chapters
 from novelbus.novel.outline import NovelFile
+from novelbus.store.freezes import verify_freezes
 
 # Claims that went back to prepared because something died, not because a unit failed.
 RECOVERY_REASONS = ("driver-restart", "lease-expired", "claim-lost", "flow-interrupted", "driver-stopped")
@@ -130,6 +134,10 @@ class ChaosResult:
     max_deliveries: int = 0
     final_status: str = ""
     log_dir: str | None = None
+    # CTX-12: every freeze of the novel assembled again from the store (`novelbus context verify`)
+    freezes: int = 0
+    freezes_reproduced: int = 0
+    freeze_mismatches: list[dict[str, Any]] = field(default_factory=list)
 
     def failures(self) -> list[str]:
         """Every check that does not hold, named (empty: PASS)."""
@@ -154,6 +162,8 @@ class ChaosResult:
             "prose out of outline order": not self.out_of_order,
             f"{self.commits_undetected} commits the detector did not pass": self.commits_undetected == 0,
             f"{self.lost_notices} notices lost": self.lost_notices == 0,
+            f"{len(self.freeze_mismatches)} of {self.freezes} freezes not reproduced":
+                not self.freeze_mismatches and self.freezes_reproduced == self.freezes,
         }
         return [name for name, holds in checks.items() if not holds]
 
@@ -389,6 +399,9 @@ async def check_novel(ctx: Any, subjects: Subjects, novel_id: str, result: Chaos
     """Every check from PostgreSQL and JetStream, into `result` (also used by `bench cluster`)."""
     await _check_events(ctx, subjects, novel_id, result)
     await _check_store(ctx.pool, novel_id, result)
+    verified = await verify_freezes(ctx.pool, novel_id)  # CTX-12, at the end of the run
+    result.freezes, result.freezes_reproduced = verified.freezes, verified.reproduced
+    result.freeze_mismatches = [msgspec.to_builtins(m) for m in verified.mismatches]
     return result
 
 
@@ -589,6 +602,9 @@ def print_result(r: ChaosResult) -> None:
     out(f"  prose in order:     {not r.out_of_order}")
     out(f"  lost notices:       {r.lost_notices} (pending {r.pending_notices}, dead-lettered {r.dead_lettered}, "
         f"out of deliveries {r.max_deliveries}; {r.probe_notices} probe notices published)")
+    out(f"  freezes reproduced: {r.freezes_reproduced} of {r.freezes} (novelbus context verify)")
+    for m in r.freeze_mismatches[:5]:
+        out(f"    {m['scenario']} {m['unitId']} asOf {m['asOf']}: {m['source']}: {m['reason']}")
     if r.log_dir:
         out(f"  actor logs:         {r.log_dir}")
     out("PASS" if r.ok else "FAIL: " + "; ".join(r.failures()))

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from novelbus.novel.body import CanonChange
 from novelbus.novel.context import (
     CANON_KINDS,
     ContextLeakError,
@@ -27,19 +28,32 @@ from novelbus.novel.context import (
     FrozenContext,
     ProfileBudget,
     Readback,
+    Watermark,
     assemble_context,
     check_as_of,
+    facts_as_of,
     find_unit,
     plan_retrieval,
     prove_sources,
     resolve_pointers,
+    units_as_of,
     validate_request,
+    watermark_of,
 )
 from novelbus.novel.outline import Outline
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.store._db import Conn, Db, transaction
-from novelbus.store.commit_index import CACHE, EXTRACTED, NOVEL_MARK_SQL, UNITS
+from novelbus.store.commit_index import (
+    CACHE,
+    EXTRACTED,
+    NO_EXTRACTED,
+    NO_UNITS,
+    NOTHING,
+    NOVEL_MARK_SQL,
+    UNITS,
+)
 from novelbus.store.errors import NovelNotFound
+from novelbus.store.extraction import EXTRACTED_FACTS_AGG, decode_extracted
 from novelbus.store.novels import fetch_outline, parse_config
 from novelbus.store.snapshots import (
     commits_json,
@@ -53,12 +67,24 @@ from novelbus.store.snapshots import (
 )
 
 # The commit index: no prose (read by pointer below), canon facts nested; only the commits after
-# those this process knows ($4, $5: `store.commit_index`, issue 14), unless their mark changed.
+# those this process knows ($4, $5: `store.commit_index`, PERF-2), unless their mark changed.
 _KNOWN_AFTER = known_after("$4::int", "$5::text")
 _INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of", after=_KNOWN_AFTER)
 CANON_KIND_SET = frozenset(CANON_KINDS)  # the extractor's facts a context selects
 _unit_rows = msgspec.json.Decoder(list[tuple[int, UnitView]])
 _commits = msgspec.json.Decoder(list[CommitView])
+
+
+# CTX-11: every extraction ledger row at or before asOf with its facts (none: an empty list), for a
+# watermark read of a novel whose canon no longer reads them.
+_LEDGER_FACTS = (
+    "SELECT coalesce(json_object_agg(x.commit_id, (SELECT coalesce(" + EXTRACTED_FACTS_AGG + ", '[]'::json)"
+    " FROM extracted_canon e WHERE e.novel_id = x.novel_id AND e.commit_id = x.commit_id)), '{}'::json)::text"
+    " FROM extracted_commits x WHERE x.novel_id = $1 AND x.seq <= $2")
+
+
+def _extracted_rows(text: str | None) -> dict[str, tuple[CanonChange, ...]]:
+    return {cid: tuple(f) for cid, f in decode_extracted(text).items()}
 
 
 async def _outline(conn: Conn, novel_id: str, revision: str | None) -> Outline | None:
@@ -81,6 +107,9 @@ async def read_context_sources(
     as_of: int | None = None,
     budget: ProfileBudget | None = None,
     evidence: tuple[str, ...] = (),
+    watermark: Watermark | None = None,
+    outline_revision: str | None = None,
+    fresh: bool = False,
     _before_sources: Hook | None = None,
 ) -> ContextSources:
     """Read a unit's context sources by pointer in one REPEATABLE READ READ ONLY transaction.
@@ -89,6 +118,12 @@ async def read_context_sources(
     writer saw), else the latest commit. Raises ContextInputError (bad input, CTX-1),
     NovelNotFound, WriterPackError (no outline, unknown unit/chapter/scene — PACK-4) and
     ContextLeakError (CTX-4).
+
+    ``watermark`` and ``outline_revision`` (CTX-11, `verify_freezes`): read as a freeze that
+    recorded them did — the extracted facts as of the watermark, the canonSource and superseded
+    units it names, the outline revision it was planned from. ``fresh``: read everything from
+    the tables, none of this process's caches (a verification must see each row as it is now).
+    Raises WatermarkError when the store no longer holds what the watermark names.
     """
     # Reject unknown scenario/purpose/profile before touching the database (CTX-1).
     validate_request(
@@ -100,7 +135,8 @@ async def read_context_sources(
         profile=profile,
         evidence=evidence,
     )
-    known, known_units, known_extracted = CACHE.known(novel_id), UNITS.known(novel_id), EXTRACTED.known(novel_id)
+    known, known_units, known_extracted = ((NOTHING, NO_UNITS, NO_EXTRACTED) if fresh else
+                                           (CACHE.known(novel_id), UNITS.known(novel_id), EXTRACTED.known(novel_id)))
     async with transaction(pool, isolation="repeatable_read", readonly=True) as conn:
         # One round trip (PERF-2): the isolation actually in force, the novel, the latest commit,
         # the unit's own commit (if any), the units, and the commit index and canon facts at or
@@ -114,7 +150,7 @@ async def read_context_sources(
             " current_setting('transaction_read_only') AS read_only,"
             " n.title, n.status, n.pause_reason, n.config, n.outline_revision, k.latest, k.own, a.as_of,"
             # Units, and the commit index with its canon facts, as the snapshot types' JSON
-            # (issue 14: decoded straight into them, `store.snapshots`); paragraphs per commit.
+            # (PERF-2: decoded straight into them, `store.snapshots`); paragraphs per commit.
             f" {unit_rows_json('$6::text', '$7::text')}::text AS unit_rows,"
             f" {units_known('$6::text', '$7::text')} AS units_known,"
             f" pg_current_snapshot()::text AS units_snapshot, {NOVEL_MARK_SQL} AS novel_mark,"
@@ -138,7 +174,8 @@ async def read_context_sources(
         if novel is None:
             raise NovelNotFound(f"novel {novel_id!r} not found")
         readback = Readback(isolation=novel["isolation"], read_only=novel["read_only"] == "on")
-        outline = await _outline(conn, novel_id, novel["outline_revision"])
+        revision = outline_revision or novel["outline_revision"]
+        outline = await _outline(conn, novel_id, revision)
         # Read with the novel (one round trip): the units written since those this process knows.
         unit_rows = UNITS.read(novel_id, known_units, novel["units_known"], _unit_rows.decode(novel["unit_rows"]),
                                novel["units_snapshot"], novel["novel_mark"])
@@ -159,23 +196,32 @@ async def read_context_sources(
         if int(novel["as_of"]) != request.as_of:  # the index was read at another asOf: fail closed
             raise ContextLeakError(novel_id, unit_id, ["context"],
                                    f"index read at asOf {novel['as_of']}, the request's is {request.as_of}")
+        # The index (read with the novel; no prose: that is read by pointer below, never in bulk).
+        commits = CACHE.read(novel_id, known, novel["commits_after"], _commits.decode(novel["commits"]),
+                             request.as_of, novel["mark"])
+        config = parse_config(novel["config"])
+        facts = read_extracted(novel_id, known_extracted, novel)
+        if watermark is None:  # CTX-11: what this read saw of the extractions
+            seen = watermark_of(commits, facts, config.canonSource, units)
+        else:  # CTX-11: as the freeze that recorded the watermark saw them
+            seen = watermark
+            config = config.model_copy(update={"canonSource": watermark.canon_source})
+            if facts is None and watermark.extracted:
+                facts = _extracted_rows(await conn.fetchval(_LEDGER_FACTS, novel_id, request.as_of))
+            facts = facts_as_of(watermark, facts or {}, commits)
+            units = units_as_of(watermark, units, commits)
         # CTX-2: the plan is fixed from the outline (with the units and asOf) before any prose is
         # read and before any model call.
         plan = plan_retrieval(
             request,
             outline,
-            novel["outline_revision"],
+            revision,
             find_unit(units, unit_id),
             budget=budget,
         )
         if _before_sources is not None:
             await _before_sources()
 
-        # Prose is read by pointer below, never in bulk; the index after the commits known.
-        commits = CACHE.read(novel_id, known, novel["commits_after"], _commits.decode(novel["commits"]),
-                             request.as_of, novel["mark"])
-        config = parse_config(novel["config"])
-        facts = read_extracted(novel_id, known_extracted, novel)
         if facts is not None and config.canonSource != "writer":  # ROLE-3: the canon the packs see
             commits = with_extracted(novel_id, commits, facts, config.canonSource, CANON_KIND_SET)
         index = NovelSnapshot(
@@ -185,7 +231,7 @@ async def read_context_sources(
             pause_reason=novel["pause_reason"],
             config=config,
             outline=outline,
-            outline_revision=novel["outline_revision"],
+            outline_revision=revision,
             units=units,
             commits=commits,
             as_of_seq=request.as_of,
@@ -203,9 +249,10 @@ async def read_context_sources(
         plan=plan,
         index=index,
         prose={b["commit_id"]: list(b["paragraphs"]) for b in bodies},
-        # Issue 14: kept in the commit index (`CommitView.paragraph_count`), not counted per read.
+        # PERF-2: kept in the commit index (`CommitView.paragraph_count`), not counted per read.
         paragraph_counts={c.commit_id: c.paragraph_count for c in commits},
         readback=readback,
+        watermark=seen,
     )
     prove_sources(sources)  # CTX-4: fail closed before anyone assembles from these sources
     return sources

@@ -1,4 +1,4 @@
-"""Trusted context assembly (SPEC §8, CTX-1..7, CTX-9; seed 002): a PURE assembler.
+"""Trusted context assembly (SPEC §8, CTX-1..7, CTX-9): a PURE assembler.
 
 The writer pack is never rendered from an ad hoc read. It is the writer's projection (CTX-8,
 ``novel.pack``) of a frozen, hashed context built here in four steps:
@@ -27,6 +27,9 @@ never trimmed); L1 prose (continuity baseline, then pointer-recalled prose, trim
 work facts (character and lore cards from the outline, canon cards from commits with pointers
 to the prose that established them, foreshadowing state — participants only, never future
 state); L3 licensed references (none exist in novelbus; the layer stays empty and says why).
+
+CTX-11 (``_watermark``, ADR 0007): the store records in the manifest the extraction state its read
+saw, and a read given that watermark sees exactly it again, so a freeze can be re-assembled.
 
 Cards are an index (CTX-3): a canon card carries the commit that established it and its source
 pointers (``commit-7#2``); a card whose pointers do not resolve to prose at or before asOf is
@@ -118,6 +121,16 @@ from novelbus.novel.context._structs import (
     TaskLayer,
     WriterContext,
 )
+from novelbus.novel.context._verify import first_difference, source_name
+from novelbus.novel.context._watermark import (
+    Watermark,
+    WatermarkError,
+    facts_as_of,
+    in_ranges,
+    seq_ranges,
+    units_as_of,
+    watermark_of,
+)
 
 __all__ = [
     "OMISSIONS_LISTED",
@@ -160,7 +173,16 @@ __all__ = [
     "SCENARIOS",
     "TaskLayer",
     "WriterContext",
+    "Watermark",
+    "WatermarkError",
     "WriterPackError",
+    "facts_as_of",
+    "first_difference",
+    "source_name",
+    "in_ranges",
+    "seq_ranges",
+    "units_as_of",
+    "watermark_of",
     "assemble_context",
     "canonical_json",
     "check_as_of",

@@ -257,6 +257,8 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         readback=sources.readback,
         sources_proven=proven,
         context_sha256=context_sha256,
+        watermark=sources.watermark,
+        layers=layer_digests(context),
     )
     return FrozenContext(
         context=context,
@@ -264,6 +266,12 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         context_sha256=context_sha256,
         manifest_sha256=sha256_of(manifest),
     )
+
+
+def layer_digests(context: WriterContext) -> dict[str, str]:
+    """CTX-12: the SHA-256 of each layer of a context (what a failed verification points at)."""
+    return {"L0": sha256_of(context.l0), "L1": sha256_of(context.l1), "L2": sha256_of(context.l2),
+            "L3": sha256_of(context.l3)}
 
 
 def freeze_from_snapshot(

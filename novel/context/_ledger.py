@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
@@ -24,6 +25,7 @@ class Candidate(msgspec.Struct):
     chars: int
     payload: Any = None
     verified: bool = True
+    digest: str = ""  # CTX-12: of the source's content as read (prose, facts), when it has content
 
     def key(self) -> tuple[int, int, str, int]:
         return order_key(self.score, self.version, self.source_id, self.offset)
@@ -58,6 +60,7 @@ class Ledger:
                 score=c.score,
                 chars=c.chars if chars is None else chars,
                 verified=c.verified,
+                digest=c.digest,
             )
         )
 
@@ -93,6 +96,12 @@ class Ledger:
 
     def trim(self, layer: str, kind: str, source_id: str, kept: int, total: int, why: str) -> None:
         self.trims.append(ManifestTrim(layer, kind, source_id, kept, total, why))
+
+
+def content_digest(text: str) -> str:
+    """CTX-12: a short SHA-256 of one source's content, so a verification names the source whose
+    row changed (the context hash is the proof; this only points)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def select_ranked(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from novelbus.novel.body import CanonChange
 from novelbus.novel.context._hashing import json_size
-from novelbus.novel.context._ledger import OMISSIONS_LISTED, Candidate, Ledger, select_ranked
+from novelbus.novel.context._ledger import (
+    OMISSIONS_LISTED,
+    Candidate,
+    Ledger,
+    content_digest,
+    select_ranked,
+)
 from novelbus.novel.context._request import (
     HEADER_RE,
     LORE_CONTENT_MIN_HITS,
@@ -57,7 +63,7 @@ def chapter_excerpt(
     offset = 0
     for c, part in zip(commits, parts, strict=True):
         end = offset + len(part)
-        cand = Candidate(role, "L1", 0, c.seq, c.commit_id, 0, len(part))
+        cand = Candidate(role, "L1", 0, c.seq, c.commit_id, 0, len(part), digest=content_digest(part))
         if end <= start:
             ledger.omit(cand, "outside-window")
         else:
@@ -106,7 +112,9 @@ def select_canon_cards(
     def candidate(commit: CommitView, index: int, change: CanonChange) -> Candidate:
         size = len(change.summary) + len(change.detail or "")
         return Candidate(
-            "canon", "L2", commit.seq * 1000 + index, commit.seq, commit.commit_id, index, size
+            "canon", "L2", commit.seq * 1000 + index, commit.seq, commit.commit_id, index, size,
+            digest=content_digest(f"{change.kind}\n{change.summary}\n{change.detail or ''}\n"
+                                  f"{' '.join(change.sources)}\n{' '.join(change.character_ids)}"),
         )
 
     cap = plan.budget.max_canon
@@ -250,6 +258,7 @@ def select_recall(
                 offset,
                 len(text),
                 (commit, i, text),
+                digest=content_digest(text),
             )
         )
     kept: list[Candidate] = []

@@ -16,6 +16,7 @@ from novelbus.novel.context._request import (
     resolve_pointers,
     validate_request,
 )
+from novelbus.novel.context._watermark import Watermark
 from novelbus.novel.next_work import per_object
 from novelbus.novel.snapshot import CommitView, NovelSnapshot
 
@@ -40,6 +41,7 @@ class ContextSources(msgspec.Struct, frozen=True):
     prose: dict[str, list[str]]
     paragraph_counts: dict[str, int]
     readback: Readback
+    watermark: Watermark | None = None  # CTX-11: the extraction state the store read at
 
 
 def default_as_of(commits: Iterable[CommitView], unit_id: str) -> int:
@@ -115,7 +117,7 @@ def _prove_sources(sources: ContextSources) -> int:
     """CTX-4, fail closed: every source at or before asOf, every pointer read back; returns the
     number of sources proven. Errors name ids and versions only.
 
-    Proven once per (frozen) sources object (issue 14): the store proves what it read and the
+    Proven once per (frozen) sources object (PERF-2): the store proves what it read and the
     assembly proves what it is given, which is the same object on the packer's path — a second
     pass over every commit and canon fact that could only repeat the first answer. Sources that
     fail are not remembered: they fail again, each time they are given."""

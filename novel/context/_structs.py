@@ -14,6 +14,7 @@ from novelbus.novel.context._request import (
     ProfileBudget,
 )
 from novelbus.novel.context._sources import Readback
+from novelbus.novel.context._watermark import Watermark
 from novelbus.novel.outline import (
     Chapter,
     Character,
@@ -117,6 +118,7 @@ class ManifestSource(msgspec.Struct, frozen=True, rename="camel"):
     score: int
     chars: int
     verified: bool = True
+    digest: str = ""  # CTX-12: `content_digest` of prose and fact sources ("" for the rest)
 
 
 class ManifestOmission(msgspec.Struct, frozen=True, rename="camel"):
@@ -156,6 +158,10 @@ class RetrievalManifest(msgspec.Struct, frozen=True, rename="camel"):
     readback: Readback
     sources_proven: int
     context_sha256: str
+    # CTX-11: the extraction state read (None: an in-memory snapshot, which has no ledger).
+    watermark: Watermark | None = None
+    # CTX-12: SHA-256 per layer, so a re-assembly that differs names the layer it differs in.
+    layers: dict[str, str] = {}
     schema: str = MANIFEST_SCHEMA
 
 
