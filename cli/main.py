@@ -38,6 +38,7 @@ from novelbus.cli.common import (
     started_servers,
     write_output,
 )
+from novelbus.cli.context_cmd import context_app
 from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
 from novelbus.cli.panel_cmd import panel as panel_command
@@ -66,6 +67,7 @@ app.add_typer(novel_app, name="novel")
 app.add_typer(bench_app, name="bench")
 app.add_typer(tools_app, name="tools")
 app.add_typer(vault_app, name="vault")
+app.add_typer(context_app, name="context")
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)
