@@ -78,7 +78,6 @@ class ClaimManagerState:
 
 
 COMMITTED_KEPT = 4096
-BODY_FAILURES = ("schema", "guard")  # the verifier's body checks; the store refuses these itself
 FORWARD_TIMEOUT_S = 10.0
 
 
@@ -195,7 +194,7 @@ class ClaimManager(ServiceActor):
             await self.ctx.emit(ev.ScopeViolation(novel_id=d.novel_id, requested_unit_id=recorded_id(req.unit_id),
                                                   delegated_unit_id=d.unit_id))
             raise ClaimRefused(SCOPE_VIOLATION, f"delegation covers unit {d.unit_id}, not {req.unit_id}")
-        if not replay and not req.checked:
+        if not replay:  # HOUSE-6: every candidate, of either shape, is checked here, once
             await self._check_candidate(req, d)
         # PERF-2: the commit and its unit.committed ledger row in one statement (REL-7 once-key);
         # commit_id, the character counts and body_sha256 are filled in by the store.
@@ -258,16 +257,17 @@ class ClaimManager(ServiceActor):
 
     # --- helpers --------------------------------------------------------------------------
     async def _check_candidate(self, req: m.CommitUnit, d: Delegation) -> None:
-        """QUAL-2: the verifier checks the candidate before the token makes it canon; a refusal
-        by the content gate (or a later check on that path) refuses the commit with its code and
-        what to change. The body's own rules stay the store's to refuse (same codes as ever)."""
+        """QUAL-2 / HOUSE-6: the verifier's path (the content gate, then the detector) before the
+        token makes the candidate canon; a refusal refuses the commit with its code and what to
+        change. The body's own rules are the store's, in the commit's transaction (STORE-2)."""
+        attempt = f"{req.run_id}:commit" if req.attempt == 1 else f"{req.run_id}:commit-{req.attempt}"
         verified = await request(self.ctx.nc, self.ctx.subjects.verify,
                                  vm.ValidateDraft(novel_id=d.novel_id, unit_id=d.unit_id, body=req.body,
                                                   target_min=req.target_min, shape=req.shape,
                                                   context_sha256=req.context_sha256, claim_id=d.claim_id,
-                                                  attempt=f"{req.run_id}:commit"),
+                                                  attempt=attempt),
                                  vm.Verified, timeout=self.ctx.settings.request_timeout_s, retries=2)
-        if verified.ok or verified.failure in BODY_FAILURES:
+        if verified.ok:
             return
         failure = verified.failure or "refused"
         raise ClaimRefused(f"{failure}:{verified.code}" if verified.code else failure,

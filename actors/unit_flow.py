@@ -1,4 +1,4 @@
-"""The driver's unit flow for one claim: dispatch → pack → writer → (W1 commit) → verify (RUN-4, DRV-4).
+"""The driver's unit flow for one claim: dispatch → pack → writer (which commits) → verify (RUN-4, DRV-4).
 
 A helper of the driver actor (actors/driver.py), not an actor: it holds no state of its own and
 talks to the other actors only through their commands. The store, not a reply, is the truth of
@@ -26,8 +26,7 @@ from novelbus.messages import usage as um
 from novelbus.messages import verify as vm
 from novelbus.messages.errors import CLAIM_LOST, DELEGATION_NOT_FOUND, DISPATCH_LIMIT, PACK_ERROR
 from novelbus.novel.after_turn import WINDOW_EXCEEDED
-from novelbus.novel.body import CommitBody
-from novelbus.novel.quality import pack_target_min, refused_code
+from novelbus.novel.quality import refused_code
 from novelbus.store.detections import detection_gaps
 from novelbus.writers.sampling import sampling_of
 
@@ -137,17 +136,22 @@ class UnitFlow:
                     return UnitOutcome(False, PACK_ERROR, dispatches, missing_blocks=e.missing_blocks, runs=runs)
                 raise
             run_id = f"run-{secrets.token_hex(8)}"
-            result = await request(
-                ctx.nc, ctx.subjects.runs,
-                rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=claim.delegation_id,
-                             instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
-                             context_sha256=pack.context_sha256, claim_id=claim.claim_id,
-                             context_window=novel.config.model.contextWindow,
-                             usage_threshold_ratio=novel.config.model.usageThresholdRatio,
-                             sampling=sampling_of(novel.config.model.sampling),
-                             raw_vault_days=(novel.config.rawVault.retentionDays
-                                             if novel.config.rawVault.enabled else None)),
-                rm.WriterResult, timeout=self.writer_timeout_s)
+            try:
+                result = await request(
+                    ctx.nc, ctx.subjects.runs,
+                    rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=claim.delegation_id,
+                                 instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
+                                 context_sha256=pack.context_sha256, claim_id=claim.claim_id,
+                                 context_window=novel.config.model.contextWindow,
+                                 usage_threshold_ratio=novel.config.model.usageThresholdRatio,
+                                 sampling=sampling_of(novel.config.model.sampling),
+                                 raw_vault_days=(novel.config.rawVault.retentionDays
+                                                 if novel.config.rawVault.enabled else None)),
+                    rm.WriterResult, timeout=self.writer_timeout_s)
+            except RemoteError as e:
+                if e.code == store.UnitNotClaimed.code:  # CTX-14: the claim ended before the run began
+                    raise ClaimLost(e.detail) from None
+                raise
             runs.append(result)
             last_output = result.output_chars
             if not result.ok:
@@ -159,16 +163,6 @@ class UnitFlow:
                 if refused_code(result.reason) is not None:  # QUAL-3: refused after its repair turn
                     break
                 continue
-            if shape == "W1":
-                failure = await self._commit_draft(novel_id, unit_id, claim, run_id, result, pack.context_sha256,
-                                                   pack_target_min(pack.text))
-                if failure:
-                    reasons.append(failure)
-                    if await self.landed(novel_id, unit_id, claim):
-                        return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
-                    if refused_code(failure) is not None:  # QUAL-3: the unit fails its turn
-                        break
-                    continue
             verified = await request(ctx.nc, ctx.subjects.verify,
                                      vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id, claim_id=claim.claim_id,
                                                      run_id=run_id),
@@ -180,46 +174,6 @@ class UnitFlow:
             reasons.append(f"verify:{verified.failure}")
         return UnitOutcome(False, reasons[-1] if reasons else DISPATCH_LIMIT, dispatches, output_chars=last_output,
                            runs=runs)
-
-    async def _commit_draft(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, run_id: str,
-                            result: rm.WriterResult, context_sha256: str | None,
-                            target_min: int | None = None) -> str | None:
-        """W1: validate the draft (VER-2, and the content gate, QUAL-2), then commit it through the
-        claim manager (CLM-2), saying it was just checked."""
-        ctx = self.ctx
-        if result.draft is None:
-            return "invalid-draft"
-        if not result.verified:  # QUAL-3: the writer's run asked the verifier already when it says so
-            failure = await self._validate_draft(novel_id, unit_id, claim, run_id, result.draft, context_sha256,
-                                                 target_min)
-            if failure is not None:
-                return failure
-        try:
-            await request(ctx.nc, ctx.subjects.commit(claim.instance),
-                          cm.CommitUnit(delegation_id=claim.delegation_id, novel_id=novel_id, unit_id=unit_id,
-                                        body=result.draft, run_id=run_id, context_sha256=context_sha256,
-                                        checked=True, shape="W1"),
-                          cm.CommitReceipt, timeout=ctx.settings.request_timeout_s, retries=2)
-        except RemoteError as e:
-            return f"commit:{e.code}"
-        return None
-
-    async def _validate_draft(self, novel_id: str, unit_id: str, claim: cm.ClaimGranted, run_id: str,
-                              draft: CommitBody, context_sha256: str | None, target_min: int | None) -> str | None:
-        """VER-2: the verifier's whole path on a W1 draft; a failure's reason, or None."""
-        ctx = self.ctx
-        valid = await request(ctx.nc, ctx.subjects.verify,
-                              vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=draft,
-                                               target_min=target_min, shape="W1", context_sha256=context_sha256,
-                                               claim_id=claim.claim_id, attempt=f"{run_id}:draft"),
-                              vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
-        if not valid.ok:
-            await ctx.emit(ev.VerificationFailed(novel_id=novel_id, unit_id=unit_id, run_id=run_id,
-                                                 failure=valid.failure or "schema"))
-            if valid.code is not None:  # a refusal of the verification path: quality:<code>
-                return f"{valid.failure}:{valid.code}"
-            return f"verify:{valid.failure}"
-        return None
 
 
 def usage_record(novel_id: str, unit_id: str, claim: cm.ClaimGranted, outcome: UnitOutcome, mode: str,

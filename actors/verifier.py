@@ -16,8 +16,7 @@ from novelbus.bus.service import CommandService
 from novelbus.messages import events as ev
 from novelbus.messages import verify as m
 from novelbus.messages.claims import CommitReceipt
-from novelbus.novel.commitcheck import BodyError, business_hash, check_body
-from novelbus.novel.guard import ProseGuardError, guard_prose
+from novelbus.novel.commitcheck import business_hash
 from novelbus.novel.quality import OutlineProfile, check_candidate, outline_profile
 from novelbus.novel.text import effective_characters
 from novelbus.store.raw_vault import RawVault
@@ -98,10 +97,10 @@ class CommitVerifier(ServiceActor):
         return m.Verified(ok=True, receipt=receipt, scene_completed=commit.scene_completed)
 
     async def on_validate_draft(self, req: m.ValidateDraft) -> m.Verified:
-        """VER-2 / QUAL-2: a candidate — a W1 draft before the orchestrator commits it, a W2 commit
-        the claim manager holds — runs the verification path's checks in order; the first that
-        refuses answers. A check returns None (passed) or a failed `Verified`; a new check (the
-        semantic detector) is appended to `candidate_checks`."""
+        """QUAL-2 / HOUSE-6: a candidate the claim manager holds (a W1 draft or a W2 commit) runs
+        the verification path's checks in order; the first that refuses answers. A check returns
+        None (passed) or a failed `Verified`. The body's own rules and the prose guard are the
+        store's, in the commit's transaction (STORE-2, STORE-6): each rule is evaluated once."""
         candidate = Candidate(self.ctx, req)
         for check in self.candidate_checks():
             failed = await check(candidate)
@@ -131,23 +130,7 @@ class CommitVerifier(ServiceActor):
                         e.strerror or type(e).__name__)
 
     def candidate_checks(self) -> list[CandidateCheck]:
-        return [self._check_body, self._check_quality, self._check_detector]
-
-    async def _check_body(self, candidate: Candidate) -> m.Verified | None:
-        """The body's rules (SPEC §16 Commit) and the prose guard (STORE-6). A W2 or inline commit's
-        body is checked by the store in its commit transaction, with its own codes: not twice."""
-        req = candidate.req
-        if req.shape != "W1":
-            return None
-        try:
-            check_body(req.body, known_commits=await store.commit_paragraph_counts(self.ctx.pool, req.novel_id),
-                       hard_max_remaining=None)
-            guard_prose(req.body.paragraphs)
-        except ProseGuardError as e:
-            return self._fail("guard", str(e))
-        except BodyError as e:
-            return self._fail("schema", str(e))
-        return None
+        return [self._check_quality, self._check_detector]
 
     async def _check_quality(self, candidate: Candidate) -> m.Verified | None:
         """QUAL-2: the content gate with the novel's config.quality; a refusal is counted as a

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -18,14 +18,15 @@ from novelbus import store
 from novelbus.actors.context import ActorContext, ServiceActor
 from novelbus.actors.writer_sessions import PgSessionStore
 from novelbus.bus import outbox
-from novelbus.bus.client import RemoteError, request
+from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.bus.service import CommandService
 from novelbus.infra.llama import open_local_server
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
 from novelbus.messages import runs as m
-from novelbus.messages import verify as vm
 from novelbus.novel.body import CommitBody
+from novelbus.novel.commitcheck import BodyErrorCode
+from novelbus.novel.guard import ProseGuardError
 from novelbus.novel.quality import pack_target_min
 from novelbus.novel.snapshot import NovelSnapshot
 from novelbus.store.raw_vault import RawVault
@@ -35,7 +36,8 @@ from novelbus.writers.inline import session_id as inline_session_id
 from novelbus.writers.provider import ModelProvider, context_window
 from novelbus.writers.recording import RecordedProvider
 from novelbus.writers.runner import (
-    DraftCheck,
+    DraftCommit,
+    DraftRefusal,
     ExecutionPolicy,
     PromptMark,
     RunOutcome,
@@ -141,13 +143,12 @@ class WriterRunner(ServiceActor):
         self.state.runs += 1
         self.state.active.add(req.run_id)
         started: set[int] = set()  # tool calls whose tool.started event went out as they began
-        passed: list[CommitBody] = []  # QUAL-3: W1 drafts the verifier's whole path accepted
         try:
             window = effective_window(provider, req.context_window)
             if req.shape == "W1":
                 outcome = await run_w1(provider, req.pack_text, max_output_tokens=max_output_tokens,
                                        mechanism=await self.mechanism(provider), window=window,
-                                       check=self._draft_check(req, passed))
+                                       commit=self._draft_commit(req))
             else:
                 try:  # TOOL-4: fail closed before any model call, recorded with its reason
                     check_read_tools_gate(W2_ALLOW_LIST, self.ctx.settings.read_tools_enabled)
@@ -158,36 +159,46 @@ class WriterRunner(ServiceActor):
                                                  inline=req.shape == "inline", started=started, window=window)
         finally:
             self.state.active.discard(req.run_id)
-        verified = outcome.draft is not None and any(d is outcome.draft for d in passed)
-        return await self._finish(req, provider, outcome, started, verified=verified)
+        return await self._finish(req, provider, outcome, started)
 
-    def _draft_check(self, req: m.RunWriter, passed: list[CommitBody]) -> DraftCheck:
-        """QUAL-3: a W1 draft goes to the verifier's one verification path before the run ends,
-        so a refusal can still be repaired in this run. The body's own rules stay the
-        orchestrator's to refuse after the run (VER-2), as ever."""
-        target_min = pack_target_min(req.pack_text)
-        checks = 0
+    async def _commit(self, req: m.RunWriter, body: CommitBody, *, unit_id: str | None = None,
+                      attempt: int = 1) -> cm.CommitReceipt:
+        """CLM-2 / HOUSE-6: a candidate of this run goes to the claim manager holding the
+        delegation, which has it checked once (the verifier's path, then the store's body rules)
+        before the token makes it canon; a refusal raises RemoteError with its code."""
+        return await request(
+            self.ctx.nc, self.ctx.subjects.commit(req.instance),
+            cm.CommitUnit(delegation_id=req.delegation_id, novel_id=req.novel_id,
+                          unit_id=req.unit_id if unit_id is None else unit_id, body=body, run_id=req.run_id, context_sha256=req.context_sha256,
+                          target_min=pack_target_min(req.pack_text), shape=req.shape, attempt=attempt),
+            cm.CommitReceipt, timeout=self.ctx.settings.request_timeout_s, retries=2)
 
-        async def check(body: CommitBody) -> tuple[str, str] | None:
-            nonlocal checks
-            checks += 1  # the draft, then its repair: two attempts, each counted if refused
-            verified = await request(self.ctx.nc, self.ctx.subjects.verify,
-                                     vm.ValidateDraft(novel_id=req.novel_id, unit_id=req.unit_id, body=body,
-                                                      target_min=target_min, shape="W1",
-                                                      context_sha256=req.context_sha256,
-                                                      claim_id=req.claim_id or None,
-                                                      attempt=f"{req.run_id}:check-{checks}"),
-                                     vm.Verified, timeout=self.ctx.settings.request_timeout_s, retries=2)
-            if verified.ok:
-                passed.append(body)  # the orchestrator need not ask again (VER-2 answered)
-                return None
-            if verified.failure in ("schema", "guard"):
-                return None
-            failure = verified.failure or "refused"
-            reason = f"{failure}:{verified.code}" if verified.code else failure
-            return reason, verified.detail or "the draft was refused"
+    def _draft_commit(self, req: m.RunWriter) -> DraftCommit:
+        """W1 (VER-2, HOUSE-6): the orchestrator's side of the run commits each parsed draft; the
+        claim manager's verdict is what the repair turn hears (QUAL-3). A body rule refusing
+        fails the dispatch (RUN-4) and is published (VER-4); a lost reply fails it too, and the
+        driver asks the store whether the commit landed (VER-1)."""
+        attempts = 0
 
-        return check
+        async def commit(body: CommitBody) -> DraftRefusal | None:
+            nonlocal attempts
+            attempts += 1  # the draft, then its repair: two candidates, each its own refusal
+            try:
+                await self._commit(req, body, attempt=attempts)
+            except RemoteError as e:
+                if candidate_refused(e.code):
+                    return DraftRefusal(e.code, e.detail or "the draft was refused")
+                failure = body_failure(e.code)
+                if failure is None:
+                    return DraftRefusal(f"commit:{e.code}", "the commit was refused", repair=False)
+                await self.ctx.emit(ev.VerificationFailed(novel_id=req.novel_id, unit_id=req.unit_id,
+                                                          run_id=req.run_id, failure=failure))
+                return DraftRefusal(f"verify:{failure}", e.detail, repair=False)
+            except BusUnavailable:
+                return DraftRefusal(f"commit:{BusUnavailable.code}", "no reply to the commit", repair=False)
+            return None
+
+        return commit
 
     async def _tool_started(self, req: m.RunWriter, seq: int, tool: str, args: str, refused: bool) -> None:
         # RUN-6: recorded with truncated arguments, prose replaced by counts.
@@ -237,8 +248,6 @@ class WriterRunner(ServiceActor):
                         with_prose_of.update(missing)
             return call_read_tool(snapshot, name, args)
 
-        target_min = pack_target_min(req.pack_text)  # QUAL-2: too-short's minimum for the gate
-
         async def commit(args: dict[str, Any]) -> dict[str, Any]:
             args = dict(args)
             unit_id = str(args.pop("unitId", ""))
@@ -247,12 +256,8 @@ class WriterRunner(ServiceActor):
             except msgspec.ValidationError as e:
                 return {"ok": False, "code": "schema", "message": f"invalid commit arguments: {e}"}
             try:
-                receipt = await request(
-                    self.ctx.nc, self.ctx.subjects.commit(req.instance),
-                    cm.CommitUnit(delegation_id=req.delegation_id, novel_id=req.novel_id, unit_id=unit_id,
-                                  body=body, run_id=req.run_id, context_sha256=req.context_sha256,
-                                  target_min=target_min, shape=req.shape),
-                    cm.CommitReceipt, timeout=self.ctx.settings.request_timeout_s, retries=2)
+                # CLM-2: the unit the model names; the claim manager refuses any other (CLM-6)
+                receipt = await self._commit(req, body, unit_id=unit_id)
             except RemoteError as e:
                 return {"ok": False, "code": e.code, "message": e.detail}
             return {"ok": True, "receipt": {"commitId": receipt.commit_id,
@@ -295,7 +300,7 @@ class WriterRunner(ServiceActor):
         return outcome
 
     async def _finish(self, req: m.RunWriter, provider: ModelProvider, outcome: RunOutcome,
-                      started: set[int] | None = None, verified: bool = False) -> m.WriterResult:
+                      started: set[int] | None = None) -> m.WriterResult:
         reason = outcome.reason or "completed"
         tool_bytes: dict[str, int] = {}
         for rec in outcome.tool_calls:
@@ -320,15 +325,27 @@ class WriterRunner(ServiceActor):
         return m.WriterResult(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=reason,
                                 provider=provider.label, output_chars=outcome.output_chars,
                                 tool_calls=len(outcome.tool_calls), tool_bytes=tool_bytes, calls=calls,
-                                draft=outcome.draft if req.shape == "W1" else None,
                                 model_ms=getattr(provider, "elapsed_ms", 0.0),
                                 dependencies=len(manifest or ()),
                                 dependencies_at=manifest_location(req.run_id) if manifest else None,
-                                session_continued=outcome.session_continued, verified=verified)
+                                session_continued=outcome.session_continued)
 
 
 MAX_OUTPUT_TOKENS = 8_192  # one unit's prose plus its tool calls
 ENV_MAX_OUTPUT_TOKENS = "NOVELBUS_MAX_OUTPUT_TOKENS"
+
+
+def candidate_refused(code: str) -> bool:
+    """QUAL-3: a refusal of the verifier's path (the content gate's `quality:<code>`, the
+    detector's `detector:<code>`): the one W1 repair turn hears it."""
+    return code.startswith(("quality:", "detector:"))
+
+
+def body_failure(code: str) -> str | None:
+    """VER-4: the failure a store refusal of a body rule is published as (`guard`, `schema`)."""
+    if code == ProseGuardError.code:
+        return "guard"
+    return "schema" if code in get_args(BodyErrorCode) else None
 
 
 def output_tokens_from_env() -> int:

@@ -363,7 +363,8 @@ async def _write_unit(ctx: ActorContext, probe: ProbeProvider, novel_id: str, un
             ctx.nc, ctx.subjects.runs,
             rm.RunWriter(novel_id=novel_id, unit_id=unit.unit_id, run_id=unit.run_id,
                          delegation_id=unit.claim.delegation_id, instance=unit.claim.instance, shape="W2",
-                         pack_text=pack.text, dispatch=1, context_sha256=pack.context_sha256),
+                         pack_text=pack.text, dispatch=1, context_sha256=pack.context_sha256,
+                         claim_id=unit.claim.claim_id),
             rm.WriterResult, timeout=ctx.settings.writer_timeout_s)
         unit.verified = await request(ctx.nc, ctx.subjects.verify,
                                       vm.VerifyCommit(novel_id=novel_id, unit_id=unit.unit_id,

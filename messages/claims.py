@@ -47,12 +47,13 @@ class CommitUnit(Message, tag="claims.commit", frozen=True):
     body: CommitBody
     run_id: str
     context_sha256: str | None = None
-    # QUAL-2: the candidate is checked by the verifier before it becomes canon; `checked` says
-    # the orchestrator's W1 draft has just passed that check (VER-2), `target_min` is the unit's
-    # targetMin from its pack, for the gate's too-short check.
-    checked: bool = False
+    # HOUSE-6 / QUAL-2: the claim manager has every candidate checked once before it becomes
+    # canon; `target_min` is the unit's targetMin from its pack, for the gate's too-short check.
     target_min: int | None = None
     shape: str = "W2"
+    # QUAL-3: which candidate of its run this is: a W1 draft and its repair are two refusals, a
+    # W2 writer committing the same body again is one (the refusal's once-key holds the body).
+    attempt: int = 1
 
 
 class CommitReceipt(Message, tag="claims.committed", frozen=True):

@@ -5,7 +5,6 @@ from typing import Literal
 import msgspec
 
 from novelbus.messages.base import Message
-from novelbus.messages.body import CommitBody
 
 
 class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -73,16 +72,12 @@ class WriterResult(Message, tag="runs.finished", frozen=True):
     tool_calls: int
     tool_bytes: dict[str, int]
     calls: list[CallSample]
-    draft: CommitBody | None = None  # W1 only: the candidate the driver commits via the claim manager
     model_ms: float = 0.0  # wall time inside provider calls, so benchmarks can subtract model time
     # RUN-6 dependency summary: tool calls in the stored manifest (successful runs only) and where
     # it is kept; 0 and None for a failed run or a run without tool calls.
     dependencies: int = 0
     dependencies_at: str | None = None
     session_continued: bool = False  # RUN-5: the run re-sent a stored session's history
-    # QUAL-2 / VER-2: the W1 draft passed the verifier's whole path inside the run (its repair loop);
-    # the orchestrator commits it without asking the verifier again
-    verified: bool = False
 
 
 RunsRequest = RunWriter

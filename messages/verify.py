@@ -13,8 +13,9 @@ class VerifyCommit(Message, tag="verify.commit", frozen=True):
 
 
 class ValidateDraft(Message, tag="verify.draft", frozen=True):
-    """VER-2 / QUAL-2: check a candidate before it becomes canon (a W1 draft, or a W2 commit the
-    claim manager holds): the body's rules, the prose guard, then the content gate."""
+    """QUAL-2 / HOUSE-6: the claim manager's check of a candidate before it becomes canon (a W1
+    draft or a W2 commit): the content gate, then the semantic detector. The body's rules and the
+    prose guard are the store's, at the commit."""
 
     novel_id: str
     unit_id: str
@@ -32,7 +33,7 @@ class ValidateDraft(Message, tag="verify.draft", frozen=True):
 
 class Verified(Message, tag="verify.result", frozen=True):
     ok: bool
-    failure: str | None = None  # not-committed | wrong-claim | guard | schema | quality
+    failure: str | None = None  # not-committed | wrong-claim | quality | detector
     # quality: the gate's code (novel.quality); `detail` then says what to change, for the writer
     code: str | None = None
     detail: str | None = None

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from novelbus.store._db import Db, novel_must_exist, statement
-from novelbus.store.errors import RunNotFound
+from novelbus.store.errors import RunNotFound, UnitNotClaimed
 from novelbus.store.events import check_event
 
 
@@ -72,17 +72,25 @@ async def start_writer_run_with_event(
 ) -> int:
     """`start_writer_run` and the ledger row of the event that announces it, (type, payload),
     in ONE statement (PERF-2); the event's ledger seq. The event is written whether or not the
-    run was already recorded (a redelivered dispatch announces itself again, as before); an
-    unknown novel (NovelNotFound) writes neither."""
+    run was already recorded (a redelivered dispatch announces itself again).
+
+    CTX-14: both rows are written only while the unit is claimed under `claim_id` — checked by
+    the same statement, before anything is written: a request naming no live claim of that unit
+    (forged, or outlived by its claim) writes neither and raises UnitNotClaimed."""
     type, payload = event
     check_event(type, payload)
     async with novel_must_exist(novel_id), statement(pool) as conn:
         seq = await conn.fetchval(
-            f"WITH run AS ({_START_RUN}),"
-            " ev AS (INSERT INTO events (novel_id, type, payload) VALUES ($2, $8, $9) RETURNING seq)"
+            "WITH live AS (SELECT 1 FROM units WHERE novel_id = $2 AND unit_id = $3"
+            " AND state = 'claimed' AND claim_id = $4),"
+            " run AS (INSERT INTO writer_runs (run_id, novel_id, unit_id, claim_id, dispatch, mode, provider)"
+            " SELECT $1, $2, $3, $4, $5, $6, $7 FROM live ON CONFLICT (run_id) DO NOTHING RETURNING run_id),"
+            " ev AS (INSERT INTO events (novel_id, type, payload) SELECT $2, $8, $9 FROM live RETURNING seq)"
             " SELECT seq FROM ev",
             run_id, novel_id, unit_id, claim_id, dispatch, mode, provider, type, payload,
         )
+    if seq is None:
+        raise UnitNotClaimed(f"novel {novel_id!r}: unit {unit_id!r} has no live claim {claim_id!r}")
     return int(seq)
 
 

@@ -3,6 +3,7 @@ VER-1, VER-3, VER-4: verification reads the store; receipts and structured failu
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from novelbus import store
@@ -10,6 +11,8 @@ from novelbus.actors.runtime import Runtime
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.codec import encode
 from novelbus.messages import claims as cm
+from novelbus.messages import packs as pm
+from novelbus.messages import runs as rm
 from novelbus.messages import verify as vm
 from novelbus.novel.body import CommitBody, SceneCompletion
 from novelbus.novel.outline import parse_novel_file
@@ -113,17 +116,26 @@ async def test_structured_failures(stack: Runtime) -> None:
     assert (v.ok, v.failure) == (False, "wrong-claim")
 
 
-@pytest.mark.parametrize(("paragraph", "failure"), [("Chapter 17 begins here", "guard"), ("", "schema")])
-async def test_draft_validation_failures(stack: Runtime, paragraph: str, failure: str) -> None:
-    """VER-2, VER-4"""
+@pytest.mark.parametrize(("paragraph", "code"), [("Chapter 17 begins here", "guard"),
+                                                  ("It begins here.\n\nThen it goes on.", "bad-paragraph")])
+async def test_a_candidate_breaking_a_body_rule_is_refused_at_its_commit(
+        stack: Runtime, paragraph: str, code: str) -> None:
+    """VER-2, VER-4, HOUSE-6: the body's rules and the prose guard refuse a candidate at its commit
+    (the claim manager's one check, then the store's transaction), with a structured code and a
+    detail that names the paragraph, never quotes it; nothing is committed."""
     ctx = stack.ctx
     novel_id, unit_id = await _prepared(stack)
+    claim = await request(ctx.nc, ctx.subjects.claims,
+                          cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-body", mode="subagent"),
+                          cm.ClaimGranted)
     body = CommitBody(paragraphs=["A quiet beginning.", paragraph],
                       scene_completion=SceneCompletion(completed=True, basis="b"))
-    v = await request(ctx.nc, ctx.subjects.verify, vm.ValidateDraft(novel_id=novel_id, unit_id=unit_id, body=body),
-                      vm.Verified)
-    assert (v.ok, v.failure) == (False, failure)
-    assert v.detail and "begins here" not in v.detail  # the failure names the paragraph, never quotes it
+    with pytest.raises(RemoteError) as refused:
+        await request(ctx.nc, ctx.subjects.commit(claim.instance),
+                      cm.CommitUnit(delegation_id=claim.delegation_id, novel_id=novel_id, unit_id=unit_id,
+                                    body=body, run_id="r", shape="W1"), cm.CommitReceipt)
+    assert refused.value.code == code
+    assert refused.value.detail and "begins here" not in refused.value.detail
     assert await store.get_commit_for_unit(ctx.pool, novel_id, unit_id) is None
 
 
@@ -140,3 +152,40 @@ async def test_a_refusal_answered_again_to_a_retried_request_is_counted_once(sta
                           vm.Verified)
         assert (v.ok, v.failure, v.code) == (False, "quality", "no-letters")
     assert await store.refusal_counts(ctx.pool, novel_id, "unit.refused") == {"no-letters": 2}
+
+
+async def test_a_forged_run_request_leaves_no_writer_run_row(stack: Runtime) -> None:
+    """CTX-14: a well-formed RunWriter naming a real novel and unit, but no live claim of that unit
+    (no claim id, or an invented one), is refused before anything is written: no writer_runs row,
+    no writer.dispatched event. The same request under the unit's live claim is recorded."""
+    ctx = stack.ctx
+    novel_id, unit_id = await _prepared(stack)
+    before = len(await store.list_events(ctx.pool, novel_id))
+
+    def run(run_id: str, claim_id: str, delegation_id: str = "dlg-forged-0") -> rm.RunWriter:
+        return rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=delegation_id,
+                            instance="forged", shape="W1", pack_text="[[unit]]\n", dispatch=1, claim_id=claim_id)
+
+    for run_id, claim_id in (("run-forged-1", ""), ("run-forged-2", "claim-invented")):
+        with pytest.raises(RemoteError) as refused:
+            await request(ctx.nc, ctx.subjects.runs, run(run_id, claim_id), rm.WriterResult, timeout=10)
+        assert refused.value.code == "unit-not-claimed"
+    assert await store.list_writer_runs(ctx.pool, novel_id) == []
+    assert len(await store.list_events(ctx.pool, novel_id)) == before
+
+    claim = await request(ctx.nc, ctx.subjects.claims,
+                          cm.ClaimUnit(novel_id=novel_id, unit_id=unit_id, intent_id="i-run", mode="subagent"),
+                          cm.ClaimGranted)
+    with pytest.raises(RemoteError):  # the invented claim id is still refused while a real claim is live
+        await request(ctx.nc, ctx.subjects.runs, run("run-forged-3", "claim-invented"), rm.WriterResult,
+                      timeout=10)
+    assert await store.list_writer_runs(ctx.pool, novel_id) == []
+    pack = await request(ctx.nc, ctx.subjects.packs, pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape="full"),
+                         pm.PackReady)
+    result = await request(ctx.nc, ctx.subjects.runs,
+                           msgspec.structs.replace(run("run-real", claim.claim_id, claim.delegation_id),
+                                                   instance=claim.instance, pack_text=pack.text,
+                                                   context_sha256=pack.context_sha256),
+                           rm.WriterResult, timeout=30)
+    assert result.ok
+    assert [r.run_id for r in await store.list_writer_runs(ctx.pool, novel_id)] == ["run-real"]

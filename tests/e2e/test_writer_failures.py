@@ -185,9 +185,9 @@ async def test_failing_writer_is_redispatched_up_to_the_limit_then_the_turn_fail
 
 async def test_w1_invalid_and_guarded_drafts_fail_then_a_valid_one_commits(
         nats_url: str, new_database: Any, namespace: str) -> None:
-    """RUN-2 / VER-2: a reply that is not a draft fails the dispatch (invalid-draft); a draft whose prose
-    carries a chapter heading is refused by the verifier (guard) and never committed; the third dispatch
-    commits."""
+    """RUN-2 / VER-2 / RUN-4: a reply that is not a draft fails the dispatch (invalid-draft); a draft whose
+    prose carries a chapter heading is refused at its commit (guard), never committed, and its dispatch
+    fails with that reason; the third dispatch commits."""
     guarded = {**good_body(), "paragraphs": ["Chapter 3", "Mara listened."]}
     # MODEL-2: an invalid draft gets one repair round (a second call of the same run) first.
     provider = PerRun([lambda v: text_reply("Here is the scene you asked for." if v.step == 0 else "No."),
@@ -200,7 +200,7 @@ async def test_w1_invalid_and_guarded_drafts_fail_then_a_valid_one_commits(
         novel = await store.get_novel(pool, d.novel_id)
     assert isinstance(d.final, ev.NovelFinished)
     assert [(r.dispatch, r.status, r.reason) for r in runs[:3]] == [
-        (1, "failed", "invalid-draft"), (2, "ok", "completed"), (3, "ok", "completed")]
+        (1, "failed", "invalid-draft"), (2, "failed", "verify:guard"), (3, "ok", "completed")]
     assert [f.failure for f in d.of(ev.VerificationFailed)] == ["guard"]
     assert all("Chapter 3" not in c.paragraphs for c in commits) and len(commits) == 2
     assert novel.writer_runs == 2 and all(v.tools is None for v in provider.views)  # W1: no tools offered

@@ -79,7 +79,7 @@ async def test_receipt_dependency_summary_and_run5_redispatch_continues_a_sessio
             return await request(ctx.nc, ctx.subjects.runs, rm.RunWriter(
                 novel_id=novel_id, unit_id=unit, run_id=f"run-{unit}-{n}", delegation_id=claim.delegation_id,
                 instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=n,  # type: ignore[arg-type]
-                session_id=session), rm.WriterResult, timeout=30)
+                session_id=session, claim_id=claim.claim_id), rm.WriterResult, timeout=30)
 
         claim = await request(ctx.nc, ctx.subjects.claims, cm.ClaimUnit(
             novel_id=novel_id, unit_id=unit_a, intent_id="intent-a", mode="subagent"), cm.ClaimGranted)
@@ -107,6 +107,8 @@ async def test_receipt_dependency_summary_and_run5_redispatch_continues_a_sessio
         claim_b = await request(ctx.nc, ctx.subjects.claims, cm.ClaimUnit(
             novel_id=novel_id, unit_id=unit_b, intent_id="intent-b", mode="subagent"), cm.ClaimGranted)
         w1 = await dispatch(unit_b, claim_b, 1, "W1", None)
-        assert w1.ok and w1.draft is not None and w1.tool_calls == 0
+        assert w1.ok and w1.tool_calls == 0
+        w1_commit = await store.get_commit_for_unit(pool, novel_id, unit_b)  # W1: the run committed its draft
+        assert w1_commit is not None and w1_commit.claim_id == claim_b.claim_id and w1_commit.run_id == f"run-{unit_b}-1"
         assert (w1.dependencies, w1.dependencies_at) == (0, None)
         assert (await store.list_writer_runs(pool, novel_id))[-1].manifest is None  # no tool calls: none

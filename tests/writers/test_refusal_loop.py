@@ -14,7 +14,7 @@ from novelbus.novel.outline import Budgets
 from novelbus.novel.quality import QUALITY_CODES, refusal_reason
 from novelbus.writers.offline import ScriptedProvider
 from novelbus.writers.provider import ModelReply, ToolCall
-from novelbus.writers.runner import run_w1, run_w2
+from novelbus.writers.runner import DraftRefusal, run_w1, run_w2
 from novelbus.writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 
 PACK = "[[protocol]]\n- prose only\n\n[[unit]]\nunitId: u-1\ntargetMin: 10\ntargetMax: 500\n"
@@ -30,15 +30,15 @@ def text(value: dict[str, Any]) -> ModelReply:
 
 
 class Gate:
-    """The verifier's verdict as run_w1 hears it: junk (no letters) is refused."""
+    """The claim manager's verdict on a commit as run_w1 hears it: junk (no letters) is refused."""
 
     def __init__(self) -> None:
         self.seen: list[CommitBody] = []
 
-    async def __call__(self, body: CommitBody) -> tuple[str, str] | None:
+    async def __call__(self, body: CommitBody) -> DraftRefusal | None:
         self.seen.append(body)
         if any(not any(ch.isalnum() for ch in p) for p in body.paragraphs):
-            return refusal_reason("no-letters"), ADVICE
+            return DraftRefusal(refusal_reason("no-letters"), ADVICE)
         return None
 
 
@@ -46,7 +46,7 @@ async def test_a_refused_w1_draft_gets_one_repair_turn_naming_the_check() -> Non
     """QUAL-3: the repair names the check and what to change, and the repaired draft wins."""
     provider = ScriptedProvider([text(JUNK), text(GOOD)])
     gate = Gate()
-    outcome = await run_w1(provider, PACK, max_output_tokens=1000, check=gate)
+    outcome = await run_w1(provider, PACK, max_output_tokens=1000, commit=gate)
     assert outcome.ok and outcome.draft is not None
     assert outcome.draft.paragraphs == GOOD["paragraphs"]
     assert len(provider.calls) == 2 and len(gate.seen) == 2
@@ -58,7 +58,7 @@ async def test_a_refused_w1_draft_gets_one_repair_turn_naming_the_check() -> Non
 async def test_a_w1_draft_refused_again_fails_the_run_with_the_check_code() -> None:
     """QUAL-3: one repair turn only; refused again, the run fails with quality:<code>."""
     provider = ScriptedProvider([text(JUNK), text(JUNK), text(GOOD)])
-    outcome = await run_w1(provider, PACK, max_output_tokens=1000, check=Gate())
+    outcome = await run_w1(provider, PACK, max_output_tokens=1000, commit=Gate())
     assert not outcome.ok
     assert outcome.reason == "quality:no-letters"
     assert len(provider.calls) == 2
@@ -68,8 +68,23 @@ async def test_a_passing_w1_draft_is_checked_once_and_not_repaired() -> None:
     """QUAL-3: a draft the verifier accepts ends the run at once."""
     provider = ScriptedProvider([text(GOOD)])
     gate = Gate()
-    outcome = await run_w1(provider, PACK, max_output_tokens=1000, check=gate)
+    outcome = await run_w1(provider, PACK, max_output_tokens=1000, commit=gate)
     assert outcome.ok and len(provider.calls) == 1 and len(gate.seen) == 1
+
+
+async def test_a_refusal_without_a_repair_fails_the_run_at_once() -> None:
+    """RUN-4 / HOUSE-6: a draft refused by a body rule (the store's verdict at its commit) fails
+    the dispatch with that reason; no repair turn is asked for."""
+    provider = ScriptedProvider([text(GOOD), text(GOOD)])
+    seen: list[CommitBody] = []
+
+    async def commit(body: CommitBody) -> DraftRefusal | None:
+        seen.append(body)
+        return DraftRefusal("verify:guard", "paragraph 0 violates prose rule 'heading'", repair=False)
+
+    outcome = await run_w1(provider, PACK, max_output_tokens=1000, commit=commit)
+    assert not outcome.ok and outcome.reason == "verify:guard"
+    assert len(provider.calls) == 1 and len(seen) == 1
 
 
 def _commit(call_id: str, body: dict[str, Any]) -> ModelReply:

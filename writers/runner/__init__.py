@@ -34,7 +34,14 @@ from novelbus.writers.runner._records import (
     ToolStartedFn,
     executed_call,
 )
-from novelbus.writers.runner._w1 import W1_INSTRUCTION, W1_REFUSED, W1_REPAIR, DraftCheck, run_w1
+from novelbus.writers.runner._w1 import (
+    W1_INSTRUCTION,
+    W1_REFUSED,
+    W1_REPAIR,
+    DraftCommit,
+    DraftRefusal,
+    run_w1,
+)
 from novelbus.writers.runner._w2 import W2_INSTRUCTION, forced_commit_tools, forced_tools, run_w2
 from novelbus.writers.runner._window import (
     MIN_OUTPUT_TOKENS,
@@ -51,7 +58,8 @@ from novelbus.writers.runner._window import (
 
 __all__ = [
     "CallUsage",
-    "DraftCheck",
+    "DraftCommit",
+    "DraftRefusal",
     "ExecutionPolicy",
     "InputSplit",
     "MIN_OUTPUT_TOKENS",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from novelbus.novel.body import CommitBody, body_shape
 from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
@@ -39,8 +40,21 @@ W1_REFUSED = (
     "whole corrected JSON object only."
 )
 
-# QUAL-3: the verifier's check of a parsed draft: None (passed) or (failure reason, advice).
-DraftCheck = Callable[[CommitBody], Awaitable[tuple[str, str] | None]]
+
+
+class DraftRefusal(NamedTuple):
+    """Why a parsed draft did not become canon: the failure reason, what to change (figures and
+    advice only), and whether it earns the one repair turn (QUAL-3: the content gate's and the
+    detector's refusals do; a body rule or the claim refusing fails the dispatch, RUN-4)."""
+
+    reason: str
+    advice: str
+    repair: bool = True
+
+
+# HOUSE-6: the orchestrator's commit of a parsed draft through the claim manager, whose one check
+# of the candidate answers: None (committed) or the refusal.
+DraftCommit = Callable[[CommitBody], Awaitable[DraftRefusal | None]]
 
 
 async def run_w1(
@@ -50,7 +64,7 @@ async def run_w1(
     max_output_tokens: int,
     mechanism: str = "prompt",
     window: int | None = None,
-    check: DraftCheck | None = None,
+    commit: DraftCommit | None = None,
 ) -> RunOutcome:
     """RUN-2: no tools; the reply must be a commit-schema JSON draft, else the dispatch fails.
 
@@ -58,9 +72,11 @@ async def run_w1(
     json_object+schema, json_object or prompt), parsed leniently, validated strictly; an invalid
     draft gets one repair round with the validation error before the dispatch fails.
 
-    QUAL-3: a valid draft is put to the verifier's checks (`check`, over the bus); a refused one
-    gets one repair turn naming the check and what to change; refused again, the run fails with
-    the refusal's reason (`quality:<code>`).
+    HOUSE-6 / QUAL-3: a valid draft is committed (`commit`, through the claim manager, which has
+    it checked once); a refusal that earns a repair gets one repair turn naming the check and
+    what to change; refused again, or refused without a repair, the run fails with the refusal's
+    reason (`quality:<code>`, `verify:guard`, `commit:<code>`). Without `commit` the parsed
+    draft ends the run (the loop's own tests).
     """
     from novelbus.writers.structured import draft_schema, response_format
 
@@ -120,10 +136,10 @@ async def run_w1(
                 user_message(W1_REPAIR.format(error=str(e)[:400])),
             ]
             continue
-        refusal = await check(draft) if check is not None else None
+        refusal = await commit(draft) if commit is not None else None
         if refusal is not None:
-            reason, advice = refusal
-            if refused:
+            reason, advice, repair = refusal
+            if refused or not repair:
                 return fail(reason, advice)
             refused = True
             messages = [
