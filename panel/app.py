@@ -63,6 +63,7 @@ from novelbus.novel.outline import (
     parse_novel_file,
 )
 from novelbus.panel import pages, views
+from novelbus.panel.context_check import api_context_verify, page_context_verify
 from novelbus.writers.factory import make_provider
 from novelbus.writers.provider import ProviderError
 
@@ -603,6 +604,8 @@ def create_app(state: PanelState) -> ASGIApp:
         Route("/login", login, methods=["GET", "POST"]),
         Route("/novels/{novel_id}", page_novel),
         Route("/novels/{novel_id}/export.md", export_md),
+        Route("/novels/{novel_id}/context", page_context_verify),  # CTX-12
+        Route("/api/novels/{novel_id}/context-verify", api_context_verify),
         Route("/api/novels", api_novels, methods=["GET"]),
         Route("/api/novels", api_create, methods=["POST"]),
         Route("/api/events", sse_all),

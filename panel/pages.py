@@ -35,6 +35,9 @@ def _page(csrf: str, title: str, body: str, *, page: str, novel_id: str = "") ->
 """
 
 
+layout = _page  # the page frame, for pages kept in their own modules (panel.context_check)
+
+
 def novels(csrf: str) -> str:
     body = """<h1>Novels</h1>
 <p class="muted">Status, progress against the length band and why a novel paused; updates live.</p>
@@ -84,6 +87,7 @@ def novel(csrf: str, novel_id: str) -> str:
   <select id="mode"><option value="inline">inline</option><option value="subagent">subagent</option></select>
   <button id="btn-mode">Switch mode</button>
   <a class="button" id="download" href="/novels/{escape(novel_id)}/export.md" download>Download Markdown</a>
+  <a class="button" id="verify" href="/novels/{escape(novel_id)}/context">Verify contexts</a>
   <span id="flash" class="flash" role="status"></span>
 </section>
 <div class="grid">
