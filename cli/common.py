@@ -147,6 +147,7 @@ def checked_settings() -> dict[str, Callable[[], object]]:
     from novelbus.bus.streams import stream_replicas
     from novelbus.infra.llama import ENV_LOCAL_THREADS, local_threads
     from novelbus.store.pool import ENV_POOL_SIZE, pool_size
+    from novelbus.store.schema import ENV_MIGRATE, migrate_mode
     from novelbus.store.raw_vault import ENV_RAW_VAULT, raw_vault_from_env
     from novelbus.writers.factory import (
         ENV_CONTEXT_WINDOW,
@@ -173,6 +174,7 @@ def checked_settings() -> dict[str, Callable[[], object]]:
         ENV_COMPACT_TOKENS: compact_threshold,
         ENV_READ_TOOLS: read_tools_switch,
         ENV_LOCAL_THREADS: local_threads,
+        ENV_MIGRATE: migrate_mode,  # OPS-10
     }
 
 
@@ -208,6 +210,7 @@ def check_environment() -> None:
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; Ctrl-C and SIGTERM cancel it so every `async with` cleans up."""
     from novelbus.actors.runtime import ServerUnreachable
+    from novelbus.store.schema import SchemaError
     from novelbus.infra import install_signal_handlers
 
     try:
@@ -233,6 +236,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except ServerUnreachable as e:
         fail(str(e), hint="check --nats-url / --database-url (NOVELBUS_NATS_URL, NOVELBUS_DATABASE_URL), "
                           "or start the servers with `novelbus up`")
+    except SchemaError as e:  # OPS-10: a schema this process may not run against
+        fail(f"database schema: {e}")
 
 
 async def _stop_leftover_tasks() -> None:

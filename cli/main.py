@@ -39,6 +39,7 @@ from novelbus.cli.common import (
     write_output,
 )
 from novelbus.cli.context_cmd import context_app
+from novelbus.cli.migrate_cmd import migrate as migrate_command
 from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
 from novelbus.cli.panel_cmd import panel as panel_command
@@ -71,6 +72,7 @@ app.add_typer(context_app, name="context")
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)
+app.command("migrate")(migrate_command)
 register_steering(novel_app)
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]

@@ -74,6 +74,10 @@ class SchemaHistoryUnknown(SchemaError):
     """The database's applied migrations are not a history this release can continue."""
 
 
+class TargetInvalid(SchemaError):
+    """A target version this process cannot migrate to (unknown, or behind the database)."""
+
+
 class MigrationFileError(ValueError):
     """A packaged migration's name or header is malformed."""
 
@@ -233,7 +237,7 @@ def plan(known: Sequence[Migration], applied: Sequence[Applied], *, functions: s
     oldest = min((m.version for m in known), default=0)
     target = newest if target is None else target
     if not oldest <= target <= newest:
-        raise SchemaError(f"version {target}: this process knows versions {oldest} to {newest}")
+        raise TargetInvalid(f"version {target}: this process knows versions {oldest} to {newest}")
     replaced = {r for m in known for r in m.replaces}
     newer = tuple(a for a in applied if a.name not in names and a.name not in replaced)
     record: list[Migration] = []
@@ -266,7 +270,7 @@ def plan(known: Sequence[Migration], applied: Sequence[Applied], *, functions: s
                 f"the database holds migrations this process does not know ({listed}) and lacks ones it "
                 f"does ({', '.join(m.name for m in pending)})")
     if database_version is not None and target < database_version and not newer:
-        raise SchemaError(f"version {target}: the database is at version {database_version} already "
+        raise TargetInvalid(f"version {target}: the database is at version {database_version} already "
                           f"(migrations only go forward)")
     notes: list[str] = []
     if newer:
@@ -305,9 +309,9 @@ async def read_plan(db: Db, *, to: int | None = None, known: Sequence[Migration]
                 applied_functions_sha256=sha, target=to)
 
 
-async def migrate(db: Db, *, to: int | None = None, known: Sequence[Migration] | None = None) -> list[str]:
+async def apply(db: Db, *, to: int | None = None, known: Sequence[Migration] | None = None) -> SchemaPlan:
     """Bring the database to `to` (default: the newest version this process knows) and return
-    the names of the migrations this call ran; `SchemaError` when the rule forbids it.
+    the plan it carried out; `SchemaError` when the rule forbids it.
 
     INFRA-3: a session advisory lock serialises concurrent starters; each migration runs in its
     own transaction together with its schema_migrations row. HOUSE-4: `functions.sql` is applied
@@ -327,7 +331,12 @@ async def migrate(db: Db, *, to: int | None = None, known: Sequence[Migration] |
                         await conn.execute(sql)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
-    return [m.name for m in p.pending]
+    return p
+
+
+async def migrate(db: Db, *, to: int | None = None, known: Sequence[Migration] | None = None) -> list[str]:
+    """`apply`, answering the names of the migrations this call ran."""
+    return [m.name for m in (await apply(db, to=to, known=known)).pending]
 
 
 async def check_schema(db: Db, *, known: Sequence[Migration] | None = None) -> SchemaPlan:

@@ -42,6 +42,7 @@ MALFORMED = {
     "NOVELBUS_MODEL_TIMEOUT_S": "0",
     "NOVELBUS_MODEL_MAX_TOKENS_FIELD": "max_output",
     "NOVELBUS_RAW_VAULT": "/dev/null",
+    "NOVELBUS_MIGRATE": "sometimes",
 }
 WELL_FORMED = {
     "NOVELBUS_DB_POOL_SIZE": "9",
@@ -56,6 +57,7 @@ WELL_FORMED = {
     "NOVELBUS_MODEL_TIMEOUT_S": "300",
     "NOVELBUS_MODEL_MAX_TOKENS_FIELD": "max_completion_tokens",
     "NOVELBUS_RAW_VAULT": "/tmp/novelbus-raw-vault-settings-test",
+    "NOVELBUS_MIGRATE": "check",
 }
 
 
