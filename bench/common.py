@@ -117,11 +117,11 @@ class AutovacuumRules:
     """`bench throughput`'s stand-in for autovacuum, on its scratch database.
 
     A benchmark writes in seconds what a user's novelbus writes in hours; autovacuum wakes once
-    a minute (`autovacuum_naptime`), so a benchmark's store was never analyzed. Its statements'
-    plans, cached when the tables held a few rows, then stayed sequential scans of the whole
-    table as the novel grew: at 200 units the verifier's read of one commit visited every
-    commit (41 buffers, 2 with statistics), and the commit, claim and prepare functions the
-    same (issue 14); and nothing vacuumed the dead rows of units, novels and the usage ring. A
+    a minute (`autovacuum_naptime`), so a benchmark's store would never be analyzed. Its
+    statements' plans, cached when the tables held a few rows, would stay sequential scans of the
+    whole table as the novel grew: at 200 units the verifier's read of one commit would visit
+    every commit (41 buffers, 2 with statistics), and the commit, claim and prepare functions the
+    same (PERF-2); and nothing would vacuum the dead rows of units, novels and the usage ring. A
     database in use has autovacuum do both, by these same rules; here they are applied every
     second instead of every minute, and their cost is in PostgreSQL's CPU like any statement's."""
 

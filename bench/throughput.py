@@ -505,7 +505,7 @@ class Counts:
     load_cpu_ms_per_unit: float | None = None
     # CPU of the embedded servers per unit in the latency phase (a unit's serial path waits for it)
     server_cpu_ms_per_unit: dict[str, float] | None = None
-    # NATS messages this process sent and received per unit (issue 14: every frame costs a send or
+    # NATS messages this process sent and received per unit (PERF-1: every frame costs a send or
     # a parse here and work in nats-server), latency phase and load phase; one process only.
     nats_messages_per_unit: dict[str, dict[str, float]] | None = None
     # VACUUM / ANALYZE runs of the maintenance keeper over the whole run (None: --no-autovacuum)

@@ -12,7 +12,7 @@ The transport loop every durable worker needs, kept apart from what it does with
 Handlers run concurrently, at most `max_parallel` at a time, each owned by the consumer and
 cancelled by `stop()`.
 
-Pulling (issue 14, PERF-2): one long-lived pull request for up to `batch` messages (expiring
+Pulling (PERF-2): one long-lived pull request for up to `batch` messages (expiring
 after `pull_expires_s`, with server idle heartbeats every `pull_heartbeat_s`) stays open on the
 server, topped up with another one when fewer than half of it is left — so a delivery costs the
 message and its ack, not also a pull request and a status reply as a `fetch` per message did.

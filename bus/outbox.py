@@ -10,10 +10,10 @@ before any step that follows it can start, wherever that step runs, and events s
 novel exactly as when every publish waited for its ack — with one wait per step instead of one
 per event, and usually none, because the acks arrive while the step works on.
 
-Issue 14 (fewer messages' worth of work per unit): an event costs its publish, its ack and a
-future — no task of its own. (nats-py's `publish_async` starts a task per call to wait on its
-in-flight semaphore, and the confirmer used to be another task per event; a timer now stands
-in for the confirmer, and a task is started only for an event whose ack failed or is late.)
+PERF-2 (less work per unit): an event costs its publish, its ack and a future — no task of its
+own. (nats-py's `publish_async` starts a task per call to wait on its in-flight semaphore; here a
+timer per event watches for a late ack, and a task is started only for an event whose ack failed
+or is late.)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections import Counter
 
 KINDS = ("request_reply", "transactions", "db_round_trips", "publishes", "publish_waits", "ack_blocked")
 # publish_waits: settles that had events of theirs to confirm (and every work-notice publish);
-# ack_blocked: those of them that found an ack still in flight and so really waited (issue 14).
+# ack_blocked: those of them that found an ack still in flight and so really waited (PERF-2).
 
 actor: contextvars.ContextVar[str] = contextvars.ContextVar("novelbus_actor", default="other")
 
@@ -45,7 +45,7 @@ def per_unit(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]],
     return out
 
 
-# --- where a unit's wall time goes (issue 14: waits, not work) ---------------------------------
+# --- where a unit's wall time goes (PERF-1/2: waits, not work) --------------------------------
 # Off unless a benchmark turns it on. The driver sets `trace_key` (its novel) in the task running
 # a notice; what that task (and the tasks it starts) waits on is recorded as a span: request/reply
 # by subject, database statements, event-ack settles, work-notice publishes and acks. Gaps

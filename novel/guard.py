@@ -122,7 +122,7 @@ _RULES: tuple[tuple[str, str, re.Pattern[str]], ...] = (
 
 RULES: tuple[str, ...] = tuple(dict.fromkeys(rule for rule, _, _ in _RULES))
 
-# Issue 14 (PERF-2): a paragraph runs a rule's pattern only if it holds what every match of that
+# PERF-2: a paragraph runs a rule's pattern only if it holds what every match of that
 # pattern must contain, checked with substring tests that cost a fraction of the pattern's scan
 # (the ten scans were ~50 µs per paragraph of English prose, most of the guard's CPU). Each gate
 # is a necessary condition of its pattern, stated with characters that have no case variants

@@ -91,7 +91,7 @@ R = TypeVar("R")
 
 def per_object(fn: Callable[[A], R], size: int = 64) -> Callable[[A], R]:
     """`fn` of a frozen snapshot or outline, computed once per object (by identity; the last
-    `size` objects). Issue 14: the driver asks for the same snapshot's scene progress two or three
+    `size` objects). PERF-2: the driver asks for the same snapshot's scene progress two or three
     times per unit (completed chapters before and after a unit, the next decision), and every
     unit asks for the same outline's scenes by chapter — each a pass over the whole book. The
     result is shared: callers read it and never change it. 64 objects, so that the 40 novels of

@@ -504,8 +504,8 @@ def parse_pack(text: str) -> dict[str, list[str]]:
 
 def pack_fields(text: str) -> dict[str, dict[str, str]]:
     """``{block name: block_fields(its lines)}`` of a pack, each call its own dicts; the parse is
-    kept for the last packs seen (issue 14: a writer run asks for the fields of one pack from
-    several places, and each parsed the whole pack)."""
+    kept for the last packs seen (PERF-2: a writer run asks for the fields of one pack from
+    several places; one parse serves them all)."""
     return {name: dict(fields) for name, fields in _pack_fields(text)}
 
 

@@ -134,7 +134,7 @@ def plan_transitions(ledger: list[RequirementView], updates: list[RequirementUpd
             raise RequirementError(f"{where}: supersededBy is only for status superseded")
         resolved: ResolvedConflict | None = None
         if current.status == "blocked":
-            # SPEC §16 / seed 003 (0005 §9.1): no resolution without citing a message of the ledger.
+            # PLAN-4, SPEC §16: no resolution without citing a message of the ledger.
             if u.resolved_by is None:
                 raise RequirementError(
                     f"{where}: is blocked; {u.status} needs resolvedBy {{kind, messageId}}",

@@ -1,9 +1,9 @@
 """The commit index this process already read, so a snapshot reads only the commits after it.
 
-Issue 14: the driver's decision input, the pack's context index and the read tools' snapshot each
-carried every commit of the novel with its canon facts, read, sent and decoded once per unit, so
-a unit cost more the longer the book was (at 400 units, three statements of 2-5 ms and ≈ 1 MB of
-JSON per unit). A commit and its canon facts are written once, by the commit statement, and never
+PERF-2: the driver's decision input, the pack's context index and the read tools' snapshot each
+need every commit of the novel with its canon facts; read, sent and decoded whole once per unit,
+a unit would cost more the longer the book is (at 400 units, three statements of 2-5 ms and ≈ 1 MB
+of JSON per unit). A commit and its canon facts are written once, by the commit statement, and never
 changed; seqs are given under the novel's row lock (`nb_commit_unit`: max + 1), so a read that
 sees seq k sees every commit before it. So the index is kept here, per novel, without prose, and
 a read asks only for the commits after the last one known.
@@ -183,7 +183,7 @@ def merge_units(known: KnownUnits, known_ok: bool, rows: list[UnitRow]) -> list[
     added = False
     for row in rows:
         # `created_seq` is the unit's identity column: unique, fixed at creation, and what the known
-        # units are sorted by, so a known unit is found by bisection (issue 14: no map of every
+        # units are sorted by, so a known unit is found by bisection (PERF-2: no map of every
         # unit per read); a row whose seq is not among them is a unit created since.
         i = bisect_left(out, row[0], 0, n, key=_CREATED)
         if i < n and out[i][0] == row[0]:

@@ -119,7 +119,7 @@ class ReadOnlyRequired(StoreError):
 
 
 class CommitNotVisible(StoreError):
-    """A commit a read asked for by id is not there at or before the read's asOf (issue 14: the
+    """A commit a read asked for by id is not there at or before the read's asOf (PERF-2: the
     read tools' prose read by pointer; commits are never removed, so this fails closed)."""
 
     code = "commit-not-visible"

@@ -24,7 +24,7 @@ class EventRow(msgspec.Struct, frozen=True):
 
 
 # Leaves of a payload (msgspec.to_builtins gives these), told apart by their exact type before
-# the ABC checks below, which cost ~10x more per value (issue 14: every event is walked).
+# the ABC checks below, which cost ~10x more per value (PERF-2: every event is walked).
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 

@@ -75,7 +75,7 @@ def units_known(snapshot: str, mark: str) -> str:
 
 def unit_rows_json(snapshot: str, mark: str) -> str:
     """SQL: the novel's units as `[created_seq, UnitView]` pairs in creation order — only those
-    written since `snapshot` when `units_known`, else all. Issue 14: those written since are a
+    written since `snapshot` when `units_known`, else all. PERF-2: those written since are a
     range of the `units_written` index (migration 013) from the snapshot's xmin — the lowest
     writer it may not have seen, or 0 when it cannot be brought up to date —, not a visit of
     every unit; what the range holds that the snapshot saw is dropped by the visibility check.
@@ -150,7 +150,7 @@ def _snapshot_json(paragraphs: str, known: tuple[str, str] | None = None,
                    units: tuple[str, str] | None = None) -> str:
     """Everything a `NovelSnapshot` holds but its outline, as ONE JSON text (`SnapshotRow`): the
     novel's fields, its units, its commits up to seq $2 with their canon facts, and its notes, in
-    the orders the snapshot needs. Issue 14: the JSON has the snapshot types' own field names, so
+    the orders the snapshot needs. PERF-2: the JSON has the snapshot types' own field names, so
     it decodes straight into them in one pass (`decode_snapshot_row`) — no generic decode into
     dicts and no view built per commit in Python, the part of a read that grows with the book.
 
@@ -193,7 +193,7 @@ _SNAPSHOT_READ_ONLY = _SNAPSHOT_PROSE.replace(
     "  WHERE o.novel_id = n.novel_id AND o.revision = n.outline_revision) END AS snap_outline,",
     1,
 )
-# The read tools' snapshot of a run (issue 14): as `_SNAPSHOT_READ_ONLY`, but the commit index
+# The read tools' snapshot of a run (PERF-2): as `_SNAPSHOT_READ_ONLY`, but the commit index
 # without prose and only after the commits this process knows ($5, $6), the units written since
 # the snapshot its units were read at ($7, $8: `store.commit_index`), and
 # the prose of the chapter of the run's unit ($4), the chapter a writer reads, beside it
@@ -359,11 +359,11 @@ async def load_tool_snapshot(
     read_pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> tuple[NovelSnapshot, frozenset[str]]:
     """A writer run's read tools' snapshot, as `load_snapshot_read_only` (one read-only
-    statement), but with the prose of the chapter of `unit_id` only (issue 14: a run's per-unit
-    read no longer carries the whole book's prose); and the ids of the commits whose prose it
+    statement), but with the prose of the chapter of `unit_id` only (PERF-2: a run's per-unit
+    read does not carry the whole book's prose); and the ids of the commits whose prose it
     holds. The others' paragraphs are empty: read them with `read_prose` before a tool that
     needs them (`writers.tools.prose_to_read`)."""
-    known, units = CACHE.known(novel_id), UNITS.known(novel_id)  # issue 14: only what changed since
+    known, units = CACHE.known(novel_id), UNITS.known(novel_id)  # PERF-2: only what changed since
     snapshot, row = await _read_only(read_pool, novel_id, _SNAPSHOT_TOOLS, unit_id, known.after, known.mark,
                                      units.snapshot, units.mark, known=known, known_units=units)
     prose = _prose_decoder.decode(row["snap_prose"])  # the unit's chapter's, by commit id
@@ -443,7 +443,7 @@ async def _load(
     # the driver's structural read (prose=False) is that lone SELECT, without BEGIN and COMMIT.
     reader = transaction(pool, isolation="repeatable_read", readonly=True) if prose else statement(pool)
     up_to = (1 << 31) - 1 if as_of_seq is None else as_of_seq
-    # Issue 14: without prose, only the commits after those known and the units written since.
+    # PERF-2: without prose, only the commits after those known and the units written since.
     known, units = CACHE.known(novel_id), UNITS.known(novel_id)
     async with reader as conn:
         if prose:
@@ -485,7 +485,7 @@ def _assemble(novel_id: str, row: SnapshotRow, outline: Outline | None, as_of_se
     )
 
 
-# PERF-2 (issue 14): the driver's accounting and its next decision's input in one statement. The
+# PERF-2: the driver's accounting and its next decision's input in one statement. The
 # snapshot part is `_SNAPSHOT_STRUCTURE`'s JSON (its known commits: $9, $10; units: $11, $12).
 _ACCOUNT_SNAPSHOT_JSON = _snapshot_json("'[]'::json", ("$9::int", "$10::text"), ("$11::text", "$12::text"))
 _ACCOUNT_AND_SNAPSHOT = (
@@ -508,7 +508,7 @@ async def account_turn_and_snapshot(
     holder: str | None = None,
 ) -> tuple[NovelRow, bool, NovelSnapshot]:
     """`store.account_turn` (same arguments, checks and effects: `nb_account_turn`) and the
-    structural snapshot (`load_snapshot(prose=False)`) in ONE statement (PERF-2, issue 14):
+    structural snapshot (`load_snapshot(prose=False)`) in ONE statement (PERF-2):
     (counters after the turn, first, snapshot).
 
     The snapshot is one consistent read as of the statement's start: the accounting writes only
@@ -516,7 +516,7 @@ async def account_turn_and_snapshot(
     book as the turn left it. The counters (turns, failures: the next budget check's input) are
     those the accounting wrote."""
     check_turn(turn_key, outcome, writer_output_chars)
-    known, units = CACHE.known(novel_id), UNITS.known(novel_id)  # issue 14: only what changed since
+    known, units = CACHE.known(novel_id), UNITS.known(novel_id)  # PERF-2: only what changed since
     async with statement(pool) as conn:
         r = await conn.fetchrow(_ACCOUNT_AND_SNAPSHOT, novel_id, (1 << 31) - 1, turn_key, outcome,
                                 writer_output_chars, failure_signature, unit_id, holder, known.after, known.mark,

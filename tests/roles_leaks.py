@@ -1,4 +1,4 @@
-"""What a role projection must never carry (ROLE-1, CTX-8, seed 002's visibility table), as a scan
+"""What a role projection must never carry (ROLE-1, CTX-8, the visibility table), as a scan
 the tests of every role share: keys of the trusted boundary, id and hash shapes, arm names for the
 judge, raw paths, and the store's own secrets passed in."""
 
@@ -19,7 +19,7 @@ FORBIDDEN_KEYS = frozenset(k.lower() for k in (
 ID_RE = re.compile(r"\b(?:run-[0-9a-f]{8,}|claim-[0-9a-f]{8,}|dlg-[\w-]+-[0-9a-f]{12,})\b")
 DIGEST_RE = re.compile(r"\b[0-9a-f]{32,}\b")
 PATH_RE = re.compile(r"(?:^|[\s\"'(])(?:/(?:home|tmp|work|var|usr|etc|root)/[\w./-]+|[A-Za-z]:\\\\[\w\\\\.-]+)")
-# The blind judge never learns which arm wrote which text (seed 002: 真实实验臂).
+# The blind judge never learns which arm wrote which text (JUDGE-2).
 ARM_RE = re.compile(r"(?<![\w-])(?:inline|subagent|W1|W2)(?![\w-])")
 
 

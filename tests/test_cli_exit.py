@@ -1,6 +1,6 @@
 """A command's process always exits (OPS-5): `asyncio.run` cancels what a command left running
-once, then waits for it forever; a task whose cancel got lost (Python 3.11's wait_for, as in
-nats-py's fetch) hung `novelbus demo` on exit. `cli.common.run` cancels again until it ends."""
+once, then waits for it forever, so a task whose cancel got lost (Python 3.11's wait_for, as in
+nats-py's fetch) would keep it from exiting. `run` cancels again until it ends."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """OPS-5: a path the user gives for output is checked before the command starts anything (a demo
 or a benchmark would otherwise run to the end and then fail to write), and a file is written
-whole or not at all. Before: `export --out DIR`, `schema --out DIR`, `demo --out FILE` and
-`bench ab --out FILE` ended in tracebacks (the last two only after their whole run)."""
+whole or not at all: `export --out DIR`, `schema --out DIR`, `demo --out FILE` and
+`bench ab --out FILE` get one line naming the problem, not a traceback (and the last two before
+their whole run, not after it)."""
 
 from __future__ import annotations
 

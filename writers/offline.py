@@ -74,7 +74,7 @@ class UnitBrief:
     @classmethod
     def from_pack(cls, pack_text: str) -> UnitBrief:
         """The brief of a pack; a pure function of its text, so kept for the last packs read
-        (issue 14: a unit's run asks for it twice, and it parsed the whole pack each time)."""
+        (PERF-2: a unit's run asks for it twice; parsing the whole pack twice is wasted)."""
         return _brief_of(pack_text)
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Writer session reuse (RUN-5, seed 000): continue a stored conversation or start fresh.
+"""Writer session reuse (RUN-5): continue a stored conversation or start fresh.
 
 A session is a stored chat history under an id, in a store. The execution policy names both
 together or neither (`writers.runner.ExecutionPolicy`). Continuing is a decision about the

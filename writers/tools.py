@@ -1,4 +1,4 @@
-"""The one tool registry (TOOL-1..5, seed 000 "stage D").
+"""The one tool registry (TOOL-1..5).
 
 Every tool a writer can see is declared here exactly once: name, description, tables read,
 parameter schema (a pydantic model) and implementation. Model tool definitions are generated
@@ -8,7 +8,7 @@ Read tools are pure functions of a `NovelSnapshot` that the writer-runner actor 
 read-only transaction for the delegated novel only (TOOL-5): a model never reaches the database,
 files or the retrieval plan. That snapshot carries the prose of the chapter being written only; a
 tool that reads other prose declares which (`ToolSpec.prose`), and the runner reads exactly that
-by commit id before the call (`prose_to_read`, `with_prose`; issue 14: a unit's reads do not
+by commit id before the call (`prose_to_read`, `with_prose`; PERF-2: a unit's reads do not
 grow with the book). Results carry creative content and public ids (chapter, scene,
 character, commit ids) but never tokens, claim ids, hashes or run ids (CTX-8).
 
@@ -88,7 +88,7 @@ class ToolSpec:
     impl: Callable[[NovelSnapshot, Any], Any] | None
     kind: Literal["read", "write"] = "read"
     # The commits whose prose (paragraphs) `impl` reads for these arguments; None: none. A
-    # snapshot may come without prose (issue 14): the runner reads exactly these first.
+    # snapshot may come without prose (PERF-2): the runner reads exactly these first.
     prose: Callable[[NovelSnapshot, Any], Iterable[str]] | None = None
 
 
@@ -234,7 +234,7 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
     if outline is not None:
         ordered = outline.ordered_chapters()
         at = next((k for k, c in enumerate(ordered) if c.chapterId == current), 0)
-        # Issue 14: every scene's progress from one pass over the commits (`finished_scenes`,
+        # PERF-2: every scene's progress from one pass over the commits (`finished_scenes`,
         # `completed_chapters`), not a scan of every commit per scene.
         done = set(completed_chapters(snapshot))
         finished_chapters = sum(1 for c in ordered if c.chapterId in done)
@@ -601,7 +601,7 @@ def prose_to_read(
 ) -> list[str]:
     """The commits whose prose this call reads and `snapshot` does not hold yet (`loaded`: the
     commits whose prose it holds), in seq order; the contract errors of a call that reads prose,
-    as `call_read_tool` raises them. Issue 14: the read tools' snapshot carries the prose of the chapter being
+    as `call_read_tool` raises them. PERF-2: the read tools' snapshot carries the prose of the chapter being
     written only — the rest of the book is read when a tool asks for it, so a run does not
     decode the whole book's prose on every unit."""
     spec = get_tool(name)

@@ -39,7 +39,7 @@ CONTEXT_SCHEMA = "novelbus.writer-context/1"
 MANIFEST_SCHEMA = "novelbus.retrieval-manifest/1"
 
 
-# §7 caps (bounded profile = seed 0007 §4; the wide profile keeps the card caps).
+# §7 caps (the bounded profile's; the wide profile keeps the card caps: docs/writer-pack.md).
 MAX_CHARACTERS = 6
 
 
@@ -140,7 +140,7 @@ class ProfileBudget(msgspec.Struct, frozen=True, rename="camel"):
 
 
 BUDGETS: dict[str, ProfileBudget] = {
-    # seed 0007 §4: the current chapter's raw tail only.
+    # CTX-7: the continuity baseline is the current chapter's raw tail only.
     "bounded": ProfileBudget(
         profile="bounded",
         earlier_chapters=0,
@@ -150,7 +150,7 @@ BUDGETS: dict[str, ProfileBudget] = {
         recall_excerpt_chars=0,
         hard_tokens=24_000,
     ),
-    # seed 002: the four preceding chapters in full, the current chapter in full, plus prose
+    # CTX-7: the four preceding chapters in full, the current chapter in full, plus prose
     # recalled through canon-card pointers.
     "wide": ProfileBudget(
         profile="wide",
@@ -254,7 +254,7 @@ def plan_retrieval(
 @per_object
 def character_candidates(outline: Outline) -> tuple[str, ...]:
     """The outline's characters that take part in some scene, in outline order (once per parsed
-    outline revision, not per unit: issue 14)."""
+    outline revision, not per unit: PERF-2)."""
     in_scenes = {p for s in outline.scenes for p in s.participants}
     return tuple(c.characterId for c in outline.characters if c.characterId in in_scenes)
 

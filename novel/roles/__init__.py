@@ -1,4 +1,4 @@
-"""Role projections (CTX-8, ROLE-1): what each role's model may see, per seed 002's visibility table.
+"""Role projections (CTX-8, ROLE-1): what each role's model may see, per the trusted-context visibility table.
 
 The full frozen context stays inside the trusted boundary; each role gets a minimal projection,
 a pure function beside the writer's pack (`novel.pack.render_writer_pack`). One module per role:
@@ -58,8 +58,8 @@ class RoleInputError(ContextInputError):
 
 class Candidate(msgspec.Struct, frozen=True, rename="camel"):
     """The body under review (detector, judge): its paragraphs and the claims it declares. No
-    version, hash, run or arm: the adapter binds those outside the projection (CTX-9, seed 002
-    "trusted binding")."""
+    version, hash, run or arm: the adapter binds those outside the projection (CTX-9, trusted
+    binding)."""
 
     paragraphs: list[str]
     canon_changes: list[CanonChange] = []

@@ -1,6 +1,6 @@
 """The semantic detector's projection (CTX-8, ROLE-1, ROLE-2): what the detector model sees.
 
-Seed 002's visibility table: the current candidate, the outline and its hard constraints, fact
+The visibility table's detector row (ROLE-1): the current candidate, the outline and its hard constraints, fact
 evidence (character and lore cards, canon facts with their source pointers), historical prose
 evidence and asOf. Never run, claim or delegation ids, permissions, manifests, hashes, candidate
 versions, arm names, other candidates, raw paths or facts after asOf: the projection is built

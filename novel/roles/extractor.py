@@ -1,4 +1,4 @@
-"""The extractor (ROLE-1, ROLE-3; seed 002: "待处理原文、schema 合同和判重所需的既有知识").
+"""The extractor (ROLE-1, ROLE-3): the pending prose, its schema contract and the knowledge to de-duplicate.
 
 It reads one committed unit's prose and proposes canon changes, each sourced to a paragraph of
 that prose (``commit-N#p``). Its projection holds the pending prose with a pointer per

@@ -1,4 +1,4 @@
-"""The blind judge's projection (ROLE-1, JUDGE-2; seed 002's `writer-blind-input` row).
+"""The blind judge's projection (ROLE-1, JUDGE-2; the visibility table's `writer-blind-input` row).
 
 What the judge model gets for one scene: two anonymised candidate texts, "A" and "B", and the
 outline context both were written against (the story's premise and style, the chapter's purpose,

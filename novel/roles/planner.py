@@ -1,4 +1,4 @@
-"""The planner's projection (ROLE-1, ROLE-4; seed 002: "冻结规划视图"): the frozen planning view.
+"""The planner's projection (ROLE-1, ROLE-4): the frozen planning view.
 
 Under planning authorisation the planner reads the global direction and the future plan: the
 story, the cast, every chapter and scene of the outline (written or still planned), the book's

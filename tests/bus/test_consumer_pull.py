@@ -1,4 +1,4 @@
-"""The durable consumer's pull (BUS-2, REL-6; issue 14 PERF-2): one open pull request serves many
+"""The durable consumer's pull (BUS-2, REL-6, PERF-2): one open pull request serves many
 deliveries, an expired request is renewed, and every message is still handled and acked once."""
 
 from __future__ import annotations

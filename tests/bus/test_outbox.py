@@ -1,4 +1,4 @@
-"""bus.outbox on real NATS (BUS-3, REL-2, REL-6; issue 14): events go out without a wait per ack,
+"""bus.outbox on real NATS (BUS-3, REL-2, REL-6, PERF-2): events go out without a wait per ack,
 `settle` returns once every event of the calling task is stored, in the order published; a late
 ack is made good by a re-publish the stream de-duplicates (stored once); an ack that says no is
 re-published and in the end left to the ledger (logged), without hanging `settle`."""
@@ -122,7 +122,7 @@ async def test_an_ack_that_says_no_is_retried_then_left_to_the_ledger(
 async def test_a_settle_counts_as_blocked_only_when_an_ack_is_still_in_flight(
         bus: tuple[NATS, JetStreamContext, Subjects]) -> None:
     """PERF-1: `publish_waits` counts settles with events to confirm; `ack_blocked` those that really waited
-    (issue 14: how many serial ack waits a unit has, beside how many settles)."""
+    (PERF-2: how many serial ack waits a unit has, beside how many settles)."""
     nc, js, s = bus
 
     def counted(kind: str) -> int:

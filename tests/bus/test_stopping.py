@@ -1,8 +1,8 @@
 """A stop ends what it stops, even when a cancel gets lost (REL-6: a stopping process does not hang).
 
 Python 3.11's `asyncio.wait_for` drops a cancel that lands as its inner step finishes; nats-py's
-`fetch` is built on it. A pull loop that lost its cancel fetched on forever, and the stop that
-awaited it hung (seen as a 300 s teardown timeout in the e2e suite).
+`fetch` is built on it. A pull loop that lost its cancel would fetch on forever, and a stop
+that awaits it would hang.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14 (PERF-1/2): where a unit's wall time goes — the tally's spans and the benchmark's
+"""PERF-1/2: where a unit's wall time goes — the tally's spans and the benchmark's
 attribution of a timeline to what it waited on (innermost open span; nothing open = own Python)."""
 
 from __future__ import annotations

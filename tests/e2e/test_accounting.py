@@ -1,7 +1,7 @@
 """REL-7: every commit accounted exactly once — turn, usage sample or marker, writer run closed,
 chapter completion, the finish — whoever dies when; usage never delays a unit.
 
-The lost-turn scenario of issue 11, reproduced in one process with the real actors: the writer
+The lost-turn scenario, reproduced in one process with the real actors: the writer
 is "killed" right after its commit landed (it never replies and never closes its run), then the
 driver is stopped while waiting for it; a restarted driver must account that turn.
 """
@@ -102,7 +102,7 @@ class CommitThenDie:
 @pytest.mark.parametrize("reconcile", [True, False], ids=["with-reconcile", "without-reconcile"])
 async def test_writer_killed_after_commit_then_driver_killed_turn_accounted_once(
         nats_url: str, new_database: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, reconcile: bool) -> None:
-    """REL-7: the lost turn of issue 11. Without reconciliation (the check made to fail) the
+    """REL-7: the lost turn. Without reconciliation (the check made to fail) the
     committed unit's turn, its usage and its writer run stay unaccounted forever."""
     if not reconcile:
         async def no_reconcile(self: Any, **kw: Any) -> Any:

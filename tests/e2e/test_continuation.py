@@ -1,4 +1,4 @@
-"""Issue 14 (PERF-2 latency): waits taken off a unit's path, each with its guarantee kept.
+"""PERF-2 (latency): waits taken off a unit's path, each with its guarantee kept.
 
 - The driver starts a novel's next unit in-process once its next-unit work notice is stored (for
   another process or a restart, REL-1); the notice's copy coming back is only acked (REL-2:

@@ -1,4 +1,4 @@
-"""Issue 27's own check (QUAL-1..3): a scripted OpenAI-compatible model writes W1 novels of one chapter
+"""QUAL-1..3 end to end: a scripted OpenAI-compatible model writes W1 novels of one chapter
 and two scenes through all the actors (real NATS and PostgreSQL, `--model openai:…` and
 NOVELBUS_MODEL_BASE_URL as a user sets them). Good English prose finishes; `...`, the scene's goal
 copied, one sentence repeated and Chinese prose in an English novel each commit nothing, and each

@@ -1,5 +1,5 @@
 """`novelbus pack … --role R --json` on a finished novel (ROLE-1, CTX-8): each role's projection,
-scanned for what seed 002's visibility table keeps from it."""
+scanned for what the visibility table keeps from it (ROLE-1)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ async def test_the_four_way_split_adds_up_to_every_calls_raw_input(stack: Runtim
             assert sum("novel_body_read" in s["toolBytes"] for s in samples) == 1
         sampled = [e for e in events if isinstance(e, ev.UsageSampled)]
         assert [e.input_chars for e in sampled] == [s["inputChars"] for s in samples]
-        # Issue 14: the event carries the unit's model time too (what `bench throughput` subtracts)
+        # PERF-2: the event carries the unit's model time too (what `bench throughput` subtracts)
         assert [e.model_ms for e in sampled] == [s["modelMs"] for s in samples]
         if mode == "subagent":  # a fresh writer per unit: nothing re-sent from earlier units
             assert all(s["proseEchoChars"] == 0 for s in samples)

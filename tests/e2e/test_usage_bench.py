@@ -153,11 +153,11 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
         report["latency_units_measured"] == 5
     )  # 2 chapters × 3 scenes; the last has no successor
     assert report["overhead_p50_by_quarter_ms"] is None  # under 8 measured units: no quarters
-    # issue 14: a warm-up novel (rounded up to one chapter of 3 scenes) ran first and is not in the
+    # PERF-2: a warm-up novel (rounded up to one chapter of 3 scenes) ran first and is not in the
     # latency figures; its slowest unit (the process's first, cold ones) is reported beside them
     assert report["warmup_units"] == 3
     assert report["warmup_overhead_max_ms"] > 0
-    # issue 14: autovacuum's rules were applied to the scratch database (a count, maybe 0 here)
+    # PERF-2: autovacuum's rules were applied to the scratch database (a count, maybe 0 here)
     assert isinstance(report["maintenance_runs"], int) and report["maintenance_runs"] >= 0
     # PERF-1: the floor measured on the same servers, and the ratio against it
     floor = report["floor"]
@@ -196,7 +196,7 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
         per_unit["transactions"]
     )
     assert per_unit["publishes"]["total"] >= report["stream_messages_per_unit"] > 0
-    # issue 14: the latency novel's cycles traced hop by hop — the driver's timeline split by what
+    # PERF-1: the latency novel's cycles traced hop by hop — the driver's timeline split by what
     # it waited on adds up to the cycle; each command's round trip into handler, acks and transport
     trace = report["latency_breakdown"]
     assert trace["cycles"] == 5
@@ -212,7 +212,7 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
 async def test_bench_throughput_measures_a_novel_longer_than_the_usage_ring(
     nats_url: str, new_database: Any
 ) -> None:
-    """Issue 14: a unit's model time comes from its `usage.sampled` event, not from the usage
+    """PERF-2: a unit's model time comes from its `usage.sampled` event, not from the usage
     ring (50 samples), so a long novel is measured whole, and the overhead is split by quarter
     of the book — whether a unit costs more the longer the book already is."""
     dsn = await new_database()

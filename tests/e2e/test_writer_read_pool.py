@@ -1,4 +1,4 @@
-"""PERF-2 (issue 14) with TOOL-5 / INFRA-4: the writer's read tools read their one snapshot per run
+"""PERF-2 with TOOL-5 / INFRA-4: the writer's read tools read their one snapshot per run
 in one statement on a read-only connection, opened when the writer starts, not in a unit's path."""
 
 from __future__ import annotations

@@ -196,15 +196,15 @@ def test_a_unix_socket_of_any_port_must_fit_in_107_bytes() -> None:
     """INFRA-1: PostgreSQL refuses a socket path over 107 bytes; the path is the directory plus
     "/.s.PGSQL.<port>" (15 bytes with a five-digit port), counted in bytes."""
     assert socket_dir_fits(Path("/" + "d" * 91))  # 92 + 15 = 107
-    assert not socket_dir_fits(Path("/" + "d" * 92))  # 108: the old rule (directory ≤ 100) let it by
+    assert not socket_dir_fits(Path("/" + "d" * 92))  # 108: a directory ≤ 100 bytes is not enough
     assert not socket_dir_fits(Path("/" + "é" * 46))  # 93 bytes, 47 characters
 
 
 @pytest.mark.parametrize("run_dir_bytes", [92, 93, 100])
 async def test_postgres_starts_under_a_long_home(tmp_home: Path, run_dir_bytes: int) -> None:
-    """INFRA-1: A home whose socket directory (`<home>/run`) is 93–100 bytes long used to pass the length
-    check and then stop PostgreSQL at start-up ("could not create any Unix-domain sockets"), as
-    under pytest-xdist's longer temporary paths. Such a home gets a short socket directory."""
+    """INFRA-1: A home whose socket directory (`<home>/run`) is 93–100 bytes long (as under
+    pytest-xdist's longer temporary paths) would stop PostgreSQL at start-up ("could not create any
+    Unix-domain sockets"); such a home gets a short socket directory."""
     pad = run_dir_bytes - len(str(tmp_home / "x" / "run")) + 1
     assert pad > 0
     home = tmp_home / ("h" * pad)

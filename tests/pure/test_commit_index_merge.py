@@ -1,4 +1,4 @@
-"""Issue 14: the commit index a process already read (`store.commit_index`), pure parts.
+"""PERF-2: the commit index a process already read (`store.commit_index`), pure parts.
 
 A snapshot asks only for the commits after the last one the process knows and merges them with
 what it knew; the merge must give exactly the index a whole read gives, at any asOf, and the

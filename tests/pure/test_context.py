@@ -389,7 +389,7 @@ def test_a_planted_future_source_fails_closed() -> None:
 
 
 def test_proven_once_per_sources_object_and_a_failure_is_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CTX-4: Issue 14: the store and the assembly prove the same sources object once between them; a
+    """CTX-4, PERF-2: the store and the assembly prove the same sources object once between them; a
     proof that failed fails again each time it is asked (nothing remembers a failure as a pass)."""
     import novelbus.novel.context._sources as module
 
@@ -548,7 +548,7 @@ def test_four_layers_with_their_contents() -> None:
     assert layers == {"L0", "L1", "L2"}
 
 
-# --- wide continuity profile (seed 002) --------------------------------------------------------
+# --- wide continuity profile (CTX-7) -----------------------------------------------------------
 
 
 def test_wide_profile_four_preceding_chapters_in_full_in_the_stable_prefix() -> None:

@@ -150,7 +150,7 @@ def check_paragraph_ungated(paragraph: str) -> tuple[str, str] | None:
     return None
 
 
-# Issue 14 (PERF-2): the gated check equals its definition (every pattern, in order). Fragments
+# PERF-2: the gated check equals its definition (every pattern, in order). Fragments
 # that the patterns and their gates turn on, in any case, with the characters `re` matches to
 # ASCII letters under IGNORECASE (ı İ ſ K), digits of both widths, brackets and CJK marks.
 _FRAGMENTS = [

@@ -1,9 +1,8 @@
 """DRV-1, DRV-5, OPS-1: the decision and its helpers cost one pass over the snapshot (PERF-2).
 
-`next_work`, `completed_chapters`, `remaining_scenes`, `finish_violations` and the export used to
-ask `scene_commits` once per scene — each call sorting every commit — so a decision grew with
-scenes × commits, quadratic in the book's length. They now group the commits once
-(`commits_by_scene`). This holds them equal to the per-scene definitions (kept below as the
+`next_work`, `completed_chapters`, `remaining_scenes`, `finish_violations` and the export group
+the commits once (`commits_by_scene`): asking `scene_commits` once per scene — each call sorting
+every commit — would make a decision grow with scenes × commits, quadratic in the book's length. This holds them equal to the per-scene definitions (kept below as the
 reference) on arbitrary snapshots: superseded units, commits listed out of seq order, the same
 scene id in two chapters, units and commits of scenes the outline does not name, several
 prepared units of one scene.

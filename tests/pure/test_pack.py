@@ -612,7 +612,7 @@ def test_pack_every_unit_of_the_sample_renders_in_both_shapes() -> None:
 
 
 def test_pack_fields_are_each_blocks_fields_and_each_call_gets_its_own() -> None:
-    """Issue 14: the kept parse gives what parsing gives, for every pack of the sample book in
+    """PERF-2: the kept parse gives what parsing gives, for every pack of the sample book in
     both shapes, and a caller that edits its dicts changes nobody else's."""
     for snapshot, unit_id in BOOK:
         for shape in SHAPES:

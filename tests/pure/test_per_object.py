@@ -1,4 +1,4 @@
-"""Issue 14: a snapshot's (or an outline's) scene progress is computed once per object and
+"""PERF-2: a snapshot's (or an outline's) scene progress is computed once per object and
 shared by the decisions that ask for it (`novel.next_work.per_object`)."""
 
 from __future__ import annotations

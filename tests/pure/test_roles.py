@@ -1,4 +1,4 @@
-"""Role projections (ROLE-1, CTX-8, seed 002's visibility table): the shared inputs, the planner's
+"""Role projections (ROLE-1, CTX-8, the visibility table): the shared inputs, the planner's
 planning view and the extractor's projection, its offline extractor and acceptance (ROLE-3)."""
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def test_no_projection_carries_ids_hashes_tokens_or_future_prose(role: str) -> N
 
 
 def test_the_planner_sees_the_whole_plan_but_no_prose_and_nothing_after_as_of() -> None:
-    """ROLE-4, seed 002: the planning view holds every chapter and scene of the outline (future
+    """ROLE-4: the planning view holds every chapter and scene of the outline (future
     plans are authorised for planning) with each scene's state at asOf, and not one paragraph of
     prose; a scene written after asOf is still `planned` in it."""
     unit = UNITS[3]
@@ -190,7 +190,7 @@ def test_the_planning_view_never_shows_a_fact_committed_after_its_cut(snapshot: 
 
 
 def test_the_extractor_sees_its_commit_the_schema_and_known_canon_only() -> None:
-    """ROLE-3, seed 002: the pending prose is exactly the commit's paragraphs with their pointers;
+    """ROLE-3: the pending prose is exactly the commit's paragraphs with their pointers;
     the known canon points at commits up to the one it reads; no pattern references (L3)."""
     commit = FINAL.commits[6]
     inputs = role_inputs_from_snapshot("extractor", FINAL, commit.unit_id)

@@ -148,7 +148,7 @@ def test_keywords_are_unique_and_deterministic(text: str) -> None:
 @given(st.text(alphabet=st.sampled_from(["a", "Z", " ", "中", "あ", "한", "，", "…", "\n", "々"]), max_size=30))
 @PURE
 def test_has_cjk_is_any_cjk_code_point(text: str) -> None:
-    """Issue 14: the scan-free test is the per-code-point definition."""
+    """PERF-2: the scan-free test is the per-code-point definition."""
     assert has_cjk(text) == any(is_cjk(ch) for ch in text)
 
 
@@ -156,5 +156,5 @@ def test_has_cjk_is_any_cjk_code_point(text: str) -> None:
        .map("".join), st.sampled_from(["[[unit]]", "x", ""]))
 @PURE
 def test_has_line_is_a_line_of_the_split_text(text: str, line: str) -> None:
-    """Issue 14: the split-free test is ``line in text.split("\\n")``."""
+    """PERF-2: the split-free test is ``line in text.split("\\n")``."""
     assert has_line(text, line) == (line in text.split("\n"))

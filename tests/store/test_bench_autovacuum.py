@@ -1,4 +1,4 @@
-"""Issue 14: `bench throughput` applies autovacuum's rules to its scratch database
+"""PERF-2: `bench throughput` applies autovacuum's rules to its scratch database
 (`cli.bench_common.AutovacuumRules`), as autovacuum does on a database in use, only sooner."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.store.helpers import make_body, novel_file
 
 
 async def test_the_benchmarks_maintenance_follows_autovacuums_rules(pool: asyncpg.Pool, dsn: str) -> None:
-    """PERF-2: `bench throughput` applies autovacuum's rules to its scratch database (issue 14): a table is
+    """PERF-2: `bench throughput` applies autovacuum's rules to its scratch database: a table is
     analyzed once more rows changed than 50 + 10 % of its rows (which also drops the plans cached
     for it) and vacuumed once it holds more dead rows than 50 + 20 %. A store never analyzed kept
     the plans made when its tables held a few rows — sequential scans — however many commits

@@ -1,4 +1,4 @@
-"""Issue 14: snapshots read only the commits after those the process knows (`store.commit_index`).
+"""PERF-2: snapshots read only the commits after those the process knows (`store.commit_index`).
 
 The driver's structural snapshot, its accounting snapshot, the read tools' snapshot and the
 context index each carried every commit with its canon facts, per unit: a unit cost more the

@@ -52,7 +52,7 @@ async def test_migrate_accepts_a_connection(
 
 
 async def test_the_restart_read_of_recent_once_events_has_an_index(pool: asyncpg.Pool) -> None:
-    """REL-7 / issue 14: `store.recent_once_events` (a restarted claim manager's first read) can be
+    """REL-7, PERF-2: `store.recent_once_events` (a restarted claim manager's first read) can be
     served by migration 010's partial index — its predicate matches the query's, so a large ledger
     is not scanned whole at every start (planner told to avoid a sequential scan if it can)."""
     async with pool.acquire() as conn, conn.transaction():

@@ -1,8 +1,8 @@
-"""Issue 14 (PERF-2, migration 014): the prepare finds the unit's scene by key.
+"""PERF-2 (migration 014): the prepare finds the unit's scene by key.
 
-`nb_prepare_unit` used to read the novel's whole outline revision (a jsonb document as long as
-the book's plan) and search its scenes on every unit. Each revision's scenes are now listed once,
-when it is written, in `outline_scenes`, and the prepare looks the (chapter, scene) up there.
+Each outline revision's scenes are listed once, when it is written, in `outline_scenes`, and
+`nb_prepare_unit` looks the (chapter, scene) up there rather than reading the whole revision (a
+jsonb document as long as the book's plan) and searching its scenes on every unit.
 """
 
 from __future__ import annotations

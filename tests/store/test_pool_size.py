@@ -1,4 +1,4 @@
-"""PERF-2 (issue 14): a process's database pool holds 2 × cores + 1 connections unless
+"""PERF-2: a process's database pool holds 2 × cores + 1 connections unless
 `NOVELBUS_DB_POOL_SIZE` says otherwise; a malformed value is refused naming the variable, before
 anything connects (the CLI's exit 2 for it: tests/test_settings.py)."""
 

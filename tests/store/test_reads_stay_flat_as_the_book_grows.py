@@ -1,10 +1,9 @@
-"""Issue 14 (PERF-2, migration 013): what a unit's statements read does not grow with the book.
+"""PERF-2 (migration 013): what a unit's statements read does not grow with the book.
 
-The commit, the verifier's receipt, the reconciliation sweep and the context read used to sum
-every earlier commit's characters and count every commit's paragraphs (reading its prose)
-once per unit; the four snapshot reads visited every unit of the novel to find those
-written since the caller's snapshot. Now each commit carries its running total and paragraph
-count, and the units written since a snapshot are a range of the `units_written` index.
+Each commit carries its running total of characters and its paragraph count, so the commit, the
+verifier's receipt, the reconciliation sweep and the context read never sum earlier commits or
+read their prose; the units written since a snapshot are a range of the `units_written` index,
+so the four snapshot reads do not visit every unit of the novel.
 """
 
 from __future__ import annotations

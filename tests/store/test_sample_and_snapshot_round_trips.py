@@ -1,4 +1,4 @@
-"""PERF-2 (issue 14, perf-pw): the usage sampler's sample in one round trip when it knows the
+"""PERF-2: the usage sampler's sample in one round trip when it knows the
 totals, and the read tools' snapshot in one statement on a read-only connection — with the
 guarantees they keep (USE-1/2, REL-2, REL-7, TOOL-5, INFRA-4, CTX-4)."""
 

@@ -1,11 +1,10 @@
-"""Issue 14: the snapshot reads decode straight into the snapshot types — the same snapshots.
+"""PERF-2: the snapshot reads decode straight into the snapshot types — the same snapshots.
 
 Every snapshot read (the pure functions' input: ARCH-3, PACK-1; the read tools' TOOL-5; the
-driver's decision input; the context index, CTX-4) used to come back as generic JSON — units,
-commits and canon facts as dicts — and be rebuilt view by view in Python, a cost that grew with
-the book on every unit. The statements now build JSON with the snapshot types' own field names,
-canon facts nested in their commits, and it decodes in one pass. The statements and the assembly
-they replaced are kept below, verbatim, as the reference: on a database holding every shape a
+driver's decision input; the context index, CTX-4) builds JSON with the snapshot types' own
+field names, canon facts nested in their commits, and it decodes in one pass — no generic JSON
+rebuilt view by view in Python, a cost that would grow with the book on every unit. Statements
+returning generic JSON and their assembly in Python are kept below as the reference: on a database holding every shape a
 snapshot carries, both give equal snapshots.
 """
 

@@ -341,7 +341,7 @@ async def test_w2_recorded_arguments_never_carry_prose() -> None:
 
 
 def test_execution_policy_carries_session_id_and_store_together_or_not_at_all() -> None:
-    """RUN-5 (seed 000)."""
+    """RUN-5"""
     sessions = MemorySessionStore()
     assert not ExecutionPolicy().reuses_session
     assert ExecutionPolicy(session_id="s-1", session_store=sessions).reuses_session

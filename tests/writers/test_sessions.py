@@ -1,4 +1,4 @@
-"""RUN-5 session reuse (seed 000): a revision of the same chapter continues the stored session,
+"""RUN-5 session reuse: a revision of the same chapter continues the stored session,
 a rewrite (or another chapter) starts fresh; the conversation is saved back under the same id."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14: the read tools cost what they read, not the whole book (TOOL-1) — same results.
+"""PERF-2: the read tools cost what they read, not the whole book (TOOL-1) — same results.
 
 `novel_status_read` asked `next_work.scene_finished` once per scene and `completed_chapters` once
 per call, each a filter over every live commit: O(scenes × commits) per tool call, so the
@@ -146,8 +146,8 @@ def tool_snapshots(draw: st.DrawFn) -> NovelSnapshot:
 def test_status_read_in_one_pass_equals_the_previous_implementation(
     snapshot: NovelSnapshot,
 ) -> None:
-    """Issue 14 / TOOL-1: the one-pass status read returns exactly what the per-scene scans
-    returned, for any history (superseded units, a claimed or prepared unit, commits unordered)."""
+    """PERF-2 / TOOL-1: the one-pass status read returns exactly what the per-scene scans
+    return, for any history (superseded units, a claimed or prepared unit, commits unordered)."""
     assert call_read_tool(snapshot, "novel_status_read", {}) == reference_status(snapshot)
 
 
@@ -163,7 +163,7 @@ def test_outline_read_defaults_to_the_same_chapter_as_before(snapshot: NovelSnap
     assert (result["chapter"] or {}).get("chapterId") == expected
 
 
-# --- prose on demand (issue 14): a snapshot without the book's prose gives the same results -----
+# --- prose on demand (PERF-2): a snapshot without the book's prose gives the same results -----
 
 def tool_calls(snapshot: NovelSnapshot) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
     """Read tool calls on this snapshot: body reads of its chapters (often of chapters with
@@ -203,7 +203,7 @@ def _result(snapshot: NovelSnapshot, name: str, args: dict[str, Any]) -> Any:
 def test_prose_read_on_demand_gives_the_results_of_the_whole_snapshot(
     snapshot: NovelSnapshot, data: st.DataObject
 ) -> None:
-    """Issue 14 / TOOL-1, TOOL-2: a run's snapshot holds some commits' prose (the unit's chapter);
+    """PERF-2 / TOOL-1, TOOL-2: a run's snapshot holds some commits' prose (the unit's chapter);
     before each call the prose it reads (`prose_to_read`) is filled in (`with_prose`) — every
     call, in any order, returns exactly what it returns on the snapshot with all the prose."""
     held = {c.commit_id for c in snapshot.commits if data.draw(st.booleans())}
