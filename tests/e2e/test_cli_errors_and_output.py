@@ -13,15 +13,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime
+from novelbus.bus.client import connect
+from novelbus.bus.codec import encode
+from novelbus.messages import events as ev
+from novelbus.messages.base import tag_of
+from novelbus.messages.subjects import Subjects
 from novelbus.novel import outline as outline_mod
 from novelbus.novel import pack as pack_mod
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
+from tests.waiting import arrives, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
