@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from novelbus import store
-from novelbus.bus import outbox
+from novelbus.bus import metrics, outbox
 from novelbus.bus.codec import encode, type_tag
 from novelbus.bus.service import CommandService
 from novelbus.bus.streams import DUPLICATE_WINDOW_S
@@ -208,6 +208,7 @@ class ActorContext:
     async def publish_recorded(self, event: Event, seq: int) -> None:
         """The publish half of `emit`, for an event whose ledger row (seq) is already written."""
         tag = type_tag(event)
+        metrics.observe_event(event, seq)  # OPS-6: units by outcome, counted from what is published
         data, headers = encode(event)
         headers["Nats-Msg-Id"] = f"{self.subjects.namespace}ev-{seq}"
         await outbox.publish(self.nc, self.js, self.subjects.event(event.novel_id, tag), data, headers,

@@ -45,7 +45,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
-from novelbus.bus import tally
+from novelbus.bus import logs, metrics, tally
 from novelbus.bus.codec import MessageError, decode
 from novelbus.bus.tasks import cancel_and_wait
 from novelbus.novel.retry import RetryPolicy
@@ -118,6 +118,19 @@ class DurablePullConsumer(Generic[M]):
         self._inbox = self.nc.new_inbox()
         self._sub = await self.nc.subscribe(self._inbox, cb=self._received)
         self._loop_task = asyncio.create_task(self._pull_loop(), name=f"pull-{self.config.durable_name}")
+        metrics.BINDINGS.add(self)  # OPS-7: readiness asks every started service and consumer
+
+    @property
+    def bound(self) -> bool:
+        """Subscribed to its deliveries with its pull loop running (OPS-7)."""
+        return self._sub is not None and self._loop_task is not None and not self._loop_task.done()
+
+    async def lag(self) -> int:
+        """The consumer's messages not yet delivered, asked of the server (OPS-6, OPS-7: it exists)."""
+        info = await self.js.consumer_info(self.stream, self.config.durable_name or "")
+        pending = int(info.num_pending or 0)
+        metrics.CONSUMER_LAG.labels(self.config.durable_name or "").set(pending)
+        return pending
 
     async def stop(self) -> None:
         """Stop fetching, cancel the running handlers (their messages are redelivered), unsubscribe."""
@@ -200,11 +213,14 @@ class DurablePullConsumer(Generic[M]):
 
     async def _run(self, msg: Msg) -> None:
         self.received += 1
+        with contextlib.suppress(Exception):  # OPS-6: the lag comes free with each delivery
+            metrics.CONSUMER_LAG.labels(self.config.durable_name or "").set(msg.metadata.num_pending)
         try:
             message: M = decode(msg.data, self.message_type, msg.headers)
         except MessageError as e:
             await self._dead_letter(msg, e.code, str(e))
             return
+        logs.bind(message)  # OPS-8: this task's log lines carry the novel's correlation id
         heartbeat = asyncio.create_task(self._heartbeat(msg))
         try:
             await self.handle(message)
@@ -254,5 +270,6 @@ class DurablePullConsumer(Generic[M]):
             with contextlib.suppress(Exception):
                 await msg.nak(delay=5.0)
             return
+        metrics.DEAD_LETTERED.labels(self.config.durable_name or "", code).inc()  # OPS-6
         with contextlib.suppress(Exception):
             await msg.term()

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import operator
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from novelbus.bus import outbox, tally
+from novelbus.bus import logs, metrics, outbox, tally
 from novelbus.bus.codec import MessageError, decode, encode
 from novelbus.messages.errors import INTERNAL, ErrorReply
 
@@ -57,6 +58,12 @@ class CommandService:
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_message)
         await self.nc.flush()  # the server knows the subscription before anyone is told we are ready
+        metrics.BINDINGS.add(self)  # OPS-7: readiness asks every started service and consumer
+
+    @property
+    def bound(self) -> bool:
+        """Subscribed to its subject (OPS-7)."""
+        return self._sub is not None
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -81,9 +88,13 @@ class CommandService:
 
     async def _serve(self, msg: Msg) -> None:
         tally.actor.set(self.label)  # this task's own context: counts go to the serving actor
+        started = time.perf_counter()
+        served = "undecodable"
         try:
             try:
                 request = decode(msg.data, self.kind, msg.headers)
+                served = type(request).__name__
+                logs.bind(request)  # OPS-8: this task's log lines carry the unit's correlation id
                 novel_id = getattr(request, "novel_id", None) if tally.tracing else None
                 tally.trace_key.set(f"{novel_id}@{self.label}" if isinstance(novel_id, str) else None)
                 with tally.span(f"serve {type(request).__name__}"):
@@ -108,6 +119,10 @@ class CommandService:
                 data, headers = encode(reply)
                 await self.nc.publish(msg.reply, data, headers=headers)
                 tally.mark("replied")
+            elapsed = time.perf_counter() - started
+            metrics.HOP_SECONDS.labels(self.label, served).observe(elapsed)  # OPS-6
+            log.debug("%s served %s in %.1f ms: %s", self.label, served, elapsed * 1e3,
+                      getattr(reply, "code", "ok"))
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a broken reply path must not kill the service

@@ -78,7 +78,6 @@ def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None)
 
 def model_extra(model: str) -> str:
     """A `--model` option's callback: `local` needs the local extra (`local:PATH.gguf` only its
-    server, not the packaged weights)."""
     kind, _, path = model.strip().partition(":")
     if kind == "local":
         require_extra("local", "--model local", ("llama_cpp",) if path else None)
@@ -144,6 +143,14 @@ def checked_settings() -> dict[str, Callable[[], object]]:
     it and raises ValueError (or ProviderError) naming it when the value is malformed. Imported
     when a command starts, so each module keeps its own reader and its own message."""
     from novelbus.actors.writer import auto_declined_from_env, output_tokens_from_env
+    from novelbus.bus.logs import (
+        ENV_LOG_FORMAT,
+        ENV_LOG_LEVEL,
+        ENV_LOG_LEVELS,
+        log_format,
+        log_level,
+        logger_levels,
+    )
     from novelbus.bus.streams import stream_replicas
     from novelbus.infra.llama import ENV_LOCAL_THREADS, local_threads
     from novelbus.store.pool import ENV_POOL_SIZE, pool_size
@@ -175,6 +182,9 @@ def checked_settings() -> dict[str, Callable[[], object]]:
         ENV_READ_TOOLS: read_tools_switch,
         ENV_LOCAL_THREADS: local_threads,
         ENV_MIGRATE: migrate_mode,  # OPS-10
+        ENV_LOG_FORMAT: log_format,  # OPS-8
+        ENV_LOG_LEVEL: log_level,
+        ENV_LOG_LEVELS: logger_levels,
     }
 
 
@@ -190,6 +200,8 @@ FREE_FORM_SETTINGS = {
     "NOVELBUS_MODEL_BASE_URL": "checked by the openai provider when it is built",
     "NOVELBUS_MODEL_API_KEY": "a secret of any form: never echoed",
     "NOVELBUS_PANEL_TOKEN": "a secret, checked (16 characters or more) by `novelbus panel` when it starts",
+    "NOVELBUS_METRICS_PORT": "the --metrics-port option of `up` and `actor`: typer refuses what is not a port",
+    "NOVELBUS_METRICS_HOST": "the --metrics-host option: an address the endpoint cannot bind stops the command",
 }
 
 

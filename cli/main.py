@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,6 +39,13 @@ from novelbus.cli.common import (
 )
 from novelbus.cli.context_cmd import context_app
 from novelbus.cli.migrate_cmd import migrate as migrate_command
+from novelbus.cli.observe_cmd import (
+    MetricsHostOpt,
+    MetricsPortOpt,
+    configure_logging,
+    home_env,
+    serve_metrics,
+)
 from novelbus.cli.pack_cmd import pack as pack_command
 from novelbus.cli.panel_cmd import UpHostOpt, UpPortOpt
 from novelbus.cli.panel_cmd import panel as panel_command
@@ -205,12 +211,14 @@ def up(
     panel_host: UpHostOpt = "127.0.0.1", panel_port: UpPortOpt = 8765,
     namespace: NsOpt = "",
     raw_vault: VaultOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1", metrics_port: MetricsPortOpt = 0,
 ) -> None:
     """Run all six actors and keep serving until Ctrl-C or SIGTERM.
 
     --raw-vault DIR keeps the raw writer calls and refused candidates of novels whose
     config.rawVault.enabled is true (CTX-10); see `novelbus vault`."""
     vault_dir = start_vault(raw_vault)  # QUAL-5: an unwritable vault is refused before anything starts
+    configure_logging("up", default_level="WARNING")  # OPS-8
     panel_options = None
     if panel:
         require_extra("panel", "up --panel")
@@ -224,6 +232,7 @@ def up(
     if processes:
         from novelbus.cli.up_processes import supervise
 
+        home_env(home_dir(home))  # OPS-7: each actor process records its endpoint under this home
         run(supervise(home, nats_url, database_url, model=model, namespace=namespace,
                       claims_instances=claims_instances, request_timeout_s=request_timeout,
                       writer_timeout_s=writer_timeout, panel=panel_options))
@@ -235,7 +244,8 @@ def up(
         async with servers(home, nats_url, database_url) as ep:
             async with running(ep.nats_url, ep.database_url, subjects=Subjects(namespace),
                                settings=_settings(model, raw_vault=vault_dir)) as rt, \
-                    maybe_panel(rt.ctx, panel_options):
+                    maybe_panel(rt.ctx, panel_options), \
+                    serve_metrics(rt.ctx, home_dir(home), host=metrics_host, port=metrics_port):
                 freeze_heap()
                 console.print(f"novelbus up: all actors running (NATS {redact_url(ep.nats_url)}); Ctrl-C to stop")
                 await asyncio.Event().wait()
@@ -254,6 +264,7 @@ def actor(
     writer_timeout: Annotated[float, typer.Option("--writer-timeout", min=0.1,
                                                   help="Seconds the driver waits for one writer run")] = 900.0,
     namespace: NsOpt = "",
+    metrics_host: MetricsHostOpt = "127.0.0.1", metrics_port: MetricsPortOpt = 0,
 ) -> None:
     """Run one actor in this process against given (or running) servers."""
     if name not in ACTOR_NAMES:
@@ -269,12 +280,14 @@ def actor(
     settings = replace(_settings(model, instance if name == "claims" else "claims-0"),
                        request_timeout_s=request_timeout, writer_timeout_s=writer_timeout)
     kwargs = {"driver": {"instance": instance}} if name == "driver" else None
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    process = instance if name == "claims" else name
+    configure_logging(process, default_level="INFO")  # OPS-8
 
     async def main() -> None:
         async with servers(home, nats_url, database_url, start_embedded=False) as ep:
             async with running(ep.nats_url, ep.database_url, names=(name,), subjects=Subjects(namespace),
-                               settings=settings, actor_kwargs=kwargs):
+                               settings=settings, actor_kwargs=kwargs) as rt, \
+                    serve_metrics(rt.ctx, home_dir(home), host=metrics_host, port=metrics_port, process=process):
                 freeze_heap()
                 print(f"actor {name} ready", flush=True)
                 await asyncio.Event().wait()
@@ -459,9 +472,22 @@ _STATUS_NOTES = {
 
 
 @app.command()
-def status(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
-           namespace: NsOpt = "", as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Show a novel's state: units, commits, characters, counters."""
+def status(novel_id: Annotated[str | None, typer.Argument(help="The novel (not with --health)")] = None,
+           home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
+           namespace: NsOpt = "", as_json: Annotated[bool, typer.Option("--json")] = False,
+           health: Annotated[bool, typer.Option(
+               "--health", help="Liveness and readiness of every process of the deployment (OPS-7)")] = False,
+           url: Annotated[list[str] | None, typer.Option(
+               "--url", help="With --health: an endpoint to ask (repeatable) instead of those under --home")] = None,
+           ) -> None:
+    """Show a novel's state: units, commits, characters, counters; or with --health, the deployment's."""
+    if health:
+        from novelbus.cli.observe_cmd import health as deployment_health
+
+        deployment_health(home_dir(home), url or [], as_json)
+        return
+    if novel_id is None:
+        fail("status needs a novel id", hint="`novelbus novel list` lists them; `status --health` needs none", code=2)
     async def go(ctx: Any) -> dict[str, Any]:
         n = await store.get_novel(ctx.pool, novel_id)
         snap = await store.load_snapshot(ctx.pool, novel_id)

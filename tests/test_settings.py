@@ -43,6 +43,9 @@ MALFORMED = {
     "NOVELBUS_MODEL_MAX_TOKENS_FIELD": "max_output",
     "NOVELBUS_RAW_VAULT": "/dev/null",
     "NOVELBUS_MIGRATE": "sometimes",
+    "NOVELBUS_LOG_FORMAT": "xml",
+    "NOVELBUS_LOG_LEVEL": "loud",
+    "NOVELBUS_LOG_LEVELS": "novelbus.bus:DEBUG",
 }
 WELL_FORMED = {
     "NOVELBUS_DB_POOL_SIZE": "9",
@@ -58,6 +61,9 @@ WELL_FORMED = {
     "NOVELBUS_MODEL_MAX_TOKENS_FIELD": "max_completion_tokens",
     "NOVELBUS_RAW_VAULT": "/tmp/novelbus-raw-vault-settings-test",
     "NOVELBUS_MIGRATE": "check",
+    "NOVELBUS_LOG_FORMAT": "json",
+    "NOVELBUS_LOG_LEVEL": "warning",
+    "NOVELBUS_LOG_LEVELS": "novelbus.bus=DEBUG,nats=WARNING",
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgspec
 
 from novelbus.messages.runs import Sampling
+from novelbus.writers import metrics
 
 StopReason = Literal["completed", "tool_calls", "length", "error", "refused"]
 ProviderErrorCode = Literal[
@@ -103,7 +104,13 @@ async def complete(
     if sampling is not None:
         options["sampling"] = sampling
     call: Any = provider.complete
-    reply: ModelReply = await call(messages, tools, max_output_tokens=max_output_tokens, **options)
+    counted = metrics.enter_call()  # OPS-6: the outermost call of a run's wrappers counts, once
+    try:
+        reply: ModelReply = await call(messages, tools, max_output_tokens=max_output_tokens, **options)
+    except BaseException as e:
+        metrics.leave_call(counted, provider, None, getattr(e, "code", None) or type(e).__name__)
+        raise
+    metrics.leave_call(counted, provider, reply.usage, "ok")
     return reply
 
 
