@@ -78,6 +78,7 @@ def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None)
 
 def model_extra(model: str) -> str:
     """A `--model` option's callback: `local` needs the local extra (`local:PATH.gguf` only its
+    server, not the packaged weights)."""
     kind, _, path = model.strip().partition(":")
     if kind == "local":
         require_extra("local", "--model local", ("llama_cpp",) if path else None)
