@@ -14,8 +14,10 @@ Security (as REL-11 does for NATS): every connection needs the password - initdb
 ``--auth-host=scram-sha-256 --auth-local=scram-sha-256`` and ``--pwfile``, so nobody else
 on the machine can connect. ``dsn`` carries the password; log it only through
 ``infra.redact_url``. A data directory initialised earlier with ``--auth=trust`` is
-migrated in place on start (its data kept): the password is set with ``ALTER ROLE``, then
-``trust`` in ``pg_hba.conf`` becomes ``scram-sha-256`` and the configuration is reloaded.
+migrated in place on start (its data kept): the password is set with ``ALTER ROLE`` as a
+SCRAM-SHA-256 verifier computed here (CTX-14: the password itself never reaches the server,
+so no statement log holds it), then ``trust`` in ``pg_hba.conf`` becomes ``scram-sha-256`` and
+the configuration is reloaded.
 Each step is redone if a crash interrupts it.
 
 As root, PostgreSQL refuses to run, so the server runs as the system user
@@ -30,6 +32,7 @@ it; anything holding data you care about should not.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -46,6 +49,7 @@ from typing import IO
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg  # type: ignore[import-untyped]
+import scramp  # type: ignore[import-untyped]
 
 from novelbus.infra._process import (
     LOOPBACK,
@@ -107,6 +111,22 @@ def home_password(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     write_private(path, password)
     return password
+
+
+_VERIFIER = re.compile(r"SCRAM-SHA-256\$\d+:[A-Za-z0-9+/=]+\$[A-Za-z0-9+/=]+:[A-Za-z0-9+/=]+")
+
+
+def scram_verifier(password: str, *, iterations: int = 4096) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for `password` (RFC 5802 / RFC 7677, in the
+    form libpq's PQencryptPasswordConn gives): ``SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>``.
+    `ALTER ROLE … PASSWORD` with it stores it as is, so the password is never sent (CTX-14);
+    4096 iterations is PostgreSQL's own default (scram_iterations)."""
+    salt, stored_key, server_key, rounds = scramp.ScramMechanism("SCRAM-SHA-256").make_auth_info(
+        password, iteration_count=iterations)
+    salt_b64, stored_b64, server_b64 = (base64.b64encode(b).decode("ascii") for b in (salt, stored_key, server_key))
+    verifier = f"SCRAM-SHA-256${rounds}:{salt_b64}${stored_b64}:{server_b64}"
+    assert _VERIFIER.fullmatch(verifier)  # base64 and digits only: a safe SQL literal
+    return verifier
 
 
 def dsn_with_database(dsn: str, database: str) -> str:
@@ -489,10 +509,8 @@ class EmbeddedPostgres(OwnedServer):
         _logger.warning("%s allowed connections without a password: setting one", hba)
         conn = await asyncpg.connect(self.admin_dsn)
         try:
-            # Not a bind parameter (ALTER ROLE takes none); token_urlsafe has no quotes.
-            literal = self._password.replace("'", "''")
-            await conn.execute(f"SET password_encryption = '{AUTH_METHOD}'")
-            await conn.execute(f"ALTER ROLE \"{SUPERUSER}\" PASSWORD '{literal}'")
+            # CTX-14: ALTER ROLE takes no bind parameter; the server stores a verifier as given.
+            await conn.execute(f"ALTER ROLE \"{SUPERUSER}\" PASSWORD '{scram_verifier(self._password)}'")
             new = _TRUST_RULE.sub(lambda m: f"{m.group(1)}{AUTH_METHOD}{m.group(2)}", text)
             tmp = hba.with_name("pg_hba.conf.novelbus-tmp")
             tmp.write_text(new, encoding="utf-8")
