@@ -54,6 +54,7 @@ class CommandService:
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max_concurrency)
+        self._hops: dict[str, Any] = {}  # request type -> its hop-latency histogram (OPS-6)
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_message)
@@ -120,7 +121,10 @@ class CommandService:
                 await self.nc.publish(msg.reply, data, headers=headers)
                 tally.mark("replied")
             elapsed = time.perf_counter() - started
-            metrics.HOP_SECONDS.labels(self.label, served).observe(elapsed)  # OPS-6
+            hop = self._hops.get(served)
+            if hop is None:  # OPS-6: one labelled child per request type, looked up once
+                hop = self._hops[served] = metrics.HOP_SECONDS.labels(self.label, served)
+            hop.observe(elapsed)
             log.debug("%s served %s in %.1f ms: %s", self.label, served, elapsed * 1e3,
                       getattr(reply, "code", "ok"))
         except asyncio.CancelledError:
