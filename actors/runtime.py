@@ -21,13 +21,16 @@ from novelbus.actors.claims import ClaimManager
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.driver import Driver
 from novelbus.actors.packer import PackRenderer
+from novelbus.actors.serving import EndpointProbe
 from novelbus.actors.usage import UsageSampler
 from novelbus.actors.verifier import CommitVerifier
 from novelbus.actors.writer import WriterRunner
 from novelbus.bus.client import NatsUnreachable, connect
 from novelbus.bus.streams import ensure_streams
 from novelbus.messages.subjects import ACTOR_NAMES, Subjects
+from novelbus.store.limiter import PgLimiter
 from novelbus.store.schema import ensure_schema
+from novelbus.writers import endpoints
 
 log = logging.getLogger(__name__)
 CLOSE_GRACE_S = 10.0  # how long closing the database pool may wait for connections in use
@@ -103,8 +106,9 @@ async def connected(nats_url: str, database_url: str, *, subjects: Subjects, set
             raise ServerUnreachable(str(e)) from e
         js = nc.jetstream()
         await ensure_streams(js, subjects)
-        yield ActorContext(nc=nc, js=js, pool=pool, subjects=subjects, settings=settings or Settings(),
-                           read_pool=read_pool)
+        with endpoints.installed(PgLimiter(pool)):  # SERVE-1: every model call's slot, deployment-wide
+            yield ActorContext(nc=nc, js=js, pool=pool, subjects=subjects, settings=settings or Settings(),
+                               read_pool=read_pool)
     finally:
         if nc is not None:
             with contextlib.suppress(Exception):
@@ -136,6 +140,10 @@ async def running(nats_url: str, database_url: str, *, names: tuple[str, ...] = 
                 await actor.start()
                 rt.actors.append(actor)
                 log.info("actor %s started", n)
+            if "driver" in names:  # SERVE-4: the endpoint health probe runs beside the driver
+                probe = EndpointProbe(ctx)
+                await probe.start()
+                rt.actors.append(probe)
             yield rt
         finally:
             for actor in reversed(rt.actors):

@@ -14,13 +14,15 @@ from novelbus.novel.next_work import outlined_scene_set
 from novelbus.novel.outline import Budgets
 from novelbus.novel.planning import budget_exceeded
 from novelbus.novel.quality import refused_code
+from novelbus.novel.serving import MODEL_UNAVAILABLE
 from novelbus.novel.snapshot import NovelSnapshot
 
 TurnKind = Literal["committed", "external", "failed"]
 
 # A provider that is away is not the unit's fault: these turns count towards externalRetry, not
 # towards the stall or consecutive-failure limits (DRV-4).
-EXTERNAL_REASONS = ("provider-error:provider-unavailable", "provider-error:provider-rate-limited")
+UNAVAILABLE = "provider-error:provider-unavailable"
+EXTERNAL_REASONS = (UNAVAILABLE, "provider-error:provider-rate-limited")
 MAX_FAILURE_BACKOFF_STEPS = 3
 WINDOW_EXCEEDED = "window-exceeded"  # MODEL-5: the writer request does not fit the model's window
 
@@ -77,7 +79,10 @@ def after_turn(*, unit_id: str, claim_id: str, ok: bool, reason: str, budgets: B
     retry = budgets.externalRetry
     if turn_kind(ok, reason) == "external":
         if external_failures >= retry.maxAttempts:
-            return Pause("recovery-required", f"externalRetry: {external_failures} consecutive turns lost to {reason}")
+            # SERVE-4: a model server that is away pauses model-unavailable, which the endpoint's
+            # health probe resumes when it answers again; a rate limit that never lifts does not
+            why = MODEL_UNAVAILABLE if reason == UNAVAILABLE else "recovery-required"
+            return Pause(why, f"externalRetry: {external_failures} consecutive turns lost to {reason}")
         return Retry("external-retry", retry.backoffMs / 1000 * 2 ** (max(external_failures, 1) - 1))
     signature = failure_signature(unit_id, reason)
     code = refused_code(reason)

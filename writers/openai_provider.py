@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -19,6 +20,7 @@ import msgspec
 import openai
 
 from novelbus.messages.runs import Sampling
+from novelbus.novel.serving import retry_after_s
 from novelbus.writers.provider import (
     ChatMessage,
     ModelReply,
@@ -104,6 +106,8 @@ class OpenAIProvider:
         tool_choice: str | dict[str, Any] | None = None,
         response_format: dict[str, Any] | None = None,
         sampling: Sampling | None = None,
+        extra_body: dict[str, Any] | None = None,
+        extra_headers: dict[str, str] | None = None,
     ) -> ModelReply:
         request: dict[str, Any] = {
             "model": self.model,
@@ -111,6 +115,11 @@ class OpenAIProvider:
             "stream": False,
             **sampling_fields(sampling),  # QUAL-4: the novel's temperature, top_p, seed, penalties
         }
+        # SERVE-3: cache-affinity fields (id_slot, prompt_cache_key) and the routing header
+        if extra_body:
+            request["extra_body"] = extra_body
+        if extra_headers:
+            request["extra_headers"] = extra_headers
         if tools:
             request["tools"] = tools
             if tool_choice is not None:
@@ -151,10 +160,12 @@ class OpenAIProvider:
 
     def _error(self, e: openai.APIError) -> ProviderError:
         where = f"model server at {self.host}"
+        wait = _retry_after(e)
         if isinstance(e, openai.RateLimitError):
             return ProviderError(
                 "provider-rate-limited",
                 f"{where} is rate-limiting requests (HTTP 429); retry later",
+                retry_after_s=wait,
             )
         if isinstance(e, openai.APITimeoutError):
             return ProviderError("provider-unavailable", f"{where} did not answer in time")
@@ -177,7 +188,8 @@ class OpenAIProvider:
         if isinstance(e, openai.APIStatusError):
             kind: ProviderErrorCode = "provider-unavailable" if e.status_code >= 500 else "provider-bad-reply"
             detail = f" ({e.code})" if isinstance(e.code, str) and len(e.code) <= 64 else ""
-            return ProviderError(kind, f"{where} answered HTTP {e.status_code}{detail}")
+            return ProviderError(kind, f"{where} answered HTTP {e.status_code}{detail}",
+                                 retry_after_s=wait if e.status_code >= 500 else None)
         # APIResponseValidationError and anything else the client could not make sense of.
         return ProviderError("provider-bad-reply", f"{where} sent a reply the client cannot read")
 
@@ -230,7 +242,7 @@ class OpenAIProvider:
         return ModelReply(
             text=text,
             tool_calls=calls,
-            usage=_usage(getattr(completion, "usage", None)),
+            usage=_usage(getattr(completion, "usage", None), getattr(completion, "timings", None)),
             stop_reason=stop,
             text_tool_calls=in_text,
         )
@@ -298,16 +310,36 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _usage(usage: Any) -> Usage | None:
-    """Provider usage, or None when the server reports none (USE-2: fail-open)."""
+def _retry_after(e: openai.APIError) -> float | None:
+    """SERVE-4: the seconds a refusal's `Retry-After` (or `retry-after-ms`) header asks for."""
+    response = getattr(e, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    ms = retry_after_s(headers.get("retry-after-ms"))
+    if ms is not None:
+        return ms / 1000
+    return retry_after_s(headers.get("retry-after"), time.time())
+
+
+def _usage(usage: Any, timings: Any = None) -> Usage | None:
+    """Provider usage, or None when the server reports none (USE-2: fail-open). SERVE-3: cached
+    prompt tokens from `usage.prompt_tokens_details.cached_tokens`, else llama.cpp's
+    `timings.cache_n`."""
     if usage is None:
         return None
     details = getattr(usage, "prompt_tokens_details", None)
+    if isinstance(details, dict):
+        cached, written = details.get("cached_tokens"), details.get("cache_write_tokens")
+    else:
+        cached, written = getattr(details, "cached_tokens", None), getattr(details, "cache_write_tokens", None)
+    if _int_or_none(cached) is None and isinstance(timings, dict):
+        cached = timings.get("cache_n")
     return Usage(
         input_tokens=_int_or_none(getattr(usage, "prompt_tokens", None)),
         output_tokens=_int_or_none(getattr(usage, "completion_tokens", None)),
-        cached_tokens=_int_or_none(getattr(details, "cached_tokens", None)),
-        cache_write_tokens=_int_or_none(getattr(details, "cache_write_tokens", None)),
+        cached_tokens=_int_or_none(cached),
+        cache_write_tokens=_int_or_none(written),
     )
 
 

@@ -53,10 +53,12 @@ class ModelReply(msgspec.Struct, frozen=True):
 class ProviderError(Exception):
     """A provider failure with a stable code. Messages never carry prompt text or keys."""
 
-    def __init__(self, code: ProviderErrorCode, message: str) -> None:
+    def __init__(self, code: ProviderErrorCode, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code: ProviderErrorCode = code
         self.message = message
+        # SERVE-4: the seconds a 429/503's `Retry-After` asked for (None: it named none)
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

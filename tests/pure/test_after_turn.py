@@ -80,7 +80,8 @@ def test_provider_outages_retry_with_growing_backoff_then_pause(b: Budgets, stal
     d = after_turn(unit_id="u", claim_id="c", ok=False, reason=reason, budgets=b, stall_count=stall,
                    consecutive_failures=fails, external_failures=lost)
     if lost >= b.externalRetry.maxAttempts:
-        assert isinstance(d, Pause) and d.reason == "recovery-required" and reason in d.detail
+        paused = "model-unavailable" if reason.endswith("provider-unavailable") else "recovery-required"  # SERVE-4
+        assert isinstance(d, Pause) and d.reason == paused and reason in d.detail
     else:
         assert isinstance(d, Retry) and d.reason == "external-retry"
         nxt = after_turn(unit_id="u", claim_id="c", ok=False, reason=reason, budgets=b, stall_count=stall,

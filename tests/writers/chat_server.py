@@ -60,6 +60,7 @@ class ChatServer:
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    port: int = 0  # 0: any free port; a fixed one brings a stopped server back at the same URL
     _server: asyncio.Server | None = None
     _writers: set[asyncio.StreamWriter] = field(default_factory=set)
 
@@ -70,7 +71,7 @@ class ChatServer:
         return f"http://{host}:{port}/v1"
 
     async def __aenter__(self) -> ChatServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
