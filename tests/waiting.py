@@ -143,12 +143,27 @@ async def arrives(future: Awaitable[T], timeout: float, message: str | Callable[
         raise AssertionError(f"timed out after {timeout:g} s: {_what(message)}") from None
 
 
-async def no_unit_in_flight(rt: Runtime, novel_id: str, timeout: float = 30.0) -> None:
-    """Until no unit of the novel is claimed: after a pause, the unit in flight has ended its turn."""
-    async def settled() -> bool:
-        return not any(u.state == "claimed" for u in await store.list_units(rt.ctx.pool, novel_id))
+async def settled_usage(rt: Runtime) -> None:
+    """Usage samples travel off the unit's path (REL-7): until those still in flight are recorded."""
+    for actor in rt.actors:
+        accounting = getattr(actor, "accounting", None)
+        if accounting is not None:
+            await accounting.idle()
 
-    await wait_until(settled, timeout, f"a unit of {novel_id} still claimed")
+
+async def no_unit_in_flight(rt: Runtime, novel_id: str, timeout: float = 30.0) -> None:
+    """Until no unit of the novel is claimed and every commit's turn is accounted with its usage
+    (REL-7, from the ledger): after a pause, the unit in flight has ended its turn."""
+    pool = rt.ctx.pool
+
+    async def settled() -> bool:
+        if any(u.state == "claimed" for u in await store.list_units(pool, novel_id)):
+            return False
+        return not await pool.fetchval(
+            "SELECT count(*) FROM commits c WHERE c.novel_id = $1 AND NOT EXISTS (SELECT 1 FROM turn_ledger t"
+            " WHERE t.novel_id = c.novel_id AND t.turn_key = c.claim_id AND t.usage IS NOT NULL)", novel_id)
+
+    await wait_until(settled, timeout, f"a unit of {novel_id} still claimed, or a commit's turn unaccounted")
 
 
 async def novel_stopped(pool: Any, novel_id: str, timeout: float = 90.0) -> Any:

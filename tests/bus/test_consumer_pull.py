@@ -13,6 +13,7 @@ from novelbus.bus.consumer import DurablePullConsumer
 from novelbus.bus.streams import driver_consumer_config, ensure_streams
 from novelbus.messages.subjects import Subjects
 from novelbus.messages.work import WorkNotice
+from tests.waiting import arrives, wait_until
 
 
 async def _publish(js: JetStreamContext, s: Subjects, i: int) -> None:
@@ -49,13 +50,13 @@ async def test_one_pull_request_serves_many_deliveries(nats_url: str, namespace:
             for i in range(20):
                 done.clear()
                 await _publish(js, s, i)
-                await asyncio.wait_for(done.wait(), 5)
-            for _ in range(50):  # the last ack
-                if await _pending(js, s) == (0, 0):
-                    break
-                await asyncio.sleep(0.05)
+                await arrives(done.wait(), 5, f"notice-{i} handled")
+
+            async def acked() -> bool:
+                return await _pending(js, s) == (0, 0)
+
+            await wait_until(acked, 5, "the last notice acked")
             assert handled == [f"notice-{i}" for i in range(20)]
-            assert await _pending(js, s) == (0, 0)
             assert consumer.pull_requests == 2, consumer.pull_requests
             assert 0 < consumer.waiting <= consumer.batch
         finally:
@@ -85,11 +86,11 @@ async def test_an_expired_pull_request_is_renewed(nats_url: str, namespace: str)
             pull_expires_s=0.8, pull_heartbeat_s=0.2)
         await consumer.start()
         try:
-            await asyncio.sleep(2.6)  # three expiries
-            assert consumer.pull_requests >= 3, consumer.pull_requests
+            await wait_until(lambda: consumer.pull_requests >= 3, 10,
+                             lambda: f"three expired pull requests renewed, {consumer.pull_requests} asked")
             assert consumer.waiting <= consumer.batch
             await _publish(js, s, 1)
-            await asyncio.wait_for(done.wait(), 1.0)
+            await arrives(done.wait(), 1.0, "the notice after the expiries handled at once")
             assert handled == ["notice-1"]
         finally:
             await consumer.stop()

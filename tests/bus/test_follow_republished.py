@@ -4,7 +4,6 @@ subscription, which receives every publish — hands it on once too."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,6 +15,7 @@ from novelbus.bus.codec import encode
 from novelbus.bus.events import EventFollower
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -46,10 +46,8 @@ async def _follow(nc: NATS, s: Subjects, sends: list[tuple[str, str | None]]) ->
         for chapter, msg_id in sends:
             await _publish(nc, s, ev.ChapterCompleted(novel_id="n-1", chapter_id=chapter), msg_id)
         await nc.flush()
-        for _ in range(100):  # until everything sent has come back (or 2 s)
-            if len(seen) + follower.duplicates >= len(sends):
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: len(seen) + follower.duplicates >= len(sends), 10,
+                         lambda: f"{len(sends)} sends back, {len(seen)} seen and {follower.duplicates} duplicates")
     return seen, follower.duplicates
 
 

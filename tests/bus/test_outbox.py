@@ -20,6 +20,7 @@ from novelbus.bus import outbox, tally
 from novelbus.bus.client import connect
 from novelbus.bus.streams import ensure_streams
 from novelbus.messages.subjects import Subjects
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -132,7 +133,8 @@ async def test_a_settle_counts_as_blocked_only_when_an_ack_is_still_in_flight(
     await _publish(nc, js, s, "blk", ["blk-1"])
     await outbox.settle()  # nothing suspended since the publish: it is not even sent, its ack cannot be in
     await _publish(nc, js, s, "blk", ["blk-2"])
-    await asyncio.sleep(0.5)  # the ack comes meanwhile
+    event = outbox._pending[asyncio.current_task()][-1]  # type: ignore[index]
+    await wait_until(event.ack.done, 10, "the ack of blk-2")  # the ack comes before the settle
     await outbox.settle()
     assert (counted("publish_waits") - waits, counted("ack_blocked") - blocked) == (2, 1)
 

@@ -17,6 +17,7 @@ from novelbus.bus.streams import driver_consumer_config, ensure_streams
 from novelbus.bus.tasks import cancel_and_wait
 from novelbus.messages.subjects import Subjects
 from novelbus.messages.work import WorkNotice
+from tests.waiting import arrives
 
 
 async def _deaf_once(ended: list[str]) -> None:
@@ -75,8 +76,10 @@ async def test_a_consumer_stops_although_its_fetch_swallowed_the_cancel(nats_url
         assert consumer._sub is not None
         real_next = consumer._next_message
         swallowed: list[int] = []
+        asking = asyncio.Event()
 
         async def next_message(*args: Any, **kwargs: Any) -> Any:
+            asking.set()
             try:
                 return await real_next(*args, **kwargs)
             except asyncio.CancelledError:
@@ -86,7 +89,7 @@ async def test_a_consumer_stops_although_its_fetch_swallowed_the_cancel(nats_url
                 return None  # what wait_for returns when the inner step finished with the cancel
 
         consumer._next_message = next_message  # type: ignore[method-assign]
-        await asyncio.sleep(0.3)  # the loop waits for a message on its open pull request
+        await arrives(asking.wait(), 10, "the pull loop asking for a message")  # it waits on its open pull request
         stopping = asyncio.create_task(consumer.stop())
         done, _ = await asyncio.wait([stopping], timeout=10)  # not wait_for: its cancel would help the stop
         if not done:

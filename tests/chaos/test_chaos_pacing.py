@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 
 import psutil
 import pytest
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 
 from novelbus.bench.chaos import KILL_SPAN, ChaosResult, check_kills, kill_schedule, kill_window
 from novelbus.infra.supervise import ActorProcess, Supervisor
+from tests.waiting import wait_until
 
 
 @given(units=st.integers(1, 500), kills=st.integers(0, 300))
@@ -61,11 +61,6 @@ def _child(key: str) -> ActorProcess:
     return ActorProcess(key, "writer", [sys.executable, "-c", code], env={})
 
 
-async def _until(condition: object, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_killed_child_is_not_up_until_restarted_and_never_killed_twice() -> None:
@@ -85,9 +80,9 @@ async def test_a_killed_child_is_not_up_until_restarted_and_never_killed_twice()
 
         held = sup.hold("writer")
         assert held is not None
-        await _until(lambda: psutil.Process(held).status() == psutil.STATUS_STOPPED)
+        await wait_until(lambda: psutil.Process(held).status() == psutil.STATUS_STOPPED, 20, "the held child stopped")
         sup.release(held)
-        await _until(lambda: psutil.Process(held).status() != psutil.STATUS_STOPPED)
+        await wait_until(lambda: psutil.Process(held).status() != psutil.STATUS_STOPPED, 20, "the held child running again")
     finally:
         watcher.cancel()
         await sup.stop()

@@ -9,7 +9,6 @@ driver is stopped while waiting for it; a restarted driver must account that tur
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -25,20 +24,9 @@ from novelbus.messages import usage as um
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
-from tests.e2e.conftest import settled_usage
+from tests.waiting import arrives, settled_usage, wait_until
 
 SERVERS = ("claims", "packer", "writer", "verifier", "usage")
-
-
-async def wait_for(check: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def ledger(pool: Any, novel_id: str) -> dict[str, Any]:
@@ -126,8 +114,13 @@ async def _lost_turn(pool: Any, nats_url: str, dsn: str, subjects: Subjects, dyi
     driver_kwargs = {"driver": {"writer_timeout_s": 300.0, "lease_s": 3.0}}
     async with running(nats_url, dsn, names=("driver",), subjects=subjects, actor_kwargs=driver_kwargs) as d1:
         await publish_notice(d1.ctx, novel_id, reason="test")
-        await asyncio.wait_for(dying.landed.wait(), 60)
-        await asyncio.sleep(0.5)  # the driver is waiting for the writer's reply
+        await arrives(dying.landed.wait(), 60, "the writer's first commit")
+
+        async def waiting_on_the_writer() -> bool:  # the commit is in, its run still open
+            now = await ledger(pool, novel_id)
+            return bool(now["commits"] == 1 and now["open_writer_runs"] == 1)
+
+        await wait_until(waiting_on_the_writer, 10, "the commit stored with its writer run open")
     # The driver is gone too. Nobody accounted the committed unit:
     before = await ledger(pool, novel_id)
     assert before["commits"] == 1 and before["commits_without_turn"] == 1, before
@@ -136,14 +129,14 @@ async def _lost_turn(pool: Any, nats_url: str, dsn: str, subjects: Subjects, dyi
     async with running(nats_url, dsn, names=("driver",), subjects=subjects, actor_kwargs=driver_kwargs) as d2:
         if not reconcile:
             # Nothing settles the lost turn: the novel goes on, the turn stays missing.
-            await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
+            await wait_until(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
             await settled_usage(d2)
             after = await ledger(pool, novel_id)
             with pytest.raises(AssertionError):
                 assert_accounted_once(after)
             assert after["commits_without_turn"] == 1 and after["open_writer_runs"] == 1
             return
-        await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
+        await wait_until(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
         await settled_usage(d2)
         missing = await pool.fetch("SELECT payload FROM events WHERE novel_id = $1 AND type = 'usage.missing'",
                                    novel_id)
@@ -178,7 +171,7 @@ async def test_usage_sampler_down_delays_nothing_and_each_turn_is_sampled_once(
         nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
         novel_id = await store.create_novel(pool, nf)
         await publish_notice(rt.ctx, novel_id, reason="test")
-        await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish without a sampler")
+        await wait_until(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish without a sampler")
         c = await ledger(pool, novel_id)
         assert c["turns"] == c["commits"] >= 9 and c["usage_unsettled"] == c["turns"], c
         async with running(nats_url, dsn, names=("usage",), subjects=subjects):
@@ -208,7 +201,7 @@ async def test_sampler_away_past_the_retry_window_marks_usage_missing_once(
         nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
         novel_id = await store.create_novel(pool, nf)
         await publish_notice(rt.ctx, novel_id, reason="test")
-        await wait_for(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
+        await wait_until(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
         await settled_usage(rt)
         c = await ledger(pool, novel_id)
         assert c["usage_unsettled"] == 0 and c["usage_events"] == c["turns"] >= 9, c

@@ -14,7 +14,6 @@ from typing import Any
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime, running
-from novelbus.bus.codec import decode
 from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
@@ -22,6 +21,7 @@ from novelbus.novel.outline import NovelFile
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.offline import COMMIT_TOOL, OfflineProvider
 from novelbus.writers.provider import ModelReply, ProviderError, ToolCall
+from tests.waiting import drive, elapse, work_drained
 
 ANCHOR = "the ferry bell rang twice and nobody answered it"
 
@@ -87,28 +87,6 @@ async def status_line(rt: Any, nats_url: str, novel_id: str) -> dict[str, Any]:
     return json.loads(out)  # type: ignore[no-any-return]
 
 
-async def drive(rt: Runtime, novel_id: str, timeout: float = 60.0) -> tuple[Any, list[Any]]:
-    """Publish a notice and collect events until the novel finishes or pauses."""
-    ctx = rt.ctx
-    events: list[Any] = []
-    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-    async def on_event(msg: Any) -> None:
-        e = decode(msg.data, ev.NovelEvent)
-        events.append(e)
-        if isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
-            done.set_result(e)
-
-    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
-    try:
-        await publish_notice(ctx, novel_id, reason="test")
-        final = await asyncio.wait_for(done, timeout)
-        await asyncio.sleep(0.1)  # events published right after the final one
-    finally:
-        await sub.unsubscribe()
-    return final, events
-
-
 def of(events: list[Any], kind: type) -> list[Any]:
     return [e for e in events if isinstance(e, kind)]
 
@@ -118,7 +96,8 @@ async def test_max_turns_is_a_hard_stop(nats_url: str, new_database: Any, namesp
     async with stack_with(nats_url, new_database, namespace) as rt:
         pool = rt.ctx.pool
         novel_id = await store.create_novel(pool, sample(maxTurns=3))
-        final, events = await drive(rt, novel_id)
+        driven = await drive(rt, novel_id)
+        final, events = driven.final, driven.events
         assert isinstance(final, ev.NovelPaused) and final.reason == "budget"
         assert final.detail == "maxTurns 3 reached"
         novel = await store.get_novel(pool, novel_id)
@@ -127,7 +106,7 @@ async def test_max_turns_is_a_hard_stop(nats_url: str, new_database: Any, namesp
         info = await status_line(rt, nats_url, novel_id)
         assert (info["status"], info["pauseReason"], info["pauseDetail"]) == ("paused", "budget", "maxTurns 3 reached")
         await store.resume_novel(pool, novel_id)
-        final, _ = await drive(rt, novel_id)
+        final = (await drive(rt, novel_id)).final
         assert isinstance(final, ev.NovelPaused) and final.reason == "budget"
         assert len(await store.list_commits(pool, novel_id)) == 3
 
@@ -136,19 +115,19 @@ async def test_max_duration_pauses_and_resume_resets_the_window(
         nats_url: str, new_database: Any, namespace: str) -> None:
     """DRV-4, SPEC §16: maxDurationMs is a hard stop; resume resets the duration window."""
     async def slow(_: list[Any]) -> None:
-        await asyncio.sleep(0.05)
+        await elapse(0.05)  # a writer slow enough for the duration budget to run out
 
     async with stack_with(nats_url, new_database, namespace, HookedProvider(before=slow)) as rt:
         pool = rt.ctx.pool
         novel_id = await store.create_novel(pool, sample(maxDurationMs=600))
-        final, _ = await drive(rt, novel_id)
+        final = (await drive(rt, novel_id)).final
         assert isinstance(final, ev.NovelPaused) and final.reason == "budget"
         assert final.detail == "maxDurationMs 600 reached"
         written = len(await store.list_commits(pool, novel_id))
         assert written < 9
-        await asyncio.sleep(0.7)  # the old window is long gone
+        await elapse(0.7)  # the old window is long gone
         await store.resume_novel(pool, novel_id)
-        final, events = await drive(rt, novel_id)
+        final = (await drive(rt, novel_id)).final
         assert isinstance(final, (ev.NovelPaused, ev.NovelFinished))
         assert len(await store.list_commits(pool, novel_id)) > written  # a fresh window
 
@@ -168,7 +147,8 @@ async def test_external_retry_backs_off_and_does_not_count_as_unit_failure(
         pool = rt.ctx.pool
         novel_id = await store.create_novel(pool, sample(
             writerDispatchLimit=1, consecutiveFailureLimit=1, externalRetry={"maxAttempts": 3, "backoffMs": 20}))
-        final, events = await drive(rt, novel_id)
+        driven = await drive(rt, novel_id)
+        final, events = driven.final, driven.events
         assert isinstance(final, ev.NovelFinished), final
         failed = of(events, ev.UnitFailed)
         assert [f.reason for f in failed] == ["provider-error:provider-unavailable"] * 2
@@ -186,7 +166,8 @@ async def test_external_retry_exhausted_pauses_recovery_required(
         pool = rt.ctx.pool
         novel_id = await store.create_novel(pool, sample(
             writerDispatchLimit=1, externalRetry={"maxAttempts": 2, "backoffMs": 10}))
-        final, events = await drive(rt, novel_id)
+        driven = await drive(rt, novel_id)
+        final, events = driven.final, driven.events
         assert isinstance(final, ev.NovelPaused) and final.reason == "recovery-required"
         assert final.detail == "externalRetry: 2 consecutive turns lost to provider-error:provider-rate-limited"
         assert len(of(events, ev.UnitFailed)) == 2
@@ -211,7 +192,8 @@ async def test_same_signature_stalls_after_recording_progress(
         novel_id = await store.create_novel(pool, sample(
             writerDispatchLimit=1, stallThresholdTurns=2, consecutiveFailureLimit=5,
             externalRetry={"maxAttempts": 3, "backoffMs": 10}))
-        final, events = await drive(rt, novel_id)
+        driven = await drive(rt, novel_id)
+        final, events = driven.final, driven.events
         failed = of(events, ev.UnitFailed)
         assert isinstance(final, ev.NovelPaused) and final.reason == "stalled"
         assert len(failed) == 2 and final.detail == failed[0].signature == failed[1].signature
@@ -232,7 +214,7 @@ async def test_consecutive_failures_pause_recovery_required(
         novel_id = await store.create_novel(rt.ctx.pool, sample(
             writerDispatchLimit=1, stallThresholdTurns=5, consecutiveFailureLimit=2,
             externalRetry={"maxAttempts": 3, "backoffMs": 10}))
-        final, _ = await drive(rt, novel_id)
+        final = (await drive(rt, novel_id)).final
         assert isinstance(final, ev.NovelPaused) and final.reason == "recovery-required"
         assert final.detail.startswith("2 consecutive failed units; last ")
 
@@ -253,7 +235,8 @@ async def test_mode_switch_takes_effect_from_the_next_unit(
         pool = rt.ctx.pool
         novel_id = await store.create_novel(pool, sample())
         holder.update(pool=pool, novel=novel_id)
-        final, events = await drive(rt, novel_id, timeout=90)
+        driven = await drive(rt, novel_id, timeout=90)
+        final, events = driven.final, driven.events
         assert isinstance(final, ev.NovelFinished), final
         modes = [e.mode for e in of(events, ev.UnitClaimed)]
         assert modes[0] == "subagent" and set(modes[1:]) == {"inline"}, modes
@@ -276,7 +259,8 @@ async def test_finish_guard_blocks_until_required_foreshadowing_is_resolved(
         pool = rt.ctx.pool
         nf = sample()
         novel_id = await store.create_novel(pool, nf)
-        final, events = await drive(rt, novel_id)
+        driven = await drive(rt, novel_id)
+        final, events = driven.final, driven.events
         assert isinstance(final, ev.NovelPaused) and final.reason == "awaiting-approval"
         assert "required foreshadowing torn-log-page unresolved" in final.detail
         assert "required foreshadowing paraffin-receipts unresolved" in final.detail
@@ -291,7 +275,7 @@ async def test_finish_guard_blocks_until_required_foreshadowing_is_resolved(
         await store.revise_outline(pool, novel_id, {"foreshadowing": outline["foreshadowing"]},
                                    expected_revision=novel.outline_revision, reason="drop payoff requirement")
         await store.resume_novel(pool, novel_id)
-        final, _ = await drive(rt, novel_id)
+        final = (await drive(rt, novel_id)).final
         assert isinstance(final, ev.NovelFinished) and final.commits == 9
         assert (await store.get_novel(pool, novel_id)).status == "finished"
 
@@ -313,7 +297,8 @@ async def test_continuation_unit_keeps_the_previous_commits_next_anchor(
     async with stack_with(nats_url, new_database, namespace, provider) as rt:
         pool = rt.ctx.pool
         novel_id = await store.create_novel(pool, sample())
-        final, events = await drive(rt, novel_id)
+        driven = await drive(rt, novel_id)
+        final, events = driven.final, driven.events
         assert isinstance(final, ev.NovelFinished), final
         prepared = of(events, ev.UnitPrepared)
         assert [p.fragment for p in prepared[:2]] == [1, 2]
@@ -344,7 +329,8 @@ async def test_units_of_a_removed_scene_are_superseded_and_announced(
         # a unit of a scene that is in no outline at all (left by an older deployment)
         await pool.execute("INSERT INTO units (novel_id, unit_id, chapter_id, scene_id, fragment)"
                            " VALUES ($1, 'ghost-01', $2, 'ghost', 1)", novel_id, last.chapterId)
-        final, events = await drive(rt, novel_id)
+        driven = await drive(rt, novel_id)
+        final, events = driven.final, driven.events
         assert isinstance(final, ev.NovelFinished), final
         superseded = of(events, ev.UnitSuperseded)
         assert sorted((s.unit_id, s.reason) for s in superseded) == sorted(
@@ -354,6 +340,6 @@ async def test_units_of_a_removed_scene_are_superseded_and_announced(
         info = await status_line(rt, nats_url, novel_id)
         assert info["units"] == {"committed": 8, "superseded": 2} and info["inFlight"] is None
         await publish_notice(rt.ctx, novel_id, reason="again")
-        await asyncio.sleep(0.5)
+        await work_drained(rt)
         announced = [e for e in await store.list_events(pool, novel_id) if e.type == "unit.superseded"]
         assert len(announced) == 2  # once each

@@ -16,6 +16,7 @@ from novelbus.actors.runtime import Runtime
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
+from tests.waiting import novel_stopped
 
 
 async def novelbus(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, str, str]:
@@ -60,10 +61,7 @@ async def test_create_then_status_export_and_late_monitor(stack: Runtime, nats_u
     code, out, err = await novelbus("novel", "create", str(path), *flags)
     assert code == 0, err
     novel_id = out.strip().splitlines()[-1]
-    for _ in range(600):
-        if (await store.get_novel(stack.ctx.pool, novel_id)).status == "finished":
-            break
-        await asyncio.sleep(0.1)
+    await novel_stopped(stack.ctx.pool, novel_id, 60)
 
     code, out, _ = await novelbus("status", novel_id, "--json", *flags)
     info = json.loads(out)

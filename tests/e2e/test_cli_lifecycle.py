@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.waiting import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,21 +57,21 @@ def test_up_stops_its_servers_on_signal(tmp_home: Path, sig: signal.Signals) -> 
     home = tmp_home / "home"
     proc = subprocess.Popen([sys.executable, "-m", "novelbus.cli.main", "up", "--home", str(home)], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    lines: list[bytes] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
-        deadline = time.monotonic() + 60
-        servers: list[psutil.Process] = []
-        while time.monotonic() < deadline:
-            servers = _servers_of(proc.pid)
-            names = {_name(p) for p in servers}
-            if (home / "endpoints.json").exists() and {"nats-server", "postgres"} <= names:
-                break
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            time.sleep(0.2)
-        else:
-            raise AssertionError("novelbus up did not start its servers")
-        time.sleep(1.0)  # let the actors come up too
+        # `up` says so once its servers and every actor are running
+        wait_until_sync(lambda: any(b"all actors running" in line for line in lines) or proc.poll() is not None, 90,
+                        lambda: f"novelbus up did not say its actors run: {b''.join(lines).decode()}")
+        assert proc.poll() is None, b"".join(lines).decode()
+        servers = _servers_of(proc.pid)
+        assert (home / "endpoints.json").exists() and {"nats-server", "postgres"} <= {_name(p) for p in servers}
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        reader.join(10)
+        out = b"".join(lines)
         assert proc.returncode in (0, 130), out.decode()
         assert _wait_gone(servers) == []
         assert not (home / "endpoints.json").exists()
@@ -89,13 +91,16 @@ def test_demo_prints_summary_and_leaves_no_servers(tmp_home: Path) -> None:
     assert "finished in" in out.stdout and "commits:          9" in out.stdout
     md = next((home / "out").glob("*.md"))
     assert md.read_text().startswith("# The Keeper's Ledger")
-    time.sleep(0.5)
-    after = [p for p in psutil.process_iter() if _name(p) in ("nats-server", "postgres") and p.pid not in before]
-    leftover = []
-    for p in after:
-        try:
-            if _still_running(p) and str(home) in " ".join(p.cmdline()):
-                leftover.append(p)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            pass
-    assert leftover == []
+
+    def leftover() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if (_name(p) in ("nats-server", "postgres") and p.pid not in before and _still_running(p)
+                        and str(home) in " ".join(p.cmdline())):
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
+        return found
+
+    wait_until_sync(lambda: not leftover(), 10, lambda: f"servers left running after demo: {leftover()}")

@@ -13,14 +13,17 @@ import pytest
 from novelbus import store
 from novelbus.actors.detection import CandidateDetector, once_key_of_detection
 from novelbus.actors.runtime import Runtime
+from novelbus.bus import outbox
 from novelbus.bus.codec import decode
 from novelbus.messages import events as ev
+from novelbus.messages.base import tag_of
 from novelbus.novel.body import CommitBody, SceneCompletion
 from novelbus.novel.commitcheck import business_hash
 from novelbus.novel.detection import CONTRADICTED, EVIDENCE_GAP
 from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.store.detections import detection_gaps, list_detections
 from tests.e2e.conftest import run_novel
+from tests.waiting import wait_until
 
 # The offline writer gives Mara (scene 1's first participant) the canon state of the scene's
 # expected change: she drowns. Scene 2 is Tom's alone, at dawn in the harbor.
@@ -121,6 +124,12 @@ async def test_a_kill_between_the_record_and_its_publish_loses_no_event(stack: R
             seen.append(e)
 
     sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
+    subject = ctx.subjects.event(novel_id, tag_of(ev.CandidateDetected))
+
+    async def on_the_stream() -> int:
+        info = await ctx.js.stream_info(ctx.subjects.events_stream, subjects_filter=subject)
+        return (info.state.subjects or {}).get(subject, 0)
+
     detector = CandidateDetector(ctx)
     real = ctx.publish_recorded
 
@@ -134,19 +143,19 @@ async def test_a_kill_between_the_record_and_its_publish_loses_no_event(stack: R
     finally:
         object.__setattr__(ctx, "publish_recorded", real)
     assert len(await _detected_events(stack, novel_id)) == 1  # in the ledger, not yet on the stream
-    await asyncio.sleep(0.2)
-    assert seen == []
+    assert await on_the_stream() == 0 and seen == []
     verdict = await detector.check(novel_id, u2, body, context_sha256=None, config=harbor().config)
     assert verdict.code is None
     await detector.check(novel_id, u2, body, context_sha256=None, config=harbor().config)
-    for _ in range(50):
-        if seen:
-            break
-        await asyncio.sleep(0.05)
+    await outbox.settle()  # the acks of this task's publishes: whatever the checks published is stored
+    await wait_until(lambda: seen, 10, "the detection event never arrived live")
     await sub.unsubscribe()
-    assert len(seen) >= 1 and seen[0].outcome == "pass" and (seen[0].supported, seen[0].unknown) == (2, 0)
+    assert seen[0].outcome == "pass" and (seen[0].supported, seen[0].unknown) == (2, 0)
     row = await store.event_by_once_key(ctx.pool, once_key_of_detection(novel_id, u2, None, business_hash(body)))
     assert row is not None
+    assert await on_the_stream() == 1  # once, under the ledger row's message id
+    last = await ctx.js.get_last_msg(ctx.subjects.events_stream, subject)
+    assert (last.headers or {}).get("Nats-Msg-Id") == f"{ctx.subjects.namespace}ev-{row.seq}"
     assert len(await list_detections(ctx.pool, novel_id, u2)) == 1
     assert len(await _detected_events(stack, novel_id)) == 1
 

@@ -25,6 +25,7 @@ from novelbus.novel.sample import sample_novel_bytes
 from novelbus.store.context import clear_recent_contexts
 from novelbus.store.errors import ConfigInvalid
 from tests.e2e.conftest import run_novel
+from tests.waiting import no_unit_in_flight, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 EXTRACTED = tag_of(ev.CanonExtracted)
@@ -120,10 +121,7 @@ async def test_a_fact_from_an_early_unit_reaches_a_much_later_units_pack(stack: 
         esub = await stack.ctx.nc.subscribe(stack.ctx.subjects.events_of(novel_id), cb=on_event)
         await publish_notice(stack.ctx, novel_id, reason="test")
         await asyncio.wait_for(early_done.wait(), 60)
-        for _ in range(200):  # the unit in flight when it paused settles
-            if not any(u.state == "claimed" for u in await store.list_units(pool, novel_id)):
-                break
-            await asyncio.sleep(0.05)
+        await no_unit_in_flight(stack, novel_id)  # the unit in flight when it paused settles
         await keeper_idle(stack)
         await store.resume_novel(pool, novel_id)
         await publish_notice(stack.ctx, novel_id, reason="test")
@@ -251,12 +249,12 @@ async def test_a_novel_whose_extraction_fails_stays_pending_and_stops_no_other(s
 
 
 async def wait_extracted(pool: Any, novel_id: str, n: int, timeout: float = 20.0) -> list[Any]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+    """The novel's extraction ledger once it has `n` rows."""
+    async def extracted() -> list[Any] | None:
         ledger = await store.list_extractions(pool, novel_id)
-        if len(ledger) >= n or asyncio.get_running_loop().time() > deadline:
-            return ledger
-        await asyncio.sleep(0.1)
+        return ledger if len(ledger) >= n else None
+
+    return await wait_until(extracted, timeout, f"{n} extractions of {novel_id}")
 
 
 async def test_the_keeper_runs_by_itself_after_commits_and_at_its_start(stack: Runtime) -> None:

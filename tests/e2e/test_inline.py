@@ -19,6 +19,7 @@ from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.compaction import SUMMARY_HEADER
 from novelbus.writers.inline import BRIEF_HEADER, session_id
 from tests.e2e.conftest import run_novel
+from tests.waiting import arrives, no_unit_in_flight, wait_until
 
 
 def in_mode(nf: NovelFile, mode: str) -> NovelFile:
@@ -100,7 +101,8 @@ async def test_inline_compacts_at_the_configured_threshold(
         assert (await store.get_novel(pool, novel_id)).status == "finished"
 
 
-async def _until(rt: Runtime, novel_id: str, predicate: Any, timeout: float = 60.0) -> Any:
+async def _until(rt: Runtime, novel_id: str, predicate: Any, timeout: float = 60.0) -> asyncio.Task[Any]:
+    """Subscribed to the novel's events: a task giving the first one `predicate` accepts."""
     ctx = rt.ctx
     done = asyncio.get_running_loop().create_future()
 
@@ -110,20 +112,23 @@ async def _until(rt: Runtime, novel_id: str, predicate: Any, timeout: float = 60
             done.set_result(e)
 
     sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
-    try:
-        return await asyncio.wait_for(done, timeout)
-    finally:
-        await sub.unsubscribe()
+
+    async def first() -> Any:
+        try:
+            return await arrives(done, timeout, f"the awaited event of {novel_id}")
+        finally:
+            await sub.unsubscribe()
+
+    return asyncio.create_task(first())
 
 
 async def _usage_samples(pool: Any, novel_id: str, expected: int, timeout: float = 30.0) -> list[Any]:
-    """The novel's usage samples once `expected` have been recorded (or what there is by then)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+    """The novel's usage samples once `expected` have been recorded."""
+    async def recorded() -> list[Any] | None:
         samples = await store.recent_usage(pool, novel_id)
-        if len(samples) >= expected or asyncio.get_running_loop().time() > deadline:
-            return samples
-        await asyncio.sleep(0.1)
+        return samples if len(samples) >= expected else None
+
+    return await wait_until(recorded, timeout, f"{expected} usage samples of {novel_id}")
 
 
 async def test_inline_session_survives_a_restart_of_every_actor(
@@ -145,12 +150,11 @@ async def test_inline_session_survives_a_restart_of_every_actor(
             committed += isinstance(e, ev.UnitCommitted)
             return committed >= 3
 
-        waiter = asyncio.create_task(_until(rt, novel_id, third_commit))
-        await asyncio.sleep(0.05)
+        waiter = await _until(rt, novel_id, third_commit)
         await publish_notice(rt.ctx, novel_id, reason="test")
         await waiter
         await store.pause_novel(pool, novel_id, "user-request")
-        await asyncio.sleep(0.5)  # let the in-flight unit, if any, finish its turn
+        await no_unit_in_flight(rt, novel_id)  # the in-flight unit, if any, finishes its turn
         before = await store.load_session(pool, session_id(novel_id))
         assert before is not None
         written = briefs(before.history)
@@ -159,10 +163,7 @@ async def test_inline_session_survives_a_restart_of_every_actor(
     async with running(nats_url, dsn, subjects=Subjects(namespace)) as rt:
         pool = rt.ctx.pool
         await store.resume_novel(pool, novel_id)
-        waiter = asyncio.create_task(
-            _until(rt, novel_id, lambda e: isinstance(e, (ev.NovelFinished, ev.NovelPaused)))
-        )
-        await asyncio.sleep(0.05)
+        waiter = await _until(rt, novel_id, lambda e: isinstance(e, (ev.NovelFinished, ev.NovelPaused)))
         await publish_notice(rt.ctx, novel_id, reason="resume")
         final = await waiter
         assert isinstance(final, ev.NovelFinished), final

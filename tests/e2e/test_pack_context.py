@@ -8,7 +8,6 @@ naming the missing blocks, and the failure policy pauses the novel.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
@@ -19,7 +18,6 @@ from novelbus import store
 from novelbus.actors.runtime import Runtime
 from novelbus.bus.client import RemoteError, request
 from novelbus.bus.codec import decode
-from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.messages import packs as pm
 from novelbus.messages import runs as rm
@@ -27,6 +25,7 @@ from novelbus.novel.body import CommitBody, SceneCompletion
 from novelbus.novel.outline import NovelFile
 from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
+from tests.waiting import drive
 
 HEX_RUN = re.compile(r"[0-9a-f]{32,}")
 WRITER_MUST_NOT_SEE = ("runId", "claimId", "delegation", "dlg-", "manifest", "permission", "verdict",
@@ -131,26 +130,6 @@ def seven_characters(shape: str) -> NovelFile:
     })
 
 
-async def run_until_paused(rt: Runtime, novel_id: str, timeout: float = 60.0) -> list[Any]:
-    ctx = rt.ctx
-    events: list[Any] = []
-    done = asyncio.get_running_loop().create_future()
-
-    async def on_event(msg: Any) -> None:
-        e = decode(msg.data, ev.NovelEvent)
-        events.append(e)
-        if isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
-            done.set_result(e)
-
-    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
-    try:
-        await publish_notice(ctx, novel_id, reason="test")
-        await asyncio.wait_for(done, timeout)
-    finally:
-        await sub.unsubscribe()
-    return events
-
-
 async def assert_no_writer_and_paused(rt: Runtime, novel_id: str, events: list[Any],
                                       missing: list[str]) -> None:
     pool = rt.ctx.pool
@@ -173,7 +152,7 @@ async def test_uncovered_participant_starts_no_writer_and_pauses_the_novel(stack
     writer.dispatched event or writer_runs row, and the novel pauses after
     consecutiveFailureLimit failed units."""
     novel_id = await store.create_novel(stack.ctx.pool, seven_characters("W1"))
-    events = await run_until_paused(stack, novel_id)
+    events = (await drive(stack, novel_id)).events
     await assert_no_writer_and_paused(stack, novel_id, events, ["characters", "canon"])
 
 
@@ -195,7 +174,7 @@ async def test_empty_prose_tail_starts_no_writer_and_pauses_the_novel(stack: Run
                             context_hash=None)
     await pool.execute("UPDATE commits SET body = jsonb_set(body, '{paragraphs}', $2::jsonb)"
                        " WHERE novel_id = $1", novel_id, ["   "])
-    events = await run_until_paused(stack, novel_id)
+    events = (await drive(stack, novel_id)).events
     await assert_no_writer_and_paused(stack, novel_id, events, ["prose-tail"])
 
 

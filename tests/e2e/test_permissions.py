@@ -5,10 +5,8 @@ actor on its own user."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from novelbus.infra.nats import EmbeddedNats
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
+from tests.waiting import novel_stopped, wait_until
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats.conf"
 USERS = ("driver", "claims", "packer", "writer", "verifier", "usage", "operator")
@@ -58,10 +57,16 @@ class Conn:
         return self.nc
 
 
-async def settle(*conns: Any) -> None:
-    for c in conns:
-        await c.flush()
-    await asyncio.sleep(0.3)
+async def settle(nc: Any) -> None:
+    """Until the server has handled everything `nc` sent: it answers a flush's PING after the
+    commands before it, and a refusal (-ERR) before that answer."""
+    await nc.flush()
+
+
+async def refused(conn: Conn, *needles: str) -> None:
+    """Until the server's refusal naming every one of `needles` reached the connection's error callback."""
+    await wait_until(lambda: any(all(n in e for n in needles) for e in conn.errors), 5,
+                     lambda: f"a refusal naming {needles}; errors: {conn.errors}")
 
 
 async def test_only_driver_and_writer_publish_commits_only_claims_subscribes(secured: dict[str, str]) -> None:
@@ -79,26 +84,21 @@ async def test_only_driver_and_writer_publish_commits_only_claims_subscribes(sec
 
         for user in ("packer", "verifier", "usage", "claims", "operator"):  # unauthorised: refused, undelivered
             await ncs[user].publish(COMMIT, f"forged by {user}".encode())
-            await settle(ncs[user])
-            assert any("permissions violation for publish" in e and COMMIT in e for e in conns[user].errors), user
+            await refused(conns[user], "permissions violation for publish", COMMIT)
         assert got == []
 
         for user in ("driver", "writer"):  # the two that may
             await ncs[user].publish(COMMIT, f"from {user}".encode())
             await settle(ncs[user])
             assert conns[user].errors == [], user
-        deadline = time.monotonic() + 5
-        while len(got) < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: len(got) >= 2, 5, lambda: f"both allowed commits delivered, got {got}")
         assert sorted(got) == [b"from driver", b"from writer"]
 
         for user in ("packer", "writer", "driver", "operator"):  # nobody else may listen to commits
             await ncs[user].subscribe("novelbus.cmd.commit.>")
-            await settle(ncs[user])
-            assert any("permissions violation for subscription" in e for e in conns[user].errors), user
+            await refused(conns[user], "permissions violation for subscription")
         await ncs["usage"].subscribe("_INBOX_driver.>")  # nor read another actor's replies
-        await settle(ncs["usage"])
-        assert any("permissions violation for subscription" in e for e in conns["usage"].errors)
+        await refused(conns["usage"], "permissions violation for subscription")
     finally:
         for nc in ncs.values():
             with contextlib.suppress(Exception):
@@ -116,10 +116,7 @@ async def test_a_novel_runs_with_one_nats_user_per_actor(secured: dict[str, str]
         nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
         novel_id = await store.create_novel(ctx.pool, nf)
         await publish_notice(ctx, novel_id, reason="test")
-        deadline = time.monotonic() + 90
-        while (await store.get_novel(ctx.pool, novel_id)).status == "active":
-            assert time.monotonic() < deadline, "the novel did not finish under per-actor permissions"
-            await asyncio.sleep(0.2)
+        await novel_stopped(ctx.pool, novel_id, 90)
         novel = await store.get_novel(ctx.pool, novel_id)
         assert novel.status == "finished", novel.pause_reason
         assert set((await store.count_commits_per_unit(ctx.pool, novel_id)).values()) == {1}

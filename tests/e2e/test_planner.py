@@ -25,6 +25,7 @@ from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile
 from tests.e2e.test_steering import chapter, scene, watch
+from tests.waiting import arrives
 
 REPO = Path(__file__).resolve().parents[2]
 PLANNER = REPO / "examples" / "planner.py"
@@ -70,6 +71,21 @@ async def start_planner(nats_url: str, namespace: str, novel_id: str, schema: Pa
         env={**os.environ, **(env or {})})
 
 
+async def planner_ready(rt: Runtime, novel_id: str) -> asyncio.Future[None]:
+    """Resolved when a planner first reads the novel's requirements ledger: it does so right after
+    it has subscribed to the novel's events (examples/planner.py `run`), so none is lost on it.
+    (Like `watch`'s, the subscription ends with the test's connection.)"""
+    ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def on_request(msg: Any) -> None:
+        body = json.loads(msg.data)
+        if (body.get("type"), body.get("novelId")) == ("steer.requirements", novel_id) and not ready.done():
+            ready.set_result(None)
+
+    await rt.ctx.nc.subscribe(rt.ctx.subjects.steer, cb=on_request)
+    return ready
+
+
 async def stop(proc: asyncio.subprocess.Process) -> str:
     if proc.returncode is None:
         proc.terminate()
@@ -88,9 +104,10 @@ async def test_one_chapter_novel_grows_to_four_chapters_and_finishes(
     data["config"]["length"] = {"kind": "target", "targetCharacters": 4000, "toleranceRatio": 0.3}
     novel_id = await store.create_novel(pool, NovelFile.model_validate(data))
     events = await watch(rt, novel_id)
+    ready = await planner_ready(rt, novel_id)
     planner = await start_planner(nats_url, namespace, novel_id, schema_file)
     try:
-        await asyncio.sleep(1.0)  # the planner subscribes (it also reads the state on start)
+        await arrives(ready, 60, "the planner never read the requirements ledger")
         await publish_notice(rt.ctx, novel_id, reason="test")
         done = await events.wait_for(lambda e: isinstance(e, ev.NovelFinished), timeout=120)
         assert done.commits >= 8
@@ -127,10 +144,11 @@ async def test_planner_with_a_model(rt: Runtime, nats_url: str, namespace: str, 
         data["config"]["plannedChapters"] = 3
         novel_id = await store.create_novel(pool, NovelFile.model_validate(data))
         events = await watch(rt, novel_id)
+        ready = await planner_ready(rt, novel_id)
         planner = await start_planner(nats_url, namespace, novel_id, schema_file, "planner", "--model", "test-model",
                                       env={"NOVELBUS_MODEL_BASE_URL": server.base_url})
         try:
-            await asyncio.sleep(1.0)
+            await arrives(ready, 60, "the planner never read the requirements ledger")
             await publish_notice(rt.ctx, novel_id, reason="test")
             await events.wait_for(lambda e: isinstance(e, ev.NovelFinished), timeout=90)
         finally:
@@ -155,9 +173,10 @@ async def test_planner_applies_a_directive(rt: Runtime, nats_url: str, namespace
     novel_id = await store.create_novel(pool, NovelFile.model_validate(data))
     steer = SteeringClient(rt.ctx.nc, rt.ctx.subjects)
     events = await watch(rt, novel_id)
+    ready = await planner_ready(rt, novel_id)
     planner = await start_planner(nats_url, namespace, novel_id, schema_file)
     try:
-        await asyncio.sleep(1.0)
+        await arrives(ready, 60, "the planner never read the requirements ledger")
         await steer.direct(novel_id, "Make the lighthouse keeper lie about the letter.", "msg-1")
         await publish_notice(rt.ctx, novel_id, reason="test")
         await events.wait_for(lambda e: isinstance(e, ev.NovelFinished), timeout=120)

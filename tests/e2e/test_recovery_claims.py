@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from novelbus.messages.work import WorkNotice
 from novelbus.novel.body import CommitBody, SceneCompletion
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
+from tests.waiting import elapse, novel_stopped
 
 BODY = CommitBody(paragraphs=["The lamps along the quay went out one by one."],
                   scene_completion=SceneCompletion(completed=True, basis="the meeting happened"))
@@ -176,7 +176,7 @@ async def test_leases_lapsed_and_held_claims(new_database: Any) -> None:
         with pytest.raises(ValueError):
             await store.hold_lease(pool, n1, u1, "i-1", "driver-0", 0)
         assert not await store.hold_lease(pool, n1, u1, "i-other", "driver-0", 30)  # not its intent
-        await asyncio.sleep(0.4)
+        await elapse(0.4)  # n2's lease (0.2 s) lapses
         assert await store.release_lapsed_claims(pool, grace_s=60) == [(n2, u2)]
         assert await store.release_lapsed_claims(pool, grace_s=0.1, exclude_novel_ids=[n3]) == []
         assert await store.release_lapsed_claims(pool, grace_s=0.1) == [(n3, u3)]
@@ -234,10 +234,7 @@ async def test_claim_of_a_driver_that_never_returns_is_released_after_its_lease(
         await store.claim_unit(ctx.pool, novel_id, unit_id, "intent-gone", mode="subagent", claimed_by="claims-9")
         async with running(nats_url, dsn, subjects=subjects) as rt:
             assert (await store.get_unit(ctx.pool, novel_id, unit_id)).state == "claimed"  # lease still runs
-            deadline = asyncio.get_running_loop().time() + 60
-            while (await store.get_novel(ctx.pool, novel_id)).status == "active":
-                assert asyncio.get_running_loop().time() < deadline, "the novel did not finish"
-                await asyncio.sleep(0.1)
+            await novel_stopped(ctx.pool, novel_id, 60)
             assert (await store.get_novel(ctx.pool, novel_id)).status == "finished"
             released = [e.payload for e in await store.list_events(ctx.pool, novel_id) if e.type == "claim.released"]
             assert [(r["unitId"], r["reason"]) for r in released] == [(unit_id, "lease-expired")]

@@ -4,7 +4,6 @@ same data directory and port), never the session's shared ones."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.test_budgets import HookedProvider
+from tests.waiting import elapse, wait_until
 
 OUTAGE_S = 3.0
 
@@ -44,33 +44,34 @@ async def own_servers(tmp_home: Path, server_tracker: Any) -> AsyncIterator[tupl
         await pg.stop()
 
 
-async def wait_commits(pool_dsn: str, novel_id: str, n: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        conn = await asyncpg.connect(pool_dsn)
+async def _fetch(dsn: str, query: str, novel_id: str) -> Any:
+    """One row from a fresh connection (the pool's may be broken by the outage); None while down."""
+    with contextlib.suppress(OSError, asyncpg.PostgresError):
+        conn = await asyncpg.connect(dsn)
         try:
-            done = await conn.fetchval("SELECT count(*) FROM commits WHERE novel_id = $1", novel_id)
+            return await conn.fetchrow(query, novel_id)
         finally:
             await conn.close()
-        if done >= n:
-            return
-        assert time.monotonic() < deadline, f"only {done} commits"
-        await asyncio.sleep(0.05)
+    return None
+
+
+async def wait_commits(pool_dsn: str, novel_id: str, n: int, timeout: float = 60.0) -> None:
+    async def written() -> bool:
+        row = await _fetch(pool_dsn, "SELECT count(*) AS n FROM commits WHERE novel_id = $1", novel_id)
+        return row is not None and row["n"] >= n
+
+    await wait_until(written, timeout, f"{n} commits of {novel_id}")
 
 
 async def wait_finished(dsn: str, novel_id: str, timeout: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, asyncpg.PostgresError):
-            conn = await asyncpg.connect(dsn)
-            try:
-                row = await conn.fetchrow("SELECT status, pause_reason FROM novels WHERE novel_id = $1", novel_id)
-            finally:
-                await conn.close()
-            if row is not None and row["status"] != "active":
-                return f"{row['status']} {row['pause_reason'] or ''}".strip()
-        await asyncio.sleep(0.2)
-    return "timeout"
+    """The novel's status (and pause reason) once it is no longer active."""
+    async def stopped() -> str | None:
+        row = await _fetch(dsn, "SELECT status, pause_reason FROM novels WHERE novel_id = $1", novel_id)
+        if row is None or row["status"] == "active":
+            return None
+        return f"{row['status']} {row['pause_reason'] or ''}".strip()
+
+    return await wait_until(stopped, timeout, f"novel {novel_id} still active")
 
 
 async def check_nothing_lost_or_doubled(rt: Any, novel_id: str) -> None:
@@ -90,7 +91,7 @@ async def check_nothing_lost_or_doubled(rt: Any, novel_id: str) -> None:
 
 
 async def slow(_: list[Any]) -> None:
-    await asyncio.sleep(0.1)  # leaves room for an outage in the middle of the run
+    await elapse(0.1)  # a slow writer leaves room for an outage in the middle of the run
 
 
 async def test_database_away_for_seconds_delays_then_completes(
@@ -105,7 +106,7 @@ async def test_database_away_for_seconds_delays_then_completes(
         await wait_commits(pg.dsn, novel_id, 2)
         await pg.stop()
         stopped = time.monotonic()
-        await asyncio.sleep(OUTAGE_S)
+        await elapse(OUTAGE_S)
         await pg.start()
         assert await wait_finished(pg.dsn, novel_id) == "finished"
         assert time.monotonic() - stopped > OUTAGE_S  # delayed, not lost
@@ -124,7 +125,7 @@ async def test_nats_away_for_seconds_delays_then_completes(
         await wait_commits(pg.dsn, novel_id, 2)
         at_stop = len(await store.list_commits(rt.ctx.pool, novel_id))
         await nats.stop()
-        await asyncio.sleep(OUTAGE_S)
+        await elapse(OUTAGE_S)
         during = len(await store.list_commits(rt.ctx.pool, novel_id))
         assert during <= at_stop + 1  # at most the unit already past its last request finished
         await nats.start()  # same port, same JetStream store: streams and the durable consumer survive

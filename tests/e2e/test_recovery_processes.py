@@ -21,18 +21,15 @@ from novelbus.bench.chaos import chaos_novel
 from novelbus.bus.notices import publish_notice
 from novelbus.infra.supervise import Supervisor
 from novelbus.messages.subjects import Subjects
+from tests.waiting import novel_stopped, tick, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 async def wait_status(pool: Any, novel_id: str, timeout: float = 90.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        novel = await store.get_novel(pool, novel_id)
-        if novel.status != "active":
-            return f"{novel.status} {novel.pause_reason or ''}".strip()
-        await asyncio.sleep(0.1)
-    return "timeout"
+    """The novel's status (and pause reason) once it is no longer active."""
+    novel = await novel_stopped(pool, novel_id, timeout)
+    return f"{novel.status} {novel.pause_reason or ''}".strip()
 
 
 async def assert_one_commit_per_unit(pool: Any, novel_id: str) -> None:
@@ -67,7 +64,7 @@ async def test_two_claim_manager_processes_one_dies_for_good_mid_claim(
                 held = [u for u in units if u.state == "claimed" and u.claimed_by == "claims-1"]
                 served = {u.claimed_by for u in units if u.state == "committed"}
                 if not held or served != {"claims-0", "claims-1"}:  # kill once both have committed
-                    await asyncio.sleep(0.005)
+                    await tick()
                     continue
                 proc = sup.children["claims-1"].proc
                 assert proc is not None
@@ -127,13 +124,20 @@ async def test_up_processes_supervises_six_actor_processes(
                     found[name] = child.pid
             return found
 
-        deadline = time.monotonic() + 60
-        while len(actors()) < 7 and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        first = actors()
+        def all_seven() -> dict[str, int] | None:
+            found = actors()
+            return found if len(found) >= 7 else None
+
+        first = await wait_until(all_seven, 60, lambda: f"seven actor processes, found {actors()}")
         assert set(first) == {"claims-0", "claims-1", "packer", "writer", "verifier", "usage", "driver"}, first
         assert len(set(first.values())) == 7  # seven distinct OS processes
-        await asyncio.sleep(2.0)  # let them connect
+        logs = tmp_path / "logs"  # each child says `actor NAME ready` once connected and subscribed
+
+        def not_ready() -> list[str]:
+            return [k for k in first if b" ready" not in ((logs / f"{k}.log").read_bytes()
+                                                         if (logs / f"{k}.log").exists() else b"")]
+
+        await wait_until(lambda: not not_ready(), 60, lambda: f"actors not ready: {not_ready()}")
 
         subjects = Subjects(namespace)
         async with connected(nats_url, dsn, subjects=subjects, name="test") as ctx:
@@ -141,13 +145,17 @@ async def test_up_processes_supervises_six_actor_processes(
             await publish_notice(ctx, novel_id, reason="test")
             killed = []
             for _ in range(2):
-                while len(await store.list_commits(ctx.pool, novel_id)) < 2 + 2 * len(killed):
-                    await asyncio.sleep(0.05)
+                want = 2 + 2 * len(killed)
+
+                async def written(want: int = want) -> bool:
+                    return len(await store.list_commits(ctx.pool, novel_id)) >= want
+
+                await wait_until(written, 60, f"{want} commits before killing the driver")
                 pid = actors()["driver"]
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
-                while actors().get("driver") in (None, pid):
-                    await asyncio.sleep(0.05)
+                await wait_until(lambda pid=pid: actors().get("driver") not in (None, pid), 30,
+                                 "the supervisor never restarted the killed driver")
             assert await wait_status(ctx.pool, novel_id) == "finished"
             await assert_one_commit_per_unit(ctx.pool, novel_id)
         now = actors()

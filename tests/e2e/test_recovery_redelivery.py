@@ -4,7 +4,6 @@ dead-letter subject with their error after the redelivery bound."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from typing import Any
 
@@ -22,18 +21,7 @@ from novelbus.messages.work import WorkNotice
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
-
-
-async def drained(rt: Runtime, timeout: float = 30.0) -> None:
-    """Until the driver's consumer has nothing pending and nothing unacknowledged."""
-    ctx = rt.ctx
-    deadline = time.monotonic() + timeout
-    while True:
-        info = await ctx.js.consumer_info(ctx.subjects.work_stream, "driver")
-        if not info.num_pending and not info.num_ack_pending:
-            return
-        assert time.monotonic() < deadline, f"work consumer not drained: {info}"
-        await asyncio.sleep(0.1)
+from tests.waiting import elapse, work_drained
 
 
 async def ledger(rt: Runtime, novel_id: str) -> dict[str, Any]:
@@ -70,7 +58,7 @@ async def test_duplicate_notices_during_and_after_a_run_change_nothing_twice(sta
         for _ in range(40):
             for novel in await store.list_novels(ctx.pool):
                 await publish_notice(ctx, novel.novel_id, reason="scheduler-repeat")
-            await asyncio.sleep(0.05)
+            await elapse(0.05)  # the pace of the repeats
         spam_done.set()
 
     spammer = asyncio.create_task(spam())
@@ -78,7 +66,7 @@ async def test_duplicate_notices_during_and_after_a_run_change_nothing_twice(sta
         novel_id, _ = await run_novel(stack, nf)
     finally:
         await spammer
-    await drained(stack)
+    await work_drained(stack)
     before = await ledger(stack, novel_id)
     snap = await store.load_snapshot(ctx.pool, novel_id)
     assert snap.outline is not None
@@ -91,7 +79,7 @@ async def test_duplicate_notices_during_and_after_a_run_change_nothing_twice(sta
 
     for _ in range(10):  # late notices, as a redelivery after a crash would bring
         await publish_notice(ctx, novel_id, reason="late")
-    await drained(stack)
+    await work_drained(stack)
     assert await ledger(stack, novel_id) == before
 
 
@@ -100,7 +88,7 @@ async def test_accounting_the_same_claim_again_counts_nothing(stack: Runtime) ->
     flow) records no second turn, no second usage sample, no second chapter event."""
     ctx = stack.ctx
     novel_id, _ = await run_novel(stack, parse_novel_file(sample_novel_bytes()))
-    await drained(stack)
+    await work_drained(stack)
     before = await ledger(stack, novel_id)
     last = (await store.list_commits(ctx.pool, novel_id))[-1]
     snap = await store.load_snapshot(ctx.pool, novel_id)
@@ -109,7 +97,7 @@ async def test_accounting_the_same_claim_again_counts_nothing(stack: Runtime) ->
     driver: Any = stack.actor("driver")
     for ok in (True, False):
         await driver.account(novel_id, last.unit_id, claim, UnitOutcome(ok, "committed" if ok else "boom", 1), snap)
-    await drained(stack)
+    await work_drained(stack)
     assert await ledger(stack, novel_id) == before
 
 

@@ -22,6 +22,7 @@ from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile
 from tests.store.helpers import make_body
+from tests.waiting import arrives, elapse
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ class Events:
                         return e
                 self.changed.clear()
                 await self.changed.wait()
-        return await asyncio.wait_for(loop(), timeout)
+        return await arrives(loop(), timeout, lambda: f"the awaited event; seen: {[type(e).__name__ for e in self.items]}")
 
 
 async def watch(rt: Runtime, novel_id: str) -> Events:
@@ -193,7 +194,7 @@ async def test_revision_held_until_the_claim_settles(rt: Runtime) -> None:
     assert busy.value.code == "unit-in-flight" and unit in busy.value.detail
 
     async def settle() -> None:
-        await asyncio.sleep(0.5)
+        await elapse(0.5)  # the unit stays in flight a while, then its claim goes
         await store.release_claim(pool, novel_id, unit, reason="test", claim_id=claim.claim_id)
 
     settler = asyncio.create_task(settle())

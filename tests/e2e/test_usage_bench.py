@@ -3,7 +3,6 @@ test session's servers: `--json` prints exactly one JSON object on stdout with t
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import os
@@ -27,6 +26,7 @@ from novelbus.store.pool import cores
 from novelbus.writers.compaction import is_compaction_request
 from novelbus.writers.offline import OfflineProvider
 from novelbus.writers.provider import ModelReply
+from tests.waiting import elapse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,7 +281,7 @@ async def test_bench_ab_provider_figures_are_every_calls_reported_sum_or_unknown
 
 class _SlowOffline(OfflineProvider):
     async def complete(self, messages: list[Any], tools: list[dict[str, Any]] | None, **kw: Any) -> ModelReply:
-        await asyncio.sleep(0.15)  # a real model: seconds to minutes per call
+        await elapse(0.15)  # a real model: seconds to minutes per call
         return await super().complete(messages, tools, **kw)
 
 

@@ -5,7 +5,6 @@ text kept out of events, and a clear word when no driver serves `novelbus.cmd.st
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import uuid
@@ -21,6 +20,7 @@ from novelbus.panel.serve import PanelOptions, panel_server
 from tests.e2e.test_steering import chapter, scene
 from tests.panel.conftest import Panel
 from tests.panel.test_panel_http import _novel, csrf_of, http
+from tests.waiting import novel_stopped, wait_until
 
 
 def _multipart(fields: dict[str, str], file: tuple[str, bytes] | None = None) -> tuple[bytes, dict[str, str]]:
@@ -174,10 +174,10 @@ async def test_revise_a_running_novel_from_the_panel(panel: Panel) -> None:
     data = generate_novel_file(1, 6, seed=2, unit_chars=300)
     data["config"]["writerMode"] = "inline"
     novel_id = await actions.create(ctx, NovelFile.model_validate(data))
-    for _ in range(600):  # until the first unit is committed: it is running now
-        if (await store.get_novel(ctx.pool, novel_id)).turns >= 1:
-            break
-        await asyncio.sleep(0.05)
+    async def running_now() -> bool:  # its first unit is committed
+        return bool((await store.get_novel(ctx.pool, novel_id)).turns >= 1)
+
+    await wait_until(running_now, 30, "the novel's first commit")
     base = f"{panel.url}api/novels/{novel_id}"
     _, _, body = await http(base + "/steering")
     state = json.loads(body)["outline"]
@@ -190,10 +190,7 @@ async def test_revise_a_running_novel_from_the_panel(panel: Panel) -> None:
         {"layers": json.dumps(layers), "expect": state["revision"], "reason": "one more chapter"}).encode(), csrf)
     revised = json.loads(body)
     assert status == 200 and (revised["chapters"], revised["scenes"]) == (2, 7), revised
-    for _ in range(1200):
-        if (await store.get_novel(ctx.pool, novel_id)).status == "finished":
-            break
-        await asyncio.sleep(0.05)
+    await novel_stopped(ctx.pool, novel_id, 60)
     snap = await store.load_snapshot(ctx.pool, novel_id, prose=False)
     assert snap.status == "finished" and {c.chapter_id for c in snap.commits} == {"ch001", "ch002"}
     types = [e.type for e in await store.list_events(ctx.pool, novel_id)]

@@ -16,6 +16,7 @@ from novelbus.novel.commitcheck import BodyError
 from novelbus.novel.text import effective_characters
 from novelbus.store.units import PREPARE_CANDIDATES, unit_id_candidates
 from tests.store.helpers import make_body, table_counts
+from tests.waiting import wait_until
 
 
 def _round_trips() -> int:
@@ -83,11 +84,10 @@ async def test_prepare_refusals(pool: asyncpg.Pool, novel_id: str) -> None:
 
 
 async def _blocked_on_a_lock(pool: asyncpg.Pool) -> None:
-    for _ in range(500):
-        if await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the commit never waited for the novel lock")
+    async def waiting() -> bool:
+        return bool(await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"))
+
+    await wait_until(waiting, 5, "the commit never waited for the novel lock")
 
 
 async def test_commit_checks_again_when_the_novel_changed_before_its_write(

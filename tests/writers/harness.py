@@ -7,7 +7,6 @@ Nothing here mocks NATS or PostgreSQL; the fake model is an HTTP server on 127.0
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import json
@@ -16,19 +15,16 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from novelbus import store
 from novelbus.actors.context import Settings
 from novelbus.actors.runtime import Runtime, running
 from novelbus.app.probe import PROBE_NOVEL
-from novelbus.bus.codec import decode
-from novelbus.bus.notices import publish_notice
-from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile, parse_novel_file
 from novelbus.novel.text import estimate_tokens
 from novelbus.writers.offline import OfflineProvider, UnitBrief
 from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
 from novelbus.writers.runner import W1_REPAIR
+from tests.waiting import Driven, drive  # noqa: F401 - the one `drive` (HOUSE-10), re-exported for the writer tests
 from tests.writers.chat_server import Response, completion
 
 # --- a fake OpenAI-compatible model -----------------------------------------------------------------
@@ -183,34 +179,3 @@ async def writer_stack(nats_url: str, new_database: Any, namespace: str, *, prov
         yield rt
 
 
-@dataclass
-class Driven:
-    novel_id: str
-    events: list[Any]
-    final: Any
-
-    def of(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-
-async def drive(rt: Runtime, nf: NovelFile, *, timeout: float = 60.0) -> Driven:
-    """Create a novel, start it, and collect its live events until it finishes or pauses."""
-    ctx = rt.ctx
-    novel_id = await store.create_novel(ctx.pool, nf)
-    events: list[Any] = []
-    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-    async def on_event(msg: Any) -> None:
-        e = decode(msg.data, ev.NovelEvent)
-        events.append(e)
-        if isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
-            done.set_result(e)
-
-    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
-    try:
-        await publish_notice(ctx, novel_id, reason="test")
-        final = await asyncio.wait_for(done, timeout)
-        await asyncio.sleep(0.05)  # let trailing events of the same flow arrive
-    finally:
-        await sub.unsubscribe()
-    return Driven(novel_id, events, final)
