@@ -56,7 +56,9 @@ from novelbus.cli.probe_cmd import (
     require_shape_capable,
     require_w2_fits,
 )
+from novelbus.cli.review_cmd import review_app
 from novelbus.cli.steer_cmd import register as register_steering
+from novelbus.cli.study_cmd import follow_default_mode, study_app
 from novelbus.cli.tools_cmd import read_tools_enabled, tools_app
 from novelbus.cli.vault_cmd import VaultOpt, open_vault, start_vault, vault_app
 from novelbus.infra import redact_url
@@ -65,7 +67,6 @@ from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.export import export_markdown
 from novelbus.novel.outline import OutlineError, is_valid_id, parse_novel_file
-from novelbus.novel.w3 import default_reason as default_mode_reason
 
 app = typer.Typer(name="novelbus", no_args_is_help=True, add_completion=False,
                   help="Bounded-context long-form fiction: six actors over NATS and PostgreSQL.")
@@ -74,6 +75,8 @@ app.add_typer(novel_app, name="novel")
 app.add_typer(bench_app, name="bench")
 app.add_typer(tools_app, name="tools")
 app.add_typer(vault_app, name="vault")
+app.add_typer(study_app, name="study")
+app.add_typer(review_app, name="review")
 app.add_typer(context_app, name="context")
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
@@ -325,8 +328,6 @@ def novel_create(
         nf = parse_novel_file(read_input(file))
     except OutlineError as e:
         fail(f"{file}: {e}", code=2)
-    if "writerMode" not in nf.config.model_fields_set and (why := default_mode_reason()) is not None:
-        err_console.print(f"[yellow]note:[/] {why}")  # JUDGE-3: the default is not subagent, and why
     shape = "inline" if nf.config.writerMode == "inline" else nf.config.writerShape
     nf = require_known_window(model, nf)  # MODEL-5: openai: needs a known window
     require_w2_fits(nf, shape)  # MODEL-5: the first request (W1, W2 or inline) must fit that window
@@ -338,7 +339,7 @@ def novel_create(
         err_console.print(f"[yellow]warning:[/] {warning}")
 
     async def go(ctx: Any) -> tuple[str, bool]:
-        novel_id = await actions.create(ctx, nf, start=start)
+        novel_id = await actions.create(ctx, await follow_default_mode(ctx, nf), start=start)  # STUDY-6
         return novel_id, not started_servers() and await _driver_listening(ctx)
 
     try:

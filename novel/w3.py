@@ -1,87 +1,57 @@
-"""JUDGE-3: the W3 verdict of the documented A/B run, and the default `writerMode` it supports.
+"""STUDY-6 / JUDGE-3: the default `writerMode` follows a decision record, not constants.
 
-The seed (0007 §10) switches the default writer to `subagent` only when a same-novel A/B passes
-both halves: cost (subagent raw input ≤ 40 % of inline) and quality (judged blind, not worse).
-`bench ab` computes the verdict (`novel.judge.w3`); the run documented in docs/ab.md is recorded
-here, and `NovelConfig.writerMode`'s default is `DEFAULT_WRITER_MODE`, derived from it — never
-written twice. A new documented run changes `DOCUMENTED_RUN`, and the default follows.
-
-A verdict supports `subagent` only when the run behind it can carry it: a real language model
-(the offline writer writes a scene from the pack's scene and unit blocks, the same in both
-modes, so its two books are identical and its quality half is empty by construction) and at
-least `MIN_UNITS_PER_ARM` units in each arm (JUDGE-4's size: past the point where the inline
-session's history grows).
+The seed switches the default writer to `subagent` only when a same-novel study passes both
+halves: cost (the bounded writers' raw input ≤ 40 % of inline's) and quality (people, blind, find
+it not worse). `novelbus study decide` applies a study's pre-registered rule and prints its
+decision record; the release ships one such record (`novel/study/w3_decision.json`, its command
+in docs/studies.md) and `NovelConfig.writerMode`'s default is the writer mode of its verdict's
+arm — `inline` while the verdict is `undecided`. A deployment decides for its own model with
+`novelbus study adopt` (stored in its database); `novel create` names the decision it followed.
 
 This module imports nothing from the rest of the domain: the outline model reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import importlib.resources
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
 
 W3Verdict = Literal["subagent", "inline", "undecided"]
 WriterModeDefault = Literal["subagent", "inline"]
 
-MIN_UNITS_PER_ARM = 24
+RECORD_FILE = "w3.json"  # under novel/decisions/
 
 
-@dataclass(frozen=True)
-class DocumentedRun:
-    """One `bench ab --judge` run: what ran, what it measured, what it decided."""
-
-    command: str
-    model: str  # the writer: `offline`, `local`, `openai:<model>`
-    inline_units: int
-    subagent_units: int
-    cost_ratio: float
-    not_worse_low: float | None
-    judge: str
-    verdict: W3Verdict  # what `bench ab` printed for it (`novel.judge.w3`)
+def load_decision() -> dict[str, Any]:
+    """The decision record the release ships (package data, read once at import)."""
+    text = (importlib.resources.files("novelbus.novel") / "decisions" / RECORD_FILE).read_text(encoding="utf-8")
+    record: dict[str, Any] = json.loads(text)
+    return record
 
 
-def why_not_subagent(run: DocumentedRun) -> list[str]:
-    """What keeps the run's verdict from supporting `subagent` (empty: it does)."""
-    reasons: list[str] = []
-    if run.verdict != "subagent":
-        reasons.append(f"its W3 verdict is {run.verdict!r}")
-    if run.model == "offline":
-        reasons.append("its writer is the offline writer, whose two books are identical by construction")
-    if min(run.inline_units, run.subagent_units) < MIN_UNITS_PER_ARM:
-        reasons.append(f"it wrote {run.inline_units} inline and {run.subagent_units} subagent units "
-                       f"(W3 asks for at least {MIN_UNITS_PER_ARM} per arm)")
-    return reasons
+def writer_mode_of(record: Mapping[str, Any]) -> WriterModeDefault:
+    """The writerMode a decision supports: its winning arm's, `inline` when undecided."""
+    arm = (record.get("arms") or {}).get(record.get("verdict"))
+    return "subagent" if arm is not None and arm.get("writerMode") == "subagent" else "inline"
 
 
-def default_writer_mode(run: DocumentedRun) -> WriterModeDefault:
-    """The default a documented run supports: `subagent` only when nothing in `why_not_subagent`."""
-    return "inline" if why_not_subagent(run) else "subagent"
+def followed(mode: str, record: Mapping[str, Any], *, source: str) -> str:
+    """What `novel create` prints for a file silent on writerMode: the mode and the decision."""
+    how = "adopted by this deployment" if source == "adopted" else "shipped with novelbus"
+    return (f"writerMode defaults to {mode}: it follows the decision of study {record.get('studyId')} ({how}; "
+            f"verdict {record.get('verdict')}, {record.get('reviewers', 0)} reviewers, registration "
+            f"{str(record.get('registrationHash'))[:12]}…). See docs/studies.md; `novelbus study adopt` makes "
+            "another decision the default; set config.writerMode (or config.writerShape) to choose")
 
 
-DOCUMENTED_RUN = DocumentedRun(
-    command=("novelbus bench ab --model local --chapters 4 --scenes 6 --unit-chars 600 --max-output-tokens 640 "
-             "--subagent-shape W1 --judge-model local --no-quality-gate --measure-paused --timeout 3300 --json"),
-    model="local",
-    inline_units=33,
-    subagent_units=26,
-    cost_ratio=0.3979,
-    not_worse_low=0.4329,
-    judge="local",
-    verdict="inline",
-)
-
-DEFAULT_WRITER_MODE = default_writer_mode(DOCUMENTED_RUN)
+DECISION = load_decision()
+DEFAULT_WRITER_MODE: WriterModeDefault = writer_mode_of(DECISION)
 
 
-def default_reason(run: DocumentedRun | None = None) -> str | None:
-    """Why the default is not `subagent` (None when it is): what `novel create` prints when a
-    novel file leaves writerMode to the default. `run`: the documented run unless given."""
-    run = DOCUMENTED_RUN if run is None else run
-    reasons = why_not_subagent(run)
-    if not reasons:
-        return None
-    quality = ("quality not measured" if run.not_worse_low is None
-               else f"not-worse lower bound {run.not_worse_low:.3f}")
-    return (f"writerMode defaults to inline: the documented A/B ({run.model}; cost ratio {run.cost_ratio:.3f}, "
-            f"{quality}) does not support subagent: {'; '.join(reasons)}. See docs/ab.md; set "
-            "config.writerMode (or config.writerShape, which asks for subagent) to choose")
+def default_reason(record: Mapping[str, Any] | None = None) -> str | None:
+    """Why the default is not `subagent` (None when it is), naming the decision behind it."""
+    record = DECISION if record is None else record
+    mode = writer_mode_of(record)
+    return None if mode == "subagent" else followed(mode, record, source="shipped")

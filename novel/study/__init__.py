@@ -32,6 +32,7 @@ from novelbus.novel.study._model import (
     StudyFile,
     parse_study_file,
     registration_hash,
+    study_from_registration,
 )
 from novelbus.novel.study._pairs import SceneKey, a_shows_test, reviewer_order, sample_scenes
 from novelbus.novel.study._stats import (
@@ -60,5 +61,5 @@ __all__ = [
     "a_shows_test", "attribute", "check_scene", "cohen_kappa", "config_differences", "cost_figures", "decide_again",
     "decision_inputs", "figures", "group_by_field", "krippendorff_alpha", "outcome", "parse_study_file",
     "position_bias", "position_consistency", "refused_differences", "registration_hash", "reviewer_order",
-    "sample_scenes", "win_share", "win_share_interval",
+    "sample_scenes", "study_from_registration", "win_share", "win_share_interval",
 ]

@@ -228,3 +228,8 @@ def parse_study_file(raw: bytes | str, load_novel: Callable[[str], bytes] | None
             raise StudyError(f"arms.{other}: differs from arms.{names[0]} in {', '.join(refused)}, which is not the "
                              f"variable under test ({file.variable!r}); a study changes one variable only")
     return Study(file, novel, novel_data, configs)
+
+
+def study_from_registration(registration: Mapping[str, Any]) -> Study:
+    """The study a stored registration describes (its novel is inline there)."""
+    return parse_study_file(json.dumps({**registration["study"], "novel": registration["novel"]}, ensure_ascii=False))

@@ -168,6 +168,6 @@ async def test_novel_create_says_why_the_default_writer_mode_is_not_subagent(
     reason = w3.default_reason()
     assert (reason is None) == (w3.DEFAULT_WRITER_MODE == "subagent")
     if reason is not None:
-        assert "writerMode defaults to inline" in out.stderr and "docs/ab.md" in out.stderr
+        assert "writerMode defaults to inline" in out.stderr and "docs/studies.md" in out.stderr
     out = novelbus("novel", "create", str(chosen), *servers)
     assert out.returncode == 0 and "writerMode defaults" not in out.stderr

@@ -3,17 +3,14 @@ judge's projection and rules, position-swapped aggregation, the interval and the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-from typing import Any
 
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from novelbus.novel import w3 as w3_module
 from novelbus.novel.judge import (
     COST_LINE,
     CRITERIA,
@@ -31,7 +28,7 @@ from novelbus.novel.judge import (
     w3,
     wilson,
 )
-from novelbus.novel.outline import LengthBudget, NovelConfig, parse_novel_file
+from novelbus.novel.outline import LengthBudget, parse_novel_file
 from novelbus.novel.roles.judge import project
 from novelbus.novel.sample import sample_novel_bytes
 from tests.pure.sim import golden_body, snapshot_from_file, write_book
@@ -255,38 +252,3 @@ def test_w3_switches_only_when_both_halves_pass(ratio: float, low: float | None,
     assert result["verdict"] == verdict
     assert result["cost_ok"] is (ratio <= COST_LINE)
     assert result["quality_ok"] is (None if low is None else low >= QUALITY_LINE)
-
-
-def test_the_default_writer_mode_follows_the_documented_run() -> None:
-    """JUDGE-3: NovelConfig's default writerMode is what the documented run supports; the run's
-    recorded verdict is what w3() gives for its recorded figures; `novel create` has a reason to
-    print exactly when the default is not subagent."""
-    run = w3_module.DOCUMENTED_RUN
-    assert w3(run.cost_ratio, run.not_worse_low)["verdict"] == run.verdict
-    expected = "inline" if w3_module.why_not_subagent(run) else "subagent"
-    assert NovelConfig().writerMode == w3_module.DEFAULT_WRITER_MODE == expected
-    assert (w3_module.default_reason() is None) == (expected == "subagent")
-
-
-RUN = w3_module.DocumentedRun(command="novelbus bench ab --model local --judge", model="local", inline_units=24,
-                              subagent_units=24, cost_ratio=0.31, not_worse_low=0.62, judge="offline",
-                              verdict="subagent")
-
-
-@pytest.mark.parametrize(("change", "named"), [
-    ({}, None),
-    ({"verdict": "inline", "cost_ratio": 0.57}, "verdict is 'inline'"),
-    ({"verdict": "undecided", "not_worse_low": None}, "verdict is 'undecided'"),
-    ({"model": "offline"}, "offline writer"),
-    ({"subagent_units": 23}, "23 subagent units"),
-])
-def test_only_a_passing_real_model_run_of_24_units_per_arm_makes_subagent_the_default(
-        change: dict[str, Any], named: str | None) -> None:
-    """JUDGE-3: a verdict supports subagent only from a real model's run of at least 24 units
-    per arm; otherwise the default is inline and the reason names what is missing."""
-    run = dataclasses.replace(RUN, **change)
-    reason = w3_module.default_reason(run)
-    assert w3_module.default_writer_mode(run) == ("subagent" if named is None else "inline")
-    assert (reason is None) == (named is None)
-    if reason is not None:
-        assert named in reason and f"{run.cost_ratio:.3f}" in reason
