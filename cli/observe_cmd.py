@@ -74,7 +74,9 @@ async def serve_metrics(ctx: ActorContext, home: Path, *, host: str, port: int,
             fail(f"--metrics-host / --metrics-port: cannot listen on {host}:{port} ({e.strerror or e})", code=2)
         path = home / (ENDPOINTS_FILE if process is None else f"{METRICS_DIR}/{process}.json")
         _record(path, server.url)
-        console.print(f"metrics: {server.url} (readiness: {server.base_url}/ready)", soft_wrap=True)
+        # not " ready": the supervisor of `up --processes` takes that word for the actor's readiness
+        console.print(f"metrics: {server.url} (health: {server.base_url}/live, {server.base_url}/ready)",
+                      soft_wrap=True)
         try:
             yield server.url
         finally:

@@ -157,3 +157,55 @@ async def test_up_metrics_count_the_finished_novels_commits_and_its_logs_follow_
                 assert paragraph[i:i + 40] not in text, (commit.unit_id, paragraph[i:i + 40])
     for sentence in _outline_texts():  # no prompt material
         assert sentence not in text
+
+
+async def _cli_json(home: Path, *args: str) -> tuple[int, Any]:
+    code, out, err = await _cli(home, *args, "--json")
+    try:
+        return code, json.loads(out)
+    except ValueError:
+        raise AssertionError(f"not JSON (exit {code}): {out}{err}") from None
+
+
+async def _healthy(home: Path, *, processes: int, timeout: float) -> tuple[int, Any]:
+    """`status --health --json` once `processes` endpoints are recorded and all ready (the
+    supervisor starts its children without waiting for them)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        code, out, err = await _cli(home, "status", "--health", "--json")
+        report = json.loads(out) if out.startswith("{") else None
+        if code == 0 and report is not None and len(report["processes"]) == processes:
+            return code, report
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not {processes} ready processes within {timeout:.0f} s: {out}{err}")
+        await asyncio.sleep(0.5)  # polling a subprocess's answer, under a deadline
+
+
+async def test_every_actor_process_of_up_processes_serves_its_own_health_and_status_health_sums_them(
+        tmp_home: Path) -> None:
+    """OPS-6, OPS-7: `novelbus actor` processes too; a process that is gone is reported down."""
+    home = tmp_home / "home"
+    up = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "novelbus.cli.main", "up", "--processes", "--home", str(home), cwd=REPO,
+        env=_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL)
+    assert up.stdout is not None
+    try:
+        async with asyncio.timeout(120):
+            while "actor processes" not in (line := (await up.stdout.readline()).decode()):
+                assert line, "up --processes ended before its actors were ready"
+        code, report = await _healthy(home, processes=6, timeout=120)
+        assert sorted(report["processes"]) == ["claims-0", "driver", "packer", "usage", "verifier", "writer"]
+        assert all(p["live"] and p["ready"] and p["url"].startswith("http://127.0.0.1:")
+                   for p in report["processes"].values())
+        writer_url = report["processes"]["writer"]["url"]
+        status, text = await asyncio.to_thread(_get, writer_url)
+        assert status == 200 and "novelbus_units_committed_total" in text
+    finally:
+        if up.returncode is None:
+            up.send_signal(signal.SIGINT)
+        await asyncio.wait_for(up.wait(), 60)
+    assert not list((home / "metrics").glob("*.json"))  # each process took its record with it
+    code, report = await _cli_json(home, "status", "--health", "--url", writer_url)
+    assert code == 1 and report["processes"][writer_url] == {
+        "url": writer_url, "live": False, "ready": False, "checks": report["processes"][writer_url]["checks"]}
