@@ -44,7 +44,9 @@ class EndpointProbe:
     def __init__(self, ctx: ActorContext, endpoint: Endpoint | None = None, *,
                  interval_s: float = PROBE_INTERVAL_S) -> None:
         self.ctx = ctx
-        found = endpoint if endpoint is not None else endpoint_for(ctx.settings.model, endpoints_from_env())
+        if endpoint is None and ctx.settings.model != "offline":
+            endpoint = endpoint_for(ctx.settings.model, endpoints_from_env())
+        found = endpoint
         self.state = ProbeState(endpoint=found if found is not None and found.base_url else None)
         self.interval_s = interval_s
 

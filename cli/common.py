@@ -158,7 +158,12 @@ def checked_settings() -> dict[str, Callable[[], object]]:
     from novelbus.store.pool import ENV_POOL_SIZE, pool_size
     from novelbus.store.schema import ENV_MIGRATE, migrate_mode
     from novelbus.store.raw_vault import ENV_RAW_VAULT, raw_vault_from_env
-    from novelbus.writers.endpoints import ENV_CACHE_AFFINITY, affinity_from_env
+    from novelbus.writers.endpoints import (
+        ENV_CACHE_AFFINITY,
+        ENV_ENDPOINTS_FILE,
+        affinity_from_env,
+        endpoints_from_env,
+    )
     from novelbus.writers.factory import (
         ENV_CONTEXT_WINDOW,
         ENV_MAX_TOKENS_FIELD,
@@ -186,6 +191,7 @@ def checked_settings() -> dict[str, Callable[[], object]]:
         ENV_LOCAL_THREADS: local_threads,
         ENV_LEASE_S: lease_from_env,  # SERVE-1
         ENV_CACHE_AFFINITY: affinity_from_env,  # SERVE-3
+        ENV_ENDPOINTS_FILE: endpoints_from_env,  # SERVE-1
         ENV_MIGRATE: migrate_mode,  # OPS-10
         ENV_LOG_FORMAT: log_format,  # OPS-8
         ENV_LOG_LEVEL: log_level,
@@ -205,8 +211,6 @@ FREE_FORM_SETTINGS = {
     "NOVELBUS_MODEL_BASE_URL": "checked by the openai provider when it is built",
     "NOVELBUS_MODEL_API_KEY": "a secret of any form: never echoed",
     "NOVELBUS_PANEL_TOKEN": "a secret, checked (16 characters or more) by `novelbus panel` when it starts",
-    "NOVELBUS_ENDPOINTS_FILE": "a file, read and checked when a provider is built: its errors name the file "
-                               "and the field (SERVE-1)",
     "NOVELBUS_METRICS_PORT": "the --metrics-port option of `up` and `actor`: typer refuses what is not a port",
     "NOVELBUS_METRICS_HOST": "the --metrics-host option: an address the endpoint cannot bind stops the command",
 }

@@ -97,7 +97,7 @@ class EndpointsFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def load_endpoints(path: Path) -> list[Endpoint]:
     """The endpoints of a file; a bad file raises ProviderError naming the file and what is wrong."""
-    where = f"{ENV_ENDPOINTS_FILE} {path}"
+    where = f"{ENV_ENDPOINTS_FILE} must be a readable endpoints file (JSON); {path}"
     try:
         raw = path.read_bytes()
     except OSError as e:
