@@ -28,7 +28,7 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from novelbus.store._db import Db, acquire
@@ -168,7 +168,7 @@ class SchemaPlan:
     pending: tuple[Migration, ...] = ()  # run, in order
     newer: tuple[Applied, ...] = ()  # applied, unknown to this process (all additive, else refused)
     functions: str | None = None  # functions.sql to apply (its hash differs), or None
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()  # what the dry run and the log say beside the plan
 
     @property
     def known_version(self) -> int:
