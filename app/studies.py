@@ -95,21 +95,31 @@ async def start(ctx: Any, study_id: str) -> str:
     and create each arm's novel, started: the file's novel with the arm's config, written by the
     running actors like any other. Safe to repeat: an arm already created is kept. Returns the
     registration hash."""
+    for arm in (await _study(ctx, study_id))[1].file.arms:
+        await create_arm(ctx, study_id, arm, start=True)
+    return str((await db.get_study(ctx.pool, study_id)).registration_hash)
+
+
+async def create_arm(ctx: Any, study_id: str, arm: str, *, start: bool = True) -> str:
+    """One arm's novel (id `<studyId>-<arm>`), the registration frozen first; with `start`, its
+    first work notice is published (`bench ab` publishes its own and follows the arm). An arm
+    created already is returned as it is."""
     row, study = await _study(ctx, study_id)
     if row.status == "closed":
         raise StudyClosed(f"study {study_id!r} is closed")
+    if arm not in study.file.arms:
+        raise VoteRefused(f"{arm[:40]!r} is not an arm of study {study_id!r}")
     registration = row.registration or row.draft
-    held = await db.freeze(ctx.pool, study_id, registration, registration_hash(registration))
-    for arm in study.file.arms:
-        if arm in row.arms:
-            continue
-        novel = study.arm_novel(arm).model_copy(update={"novelId": f"{study_id}-{arm}"})
-        try:
-            novel_id = await actions.create(ctx, novel, start=True)
-        except store.NovelExists:
-            novel_id = novel.novelId or ""
-        await db.add_arm(ctx.pool, study_id, arm, novel_id)
-    return held
+    await db.freeze(ctx.pool, study_id, registration, registration_hash(registration))
+    if arm in row.arms:
+        return row.arms[arm]
+    novel = study.arm_novel(arm).model_copy(update={"novelId": f"{study_id}-{arm}"})
+    try:
+        novel_id = await actions.create(ctx, novel, start=start)
+    except store.NovelExists:
+        novel_id = novel.novelId or ""
+    await db.add_arm(ctx.pool, study_id, arm, novel_id)
+    return novel_id
 
 
 async def _arm_scene(ctx: Any, novel_id: str, config: Mapping[str, Any], key: tuple[str, str]) -> ArmScene:
@@ -481,6 +491,6 @@ async def vote(ctx: Any, study_id: str, pair_id: str, token: str, *, criterion: 
 
 
 __all__ = [
-    "DEFAULT_PANEL_URL", "Judge", "adopt", "authenticate", "create", "decide", "default_writer_mode", "invite",
+    "DEFAULT_PANEL_URL", "Judge", "adopt", "authenticate", "create", "create_arm", "decide", "default_writer_mode", "invite",
     "judge", "next_pair", "redeem_invite", "refresh_pairs", "report", "start", "status", "token_hash", "vote",
 ]

@@ -20,6 +20,7 @@ import json
 import secrets
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,6 +32,7 @@ from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
+from novelbus.app import studies
 from novelbus.bench import ab_quality
 from novelbus.bench.common import (
     MIN_UNIT_CHARS,
@@ -59,7 +61,8 @@ from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.judge import w3
-from novelbus.novel.outline import OutlineError, parse_novel_file
+from novelbus.novel.outline import NovelFile, OutlineError, parse_novel_file
+from novelbus.novel.study import Study, parse_study_file
 from novelbus.writers.inline import DEFAULT_USAGE_THRESHOLD_RATIO, gate_tokens
 from novelbus.writers.provider import ProviderError
 
@@ -81,18 +84,20 @@ SLOW_UNIT_S = 5.0  # ... and one per committed unit once units take longer than 
 
 
 async def write_novel(ctx: ActorContext, data: dict[str, Any], *, timeout: float, label: str,
-                      quiet: bool = False, live: bool = True, measure_paused: bool = False) -> tuple[str, float]:
+                      quiet: bool = False, live: bool = True, measure_paused: bool = False,
+                      create: Callable[[NovelFile], Awaitable[str]] | None = None) -> tuple[str, float]:
     """Create the novel, publish its first notice, wait until it finishes; (novel id, seconds).
     Progress: a live bar on a terminal (`live`); else lines on stderr (not `quiet`): every 10 units,
     every unit once units are slow (a real model), a failed unit's reason code, the end, and a heartbeat
     with the writer runs so far at least every minute — a long real-model job is never silent.
     `measure_paused` (JUDGE-4): a novel that pauses or runs out of time is stopped and measured as
-    far as it got (a note on stderr says so) instead of failing the whole A/B."""
+    far as it got (a note on stderr says so) instead of failing the whole A/B. `create`: how the
+    novel is created (a study's arm, STUDY-1); by default from `data` as it is."""
     try:
         nf = parse_novel_file(json.dumps(data, ensure_ascii=False))
     except OutlineError as e:
         raise ValueError(f"generated novel is invalid: {e}") from None
-    novel_id = await store.create_novel(ctx.pool, nf)
+    novel_id = await create(nf) if create is not None else await store.create_novel(ctx.pool, nf)
     total = len(nf.outline.scenes)
     done: asyncio.Future[ev.NovelEvent] = asyncio.get_running_loop().create_future()
     committed = runs = failed_runs = 0
@@ -311,6 +316,21 @@ async def measure(ctx: ActorContext, label: str, mode: str, novel_id: str, secon
     return result
 
 
+def ab_study(chapters: int, scenes: int, *, seed: int, unit_chars: int, cjk: bool, window: int | None,
+             ratio: float, subagent_shape: str, quality_gate: bool) -> Study:
+    """STUDY-1: the A/B as a registered study of two arms of one generated novel, differing in
+    the writer mode only (inline, and subagent of the given shape)."""
+    data = novel_dict(chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk, mode="inline", label="bench ab",
+                      window=window, ratio=ratio)
+    if not quality_gate:  # JUDGE-4: a small model's prose is committed and judged, not refused
+        data["config"]["quality"] = {"enabled": False}
+    return parse_study_file(json.dumps({
+        "title": f"bench ab: {subagent_shape} against inline", "novel": data, "variable": "writerMode",
+        "compare": ["subagent", "inline"], "seed": seed,
+        "arms": {"inline": {"writerMode": "inline"}, "subagent": {"writerMode": "subagent", "writerShape": subagent_shape}},
+    }, ensure_ascii=False))
+
+
 def compaction_marks(samples: list[dict[str, Any]]) -> list[dict[str, int | None]]:
     """Per compaction call (usage ring, oldest first): the reported prompt tokens of the call
     before it (what the §16 gate projected from) and of the compaction request itself."""
@@ -462,12 +482,15 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                 usage_ratio: float = DEFAULT_USAGE_THRESHOLD_RATIO,
                 max_output_tokens: int | None = None, judge: str | None = None,
                 measure_paused: bool = False, quality_gate: bool = True,
-                subagent_shape: str = "W2") -> dict[str, Any]:
+                subagent_shape: str = "W2", keep_study: bool = False) -> dict[str, Any]:
     """`subagent_shape`: the bounded writers' shape in the subagent arm (W2 commits itself, W1
     drafts). `judge`: None measures the cost half and JUDGE-1's figures; `offline` or a provider spec
-    adds the blind judge (JUDGE-2). The W3 verdict (JUDGE-3) is in the report either way."""
+    adds the blind judge (JUDGE-2). The W3 verdict (JUDGE-3) is in the report either way. The two
+    arms are a study's (STUDY-1): registered, frozen, and checked scene by scene for one variable
+    (STUDY-2); `keep_study` keeps the scratch database so that people can review it."""
     started = time.monotonic()
-    async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn:
+    async with servers(home, nats_url, database_url) as ep, \
+            scratch_database(ep.database_url, keep=lambda: keep_study) as dsn:
         subjects = Subjects(f"bench{secrets.token_hex(4)}.")
         kwargs = {"writer": {"inline_compact_tokens": compact_tokens, "max_output_tokens": max_output_tokens}}
         async with running(ep.nats_url, dsn, subjects=subjects, settings=Settings(model=model),
@@ -479,6 +502,9 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
             threshold = gate_tokens(window, compact_tokens, usage_ratio)
             try:
                 results: dict[str, ModeResult] = {}
+                study = ab_study(chapters, scenes, seed=seed, unit_chars=unit_chars, cjk=cjk, window=window,
+                                 ratio=usage_ratio, subagent_shape=subagent_shape, quality_gate=quality_gate)
+                study_id = await studies.create(ctx, study, start_arms=False)
                 plan = [("inline", "inline", chapters), ("subagent", "subagent", chapters)]
                 if check_flat:
                     plan.append((f"subagent{chapters * FLAT_FACTOR * scenes}", "subagent", chapters * FLAT_FACTOR))
@@ -490,14 +516,19 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
                     if not quality_gate:  # JUDGE-4: a small model's prose is committed and judged, not refused
                         data["config"]["quality"] = {"enabled": False}
                     err_console.print(f"[dim]{label}: {n_chapters} chapters × {scenes} scenes in {mode} mode[/]")
+                    def arm(nf: NovelFile, name: str = label) -> Awaitable[str]:
+                        return studies.create_arm(ctx, study_id, name, start=False)
+
                     novel_id, seconds = await write_novel(ctx, data, timeout=timeout, label=label,
-                                                          live=not as_json, measure_paused=measure_paused)
+                                                          live=not as_json, measure_paused=measure_paused,
+                                                          create=arm if label in study.file.arms else None)
                     results[label] = await measure(ctx, label, mode, novel_id, seconds)
                 if judge is not None:
                     err_console.print(f"[dim]judge: {judge}, every scene both arms wrote, positions swapped[/]")
                 quality = await ab_quality.quality(ctx, results["inline"].novel_id, results["subagent"].novel_id,
                                                    judge=judge, seed=seed, writer_model=model,
                                                    writer_provider=writer_provider)
+                study_status = await studies.status(ctx, study_id)
             except asyncio.CancelledError:
                 # Ctrl-C / SIGTERM: stop the model first, so the call in flight fails now and the
                 # actors drain in seconds, not after the unit's remaining model calls (minutes on
@@ -528,6 +559,10 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         if png_path is not None:
             console.print(f"plot:  {png_path}")
         ab_quality.print_quality(console, quality, verdict)
+        excluded = ", ".join(f"{x['chapterId']}/{x['sceneId']} ({', '.join(x['fields'])})"
+                             for x in study_status["excluded"]) or "none"
+        console.print(f"study {study_id}: registration {study_status['registrationHash']}, "
+                      f"{study_status['pairs']} pairs ready for blind review, excluded: {excluded}")
         for r in (inline, sub):  # ROLE-5: the detector's and the extractor's calls and usage per unit
             d, x = r.roles["detector"], r.roles["extractor"]
             console.print(f"{r.label}: detector {d['checksPerUnit']:.2f} checks / {d['modelCallsPerUnit']:.2f} model calls "
@@ -594,6 +629,8 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
     report["quality"] = quality
     report["roles"] = {"inline": inline.roles, "subagent": sub.roles}  # ROLE-5
     report["w3"] = verdict
+    report["study"] = {k: study_status[k] for k in ("studyId", "registrationHash", "variable", "compare", "pairs",
+                                                    "excluded")}  # STUDY-1, STUDY-2
     return report
 
 
@@ -640,6 +677,9 @@ def bench_ab(
     subagent_shape: Annotated[str, typer.Option(
         "--subagent-shape", help="The bounded writers' shape in the subagent arm: W2 (commits itself through its "
                                  "delegation) or W1 (drafts; one structured call per unit)")] = "W2",
+    keep_study: Annotated[bool, typer.Option(
+        "--keep-study", help="Keep the scratch database (named on stderr) so that people can review the "
+                             "study's pairs: `novelbus study invite` with --database-url")] = False,
 ) -> None:
     """A/B: the same generated novel in inline and subagent (W2) mode; raw input, window, ratio;
     consistency figures, the blind judge (--judge) and the W3 verdict."""
@@ -673,7 +713,7 @@ def bench_ab(
                            home=home, nats_url=nats_url, database_url=database_url, window=window,
                            usage_ratio=usage_ratio, max_output_tokens=max_output_tokens, judge=judge_spec,
                            measure_paused=measure_paused, quality_gate=quality_gate,
-                           subagent_shape=subagent_shape))
+                           subagent_shape=subagent_shape, keep_study=keep_study))
     except ProviderError as e:
         fail(f"writer provider: {e}", code=2)
     except (RuntimeError, ValueError) as e:
