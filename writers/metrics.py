@@ -38,7 +38,7 @@ def set_role_source(source: Callable[[], str]) -> None:
 
 
 def endpoint_of(provider: Any) -> str:
-    """The endpoint label of a provider: its `endpoint` when it has one, else its name; through
+    """The endpoint label of a provider: its `endpoint` when it has one, else `name[:model][@host]`; through
     the wrappers of a run (`ProviderWrapper.inner`), the provider they wrap."""
     for _ in range(16):  # a wrapper chain is a few deep; never loop on a cycle
         inner = getattr(provider, "inner", None)
@@ -46,7 +46,15 @@ def endpoint_of(provider: Any) -> str:
             break
         provider = inner
     endpoint = getattr(provider, "endpoint", None)
-    return endpoint if isinstance(endpoint, str) and endpoint else str(getattr(provider, "name", "unknown"))
+    if isinstance(endpoint, str) and endpoint:
+        return endpoint
+    label = str(getattr(provider, "name", "unknown"))
+    model, host = getattr(provider, "model", None), getattr(provider, "host", None)
+    if isinstance(model, str) and model:
+        label += f":{model}"
+    if isinstance(host, str) and host:
+        label += f"@{host.rpartition('@')[2]}"  # never a URL's credentials
+    return label
 
 
 def enter_call() -> contextvars.Token[bool] | None:

@@ -70,3 +70,12 @@ def test_endpoint_slots_are_gauges_a_serving_provider_sets() -> None:
     metrics.endpoint_slots("e-1", in_use=3, waiting=2)
     assert metrics.ENDPOINT_SLOTS_IN_USE.labels("e-1")._value.get() == 3
     assert metrics.ENDPOINT_SLOTS_WAITING.labels("e-1")._value.get() == 2
+
+
+def test_an_endpoint_label_names_provider_model_and_host_but_never_credentials() -> None:
+    """OPS-6"""
+
+    class Remote:
+        name, label, model, host = "openai", "remote", "m-1", "user:secret@127.0.0.1:8080"
+
+    assert metrics.endpoint_of(TimedProvider(Remote())) == "openai:m-1@127.0.0.1:8080"  # type: ignore[arg-type]
