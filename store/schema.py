@@ -276,6 +276,10 @@ def plan(known: Sequence[Migration], applied: Sequence[Applied], *, functions: s
     if newer:
         notes.append(f"the database holds newer additive migrations ({', '.join(a.name for a in newer)}): "
                      f"this process runs against it and leaves the step functions as they are")
+    breaking = [m.name for m in pending if not m.additive]
+    if breaking and database_version is not None:
+        notes.append(f"{', '.join(breaking)} not additive: stop every process of the release before first "
+                     f"(a process that does not know it refuses to start against it)")
     apply_functions: str | None = None
     if functions is not None and not newer:
         digest = hashlib.sha256(functions.encode()).hexdigest()

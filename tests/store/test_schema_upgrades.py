@@ -91,6 +91,9 @@ def test_a_target_version_stops_early_and_never_goes_back() -> None:
     m19, m20 = newer(19, additive=True), newer(20, additive=False)
     p = plan([BASE, m19, m20], applied(BASE), functions="-- fns", applied_functions_sha256=None, target=19)
     assert [m.name for m in p.pending] == [m19.name] and p.functions is None
+    p = plan([BASE, m19, m20], applied(BASE), functions="-- fns", applied_functions_sha256=None)
+    assert [m.name for m in p.pending] == [m19.name, m20.name] and p.functions == "-- fns"
+    assert any(n.startswith(f"{m20.name} not additive: stop every process") for n in p.notes)  # said before
     with pytest.raises(TargetInvalid, match="the database is at version 19 already"):
         plan([BASE, m19, m20], applied(BASE, m19), functions=None, applied_functions_sha256=None, target=18)
     with pytest.raises(TargetInvalid, match="knows versions 18 to 20"):
