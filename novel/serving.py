@@ -67,6 +67,7 @@ class Slot(msgspec.Struct, frozen=True):
     holder_group: str | None = None
     last_group: str | None = None
     last_used: float = 0.0
+    released: float = 0.0  # when its last holder gave it back (epoch seconds; 0: never)
 
 
 class Grant(msgspec.Struct, frozen=True):
@@ -82,6 +83,9 @@ class Budget(msgspec.Struct, frozen=True):
     held: bool = False
     requests_left: int | None = None
     tokens_left: int | None = None
+    # SERVE-3: a slot freed less than `reserve_s` before `now` waits for its chapter's next call
+    now: float = 0.0
+    reserve_s: float = 0.0
 
 
 def grant(waiting: Sequence[Waiter], slots: Sequence[Slot], budget: Budget, *,
@@ -94,7 +98,8 @@ def grant(waiting: Sequence[Waiter], slots: Sequence[Slot], budget: Budget, *,
     asked first — so a novel whose calls run long or fail and retry takes no more than its turn.
     SERVE-3 (with `affinity`): a waiter gets the free slot its group used last, else the free
     slot no other waiter's group used last, least recently used first (its cache is the
-    coldest)."""
+    coldest). A slot its chapter gave back less than `reserve_s` ago is kept for that chapter's
+    next call (its cache is warm), whoever else waits."""
     if budget.held or budget.capacity < 1 or (budget.tokens_left is not None and budget.tokens_left <= 0):
         return []
     room = budget.capacity - sum(1 for s in slots if s.holder_group is not None)
@@ -107,15 +112,26 @@ def grant(waiting: Sequence[Waiter], slots: Sequence[Slot], budget: Budget, *,
     queue = list(waiting)
     grants: list[Grant] = []
     while queue and free and room > 0:
-        nxt = min(queue, key=lambda w: (held[w.group], w.asked, w.ticket))
+        open_to = [w for w in queue if any(_may_take(s, w.group, budget, affinity) for s in free)]
+        if not open_to:
+            break
+        nxt = min(open_to, key=lambda w: (held[w.group], w.asked, w.ticket))
         queue.remove(nxt)
         wanted = {w.group for w in queue}
-        chosen = _pick_slot(free, nxt.group, wanted, affinity=affinity)
+        chosen = _pick_slot([s for s in free if _may_take(s, nxt.group, budget, affinity)], nxt.group, wanted,
+                            affinity=affinity)
         free.remove(chosen)
         held[nxt.group] += 1
         room -= 1
         grants.append(Grant(ticket=nxt.ticket, slot=chosen.number))
     return grants
+
+
+def _may_take(slot: Slot, group: str, budget: Budget, affinity: bool) -> bool:
+    """Whether a waiter of `group` may take the free `slot`: any but one kept for its chapter."""
+    kept = (affinity and budget.reserve_s > 0 and slot.last_group is not None
+            and budget.now - slot.released < budget.reserve_s)
+    return not kept or slot.last_group == group
 
 
 def _pick_slot(free: list[Slot], group: str, wanted: set[str], *, affinity: bool) -> Slot:

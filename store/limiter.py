@@ -85,16 +85,17 @@ class PgLimiter:
     @contextlib.asynccontextmanager
     async def slot(self, endpoint: str, *, capacity: int, group: str, asked: float | None = None,
                    requests_per_minute: int | None = None, tokens_per_minute: int | None = None,
-                   affinity: bool = True) -> AsyncIterator[Held]:
+                   affinity: bool = True, reserve_s: float = 0.0) -> AsyncIterator[Held]:
         """Wait for a slot of `endpoint` (holding nothing meanwhile but a ticket), hold it for the
         block, give it back. `asked`: when this call first asked (epoch seconds), so a retry keeps
-        its place (SERVE-2)."""
+        its place (SERVE-2); `reserve_s`: a slot a chapter gave back is kept for its next call
+        this long (SERVE-3)."""
         held: Held | None = None
         while held is None:
             ticket = await ask(self.pool, endpoint, self.holder, group, asked=asked, lease_s=self.lease_s)
             try:
                 held = await self._wait(endpoint, ticket, capacity=capacity, rpm=requests_per_minute,
-                                        tpm=tokens_per_minute, affinity=affinity)
+                                        tpm=tokens_per_minute, affinity=affinity, reserve_s=reserve_s)
             except TicketLost:
                 continue  # the lease lapsed while this process stood still: ask again
             except BaseException:
@@ -111,11 +112,11 @@ class PgLimiter:
             await asyncio.shield(release(self.pool, held.ticket, tokens=held.tokens))
 
     async def _wait(self, endpoint: str, ticket: int, *, capacity: int, rpm: int | None, tpm: int | None,
-                    affinity: bool) -> Held:
+                    affinity: bool, reserve_s: float) -> Held:
         looks = 0
         while True:
             held = await try_take(self.pool, endpoint, ticket, capacity=capacity, rpm=rpm, tpm=tpm,
-                                  affinity=affinity, lease_s=self.lease_s)
+                                  affinity=affinity, lease_s=self.lease_s, reserve_s=reserve_s)
             if held is not None:
                 return held
             looks += 1
@@ -148,7 +149,7 @@ async def ask(pool: Db, endpoint: str, holder: str, group: str, *, asked: float 
 
 
 async def try_take(pool: Db, endpoint: str, ticket: int, *, capacity: int, rpm: int | None, tpm: int | None,
-                   affinity: bool, lease_s: float) -> Held | None:
+                   affinity: bool, lease_s: float, reserve_s: float = 0.0) -> Held | None:
     """Renew this ticket's lease, drop lapsed tickets, grant free slots to the waiters the pure
     decision names (this one or others): this ticket's slot, or None while it waits."""
     async with transaction(pool) as conn:
@@ -159,8 +160,8 @@ async def try_take(pool: Db, endpoint: str, ticket: int, *, capacity: int, rpm: 
         if mine is None:
             raise TicketLost(f"ticket {ticket} of endpoint {endpoint!r} lapsed")
         state = await conn.fetchrow(
-            "SELECT coalesce(held_until > now(), false) AS held, down_since IS NOT NULL AS down"
-            " FROM serving_endpoints WHERE endpoint = $1", endpoint)
+            "SELECT coalesce(held_until > now(), false) AS held, down_since IS NOT NULL AS down,"
+            " extract(epoch FROM now())::float8 AS now FROM serving_endpoints WHERE endpoint = $1", endpoint)
         down = bool(state and state["down"])
         if mine["slot"] is not None:  # another waiter's look granted it
             return Held(slot=mine["slot"], ticket=ticket, down=down)
@@ -168,9 +169,11 @@ async def try_take(pool: Db, endpoint: str, ticket: int, *, capacity: int, rpm: 
             "WITH gone AS (DELETE FROM serving_tickets WHERE endpoint = $1 AND lease_until < now() RETURNING ticket)"
             " SELECT ticket, grp, extract(epoch FROM asked_at)::float8 AS asked, slot FROM serving_tickets"
             " WHERE endpoint = $1 AND ticket NOT IN (SELECT ticket FROM gone)", endpoint)
-        used = {r["slot"]: (r["last_grp"], r["used"]) for r in await conn.fetch(
-            "SELECT slot, last_grp, extract(epoch FROM last_used)::float8 AS used FROM serving_slots"
+        used = {r["slot"]: (r["last_grp"], r["used"], r["released"] or 0.0) for r in await conn.fetch(
+            "SELECT slot, last_grp, extract(epoch FROM last_used)::float8 AS used,"
+            " extract(epoch FROM released_at)::float8 AS released FROM serving_slots"
             " WHERE endpoint = $1", endpoint)}
+        now = state["now"] if state is not None else await conn.fetchval("SELECT extract(epoch FROM now())::float8")
         requests_left = tokens_left = None
         if rpm is not None or tpm is not None:
             recent = await conn.fetchrow(
@@ -183,12 +186,14 @@ async def try_take(pool: Db, endpoint: str, ticket: int, *, capacity: int, rpm: 
             tokens_left = None if tpm is None else tpm - int(recent["tokens"])
         holders = {r["slot"]: r["grp"] for r in rows if r["slot"] is not None}
         numbers = set(used) | set(holders) | set(range(capacity))
-        slots = [serving.Slot(number=n, holder_group=holders.get(n), last_group=used.get(n, (None, 0.0))[0],
-                              last_used=used.get(n, (None, 0.0))[1]) for n in sorted(numbers)]
+        unused = (None, 0.0, 0.0)
+        slots = [serving.Slot(number=n, holder_group=holders.get(n), last_group=used.get(n, unused)[0],
+                              last_used=used.get(n, unused)[1], released=used.get(n, unused)[2])
+                 for n in sorted(numbers)]
         waiting = [serving.Waiter(ticket=r["ticket"], asked=r["asked"], group=r["grp"])
                    for r in rows if r["slot"] is None]
         budget = serving.Budget(capacity=capacity, held=bool(state and state["held"]),
-                                requests_left=requests_left, tokens_left=tokens_left)
+                                requests_left=requests_left, tokens_left=tokens_left, now=now, reserve_s=reserve_s)
         grants = serving.grant(waiting, slots, budget, affinity=affinity)
         if not grants:
             return None
@@ -218,7 +223,9 @@ async def release(pool: Db, ticket: int, *, tokens: int) -> None:
     """Give the slot (or the waiting ticket) back; the call's tokens count for its minute."""
     async with statement(pool) as conn:
         await conn.execute(
-            "WITH gone AS (DELETE FROM serving_tickets WHERE ticket = $1 RETURNING ticket)"
+            "WITH gone AS (DELETE FROM serving_tickets WHERE ticket = $1 RETURNING endpoint, slot),"
+            " freed AS (UPDATE serving_slots s SET released_at = now() FROM gone"
+            "           WHERE s.endpoint = gone.endpoint AND s.slot = gone.slot)"
             " UPDATE serving_calls SET tokens = $2 WHERE ticket = $1", ticket, max(0, tokens))
 
 

@@ -63,7 +63,8 @@ class Endpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
     every process (match a llama.cpp server's `--parallel`); per-minute limits: None is none.
     `server` decides the affinity fields sent (SERVE-3): llama.cpp gets `id_slot` (the slot
     number the limiter granted) and `cache_prompt`; openai, llama.cpp and vllm get
-    `prompt_cache_key`; every kind gets the affinity header. `apiKeyEnv`: the variable holding
+    `prompt_cache_key`; every kind gets the affinity header. `affinityHoldMs`: a slot a chapter
+    gives back is kept that long for the chapter's next call. `apiKeyEnv`: the variable holding
     its key (else NOVELBUS_MODEL_API_KEY / OPENAI_API_KEY)."""
 
     name: str
@@ -75,6 +76,7 @@ class Endpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
     prices: Prices | None = None
     server: ServerKind = "openai"
     cache_affinity: bool = True
+    affinity_hold_ms: int = 0
     api_key_env: str | None = None
     retry: Backoff = msgspec.field(default_factory=Backoff)
 
@@ -87,6 +89,8 @@ class Endpoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="
                              ("tokensPerMinute", self.tokens_per_minute)):
             if value is not None and value < 1:
                 raise ValueError(f"endpoint {self.name!r}: {label} must be at least 1 or null, got {value}")
+        if not 0 <= self.affinity_hold_ms <= 10_000:
+            raise ValueError(f"endpoint {self.name!r}: affinityHoldMs must be from 0 to 10000, got {self.affinity_hold_ms}")
         if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint {self.name!r}: baseUrl must be an http(s) URL")
 
@@ -157,7 +161,7 @@ class SlotLimiter(Protocol):
 
     def slot(self, endpoint: str, *, capacity: int, group: str, asked: float | None = None,
              requests_per_minute: int | None = None, tokens_per_minute: int | None = None,
-             affinity: bool = True) -> contextlib.AbstractAsyncContextManager[HeldSlot]: ...
+             affinity: bool = True, reserve_s: float = 0.0) -> contextlib.AbstractAsyncContextManager[HeldSlot]: ...
 
     async def hold(self, endpoint: str, seconds: float) -> None: ...
     async def mark_down(self, endpoint: str) -> None: ...
@@ -174,7 +178,8 @@ class _LocalHeld:
 @dataclass
 class ProcessLimiter:
     """The limiter of a process with no database (a probe, a one-off command): the same grant
-    decision (novel.serving.grant) over this process's calls only."""
+    decision (novel.serving.grant) over this process's calls only; it keeps no freed slot for a
+    chapter (`reserve_s` is the deployment limiter's)."""
 
     _holders: dict[str, dict[int, str]] = field(default_factory=dict)
     _last: dict[str, dict[int, tuple[str, float]]] = field(default_factory=dict)
@@ -187,7 +192,7 @@ class ProcessLimiter:
     @contextlib.asynccontextmanager
     async def slot(self, endpoint: str, *, capacity: int, group: str, asked: float | None = None,
                    requests_per_minute: int | None = None, tokens_per_minute: int | None = None,
-                   affinity: bool = True) -> AsyncIterator[HeldSlot]:
+                   affinity: bool = True, reserve_s: float = 0.0) -> AsyncIterator[HeldSlot]:
         if self._changed is None or self._loop is not asyncio.get_running_loop():
             self._changed, self._loop = asyncio.Condition(), asyncio.get_running_loop()
         self._tickets += 1
@@ -300,7 +305,8 @@ class EndpointProvider:
             failure: ProviderError
             async with limiter.slot(ep.name, capacity=ep.max_in_flight, group=key, asked=asked,
                                     requests_per_minute=ep.requests_per_minute,
-                                    tokens_per_minute=ep.tokens_per_minute, affinity=self.affinity) as held:
+                                    tokens_per_minute=ep.tokens_per_minute, affinity=self.affinity,
+                                    reserve_s=ep.affinity_hold_ms / 1000) as held:
                 extra: dict[str, Any] = {}
                 if self.affinity:
                     body, headers = affinity_fields(ep, key, held.slot)

@@ -32,8 +32,10 @@ CREATE TABLE IF NOT EXISTS serving_slots (
     slot       integer NOT NULL,
     last_grp   text,
     last_used  timestamptz NOT NULL DEFAULT now(),
+    released_at timestamptz,
     PRIMARY KEY (endpoint, slot)
 );
+ALTER TABLE serving_slots ADD COLUMN IF NOT EXISTS released_at timestamptz;
 
 -- SERVE-1: the calls started in the last minute and their tokens (requests and tokens per minute).
 CREATE TABLE IF NOT EXISTS serving_calls (

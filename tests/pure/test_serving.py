@@ -138,3 +138,15 @@ def test_the_affinity_key_is_the_chapter_prefix_digest() -> None:
     other = [{"role": "system", "content": prefix.replace("one", "two") + "\n[[scene]]\nscene 1"}]
     assert affinity_key(one) == affinity_key(two) != affinity_key(other)
     assert len(affinity_key(one)) == 32 and "Chapter" not in affinity_key(one)
+
+
+def test_a_slot_its_chapter_just_gave_back_waits_for_that_chapters_next_call() -> None:
+    """SERVE-3 (affinityHoldMs): slot 0 was given back by chapter a 10 ms ago and is kept for a
+    for 50 ms: b waits, a takes it; once the 50 ms are over, or with affinity off, b takes it."""
+    slots = [Slot(number=0, last_group="a", last_used=9.0, released=9.99)]
+    b = [Waiter(ticket=1, asked=0.0, group="b")]
+    kept = Budget(capacity=1, now=10.0, reserve_s=0.05)
+    assert grant(b, slots, kept, affinity=True) == []
+    assert [g.ticket for g in grant([*b, Waiter(ticket=2, asked=5.0, group="a")], slots, kept, affinity=True)] == [2]
+    assert [g.ticket for g in grant(b, slots, Budget(capacity=1, now=10.05, reserve_s=0.05), affinity=True)] == [1]
+    assert [g.ticket for g in grant(b, slots, kept, affinity=False)] == [1]

@@ -94,3 +94,25 @@ async def test_a_retry_after_hold_keeps_every_slot_back_until_it_lapses(pool: as
     states = {s.endpoint: s for s in await limiter.endpoint_states(pool)}
     assert states["ep-held"].down_since is not None
     assert await limiter.mark_up(pool, "ep-held") and not await limiter.mark_up(pool, "ep-held")
+
+
+async def test_a_slot_a_chapter_gave_back_is_kept_for_it_for_the_hold_and_then_anyone_takes_it(
+        pool: asyncpg.Pool) -> None:
+    """SERVE-3 (affinityHoldMs): chapter a gives the only slot back; chapter a asks again at once
+    and gets it; then chapter b, asking with a hold of 1 s, waits about that long; without a
+    hold it gets the slot at once."""
+    lim = PgLimiter(pool, lease_s=5.0)
+    async with lim.slot("ep-keep", capacity=1, group="a", reserve_s=1.0):
+        pass
+    started = time.monotonic()
+    async with lim.slot("ep-keep", capacity=1, group="a", reserve_s=1.0) as again:
+        assert again.slot == 0
+    assert time.monotonic() - started < 0.9
+    started = time.monotonic()
+    async with lim.slot("ep-keep", capacity=1, group="b", reserve_s=1.0):
+        kept_for = time.monotonic() - started
+    started = time.monotonic()
+    async with lim.slot("ep-keep", capacity=1, group="a", reserve_s=0.0):
+        unkept = time.monotonic() - started
+    assert 0.8 <= kept_for <= 3.0, kept_for
+    assert unkept < 0.8, unkept
