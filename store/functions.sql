@@ -1,11 +1,12 @@
 -- The current definition of every step function (HOUSE-4): the one place to read and change them.
 --
--- Migrations (store/migrations/) are the schema's history: tables, indexes, triggers. The step
--- functions' bodies live here only. `store.migrate` applies this file after the migrations, under
--- the same advisory lock and in one transaction, whenever its SHA-256 differs from the one stored
--- in `schema_functions`: it drops every step function by name (whatever its signature) and the
--- outcome type, and creates them as written below. To change a function, edit it here; a
--- migration never defines one.
+-- Migrations (store/migrations/: the baseline, then the changes after it, HOUSE-8) hold tables,
+-- indexes, constraints and triggers. The step functions' bodies live here only. `store.migrate`
+-- applies this file after the migrations, under the same advisory lock and in one transaction,
+-- whenever its SHA-256 differs from the one stored in `schema_functions` (and never against a
+-- schema newer than the process knows, OPS-10): it drops every step function by name (whatever
+-- its signature) and the outcome type, and creates them as written below. To change a function,
+-- edit it here; a migration never defines one.
 --
 -- A step function does, inside the database and in one statement (PERF-2), what a store function
 -- would do with BEGIN, a novel-row lock, several reads, its writes and COMMIT. It answers with an
