@@ -355,6 +355,9 @@ async def check_schema(db: Db, *, known: Sequence[Migration] | None = None) -> S
                            f"lets it apply nothing: run `novelbus migrate`")
     for note in p.notes:
         log.warning("schema: %s", note)
+    if p.functions is not None:  # not refused: a compatible change may be either release's (ADR 0002)
+        log.warning("schema: %s differs from the one applied: run `novelbus migrate` if this release is "
+                    "the newer", FUNCTIONS_FILE)
     return p
 
 

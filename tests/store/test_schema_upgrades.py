@@ -136,14 +136,19 @@ async def test_the_dry_run_changes_nothing_and_prints_the_sql_migrate_runs(
 
 
 async def test_check_mode_refuses_a_database_behind_and_applies_nothing(
-        fresh: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """OPS-10: NOVELBUS_MIGRATE=check: a process only checks; `novelbus migrate` upgrades."""
+        fresh: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """OPS-10: NOVELBUS_MIGRATE=check: a process only checks; `novelbus migrate` upgrades. Step
+    functions other than its own are left as they are, with a warning."""
     monkeypatch.setenv("NOVELBUS_MIGRATE", "check")
     with pytest.raises(SchemaBehind, match=r"schema is empty; this process needs version \d+ .*run `novelbus migrate`"):
         await ensure_schema(fresh)
     assert not (await catalog(fresh))["relations"]
     await store.migrate(fresh)
     await ensure_schema(fresh)  # at its version: starts
+    await fresh.execute("UPDATE schema_functions SET sha256 = 'another release''s'")
+    await ensure_schema(fresh)
+    assert await fresh.fetchval("SELECT sha256 FROM schema_functions") == "another release's"
+    assert "functions.sql differs from the one applied: run `novelbus migrate`" in caplog.text
 
 
 async def test_a_process_leaves_a_newer_additive_schema_and_its_functions_alone(
