@@ -24,7 +24,7 @@ from typing import Any
 
 from novelbus import store
 from novelbus.app import actions
-from novelbus.novel.judge import scene_texts
+from novelbus.novel.judge import JudgeReplyError, scene_texts
 from novelbus.novel.next_work import finished_scenes, outlined_scenes
 from novelbus.novel.outline import Outline
 from novelbus.novel.roles.judge import CRITERIA_TEXT, project
@@ -33,6 +33,7 @@ from novelbus.novel.study import (
     CHOICES,
     FLAG_CATEGORIES,
     ArmScene,
+    SceneSample,
     Study,
     Vote,
     a_shows_test,
@@ -47,7 +48,6 @@ from novelbus.novel.study import (
     sample_scenes,
     study_from_registration,
 )
-from novelbus.novel.study._model import SceneSample
 from novelbus.store import studies as db
 from novelbus.store.studies import (
     DecisionMissing,
@@ -59,6 +59,7 @@ from novelbus.store.studies import (
     VoteRefused,
     VoteRow,
 )
+from novelbus.writers.provider import ProviderError
 
 DEFAULT_PANEL_URL = "http://127.0.0.1:8765"
 # A question per criterion a reviewer answers (the seed's four, else the criterion's name).
@@ -333,9 +334,8 @@ async def judge(ctx: Any, study_id: str, verdicts: Judge, *, name: str) -> dict[
             a, b = _letters(pair, a_is_test)
             try:
                 letters = await verdicts(project(outline, pair.chapter_id, pair.scene_id, a, b))
-            except Exception as e:  # noqa: BLE001 - a judge's failure is a failed pair, counted, never a tie
+            except (JudgeReplyError, ProviderError):  # a failed judgment is counted, never a tie
                 failed += 1
-                del e
                 continue
             for criterion in study.file.criteria:
                 letter = letters.get(criterion)

