@@ -70,7 +70,7 @@ async def switch_mode(ctx: Any, novel_id: str, mode: str) -> None:
 
 
 # --- steering over the bus (PLAN-1..5), shared by `novelbus novel revise|direct|config` and the panel
-LAYERS_HELP = ("an object of outline layers (story, chapters, scenes, characters, lore, foreshadowing), "
+LAYERS_HELP = ("an object of outline layers (story, chapters, scenes, characters, lore, foreshadowing, references), "
                "bare or as {\"outline\": …}")
 
 

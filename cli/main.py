@@ -56,6 +56,7 @@ from novelbus.cli.probe_cmd import (
     require_shape_capable,
     require_w2_fits,
 )
+from novelbus.cli.references_cmd import references_app
 from novelbus.cli.review_cmd import review_app
 from novelbus.cli.steer_cmd import register as register_steering
 from novelbus.cli.study_cmd import follow_default_mode, study_app
@@ -83,6 +84,7 @@ app.command("pack")(pack_command)
 app.command("panel")(panel_command)
 app.command("migrate")(migrate_command)
 register_steering(novel_app)
+novel_app.add_typer(references_app, name="references")  # CTX-13
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import date
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -91,6 +92,34 @@ class Foreshadowing(_Model):
     status: Literal["open", "planted", "resolved"] = "open"
 
 
+# CTX-13: licensed references (L3). The purposes a request may have (novel.context.PURPOSES).
+REFERENCE_PURPOSES = ("production", "evaluation", "diagnostic")
+REFERENCE_KINDS = ("style", "pattern", "excerpt")
+REFERENCE_TEXT_MAX = 4_000  # code points; the pack shows at most novel.pack.REFERENCE_LIMIT of it
+UNLICENSED = ("", "none", "unlicensed", "unknown")  # a licence that authorises nothing
+
+
+class Reference(_Model):
+    """A licensed reference (CTX-13): a style sample, a pattern card or a reference excerpt, with
+    its authorisation snapshot — where it comes from, its licence, the purposes it may serve and
+    the first day it may no longer be used (``expires``; None: no end)."""
+
+    referenceId: str = Field(pattern=ID_PATTERN)
+    kind: Literal["style", "pattern", "excerpt"]
+    text: str = Field(min_length=1, max_length=REFERENCE_TEXT_MAX)
+    source: str = Field(min_length=1, max_length=300)
+    licence: str = Field(max_length=200)
+    purposes: list[Literal["production", "evaluation", "diagnostic"]] = Field(default_factory=list)
+    expires: date | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("text must not be blank")
+        return v
+
+
 def _unique(items: list[Any], attr: str, layer: str) -> None:
     seen: set[str] = set()
     for item in items:
@@ -107,9 +136,11 @@ class Outline(_Model):
     characters: list[Character] = Field(default_factory=list)
     lore: list[LoreEntry] = Field(default_factory=list)
     foreshadowing: list[Foreshadowing] = Field(default_factory=list)
+    references: list[Reference] = Field(default_factory=list)  # CTX-13: L3, revised like the rest
 
     @model_validator(mode="after")
     def _check_references(self) -> Outline:
+        _unique(self.references, "referenceId", "references")
         _unique(self.chapters, "chapterId", "chapters")
         _unique(self.scenes, "sceneId", "scenes")
         _unique(self.characters, "characterId", "characters")
@@ -297,6 +328,21 @@ class NovelFile(_Model):
     config: NovelConfig = Field(default_factory=NovelConfig)
     outline: Outline
 
+    @model_validator(mode="before")
+    @classmethod
+    def _references_beside_outline(cls, data: Any) -> Any:
+        # CTX-13: `references` may sit beside `outline` (or inside it); either way it is a layer
+        # of the outline, revised with it.
+        if isinstance(data, dict) and "references" in data:
+            data = dict(data)
+            refs = data.pop("references")
+            outline = data.get("outline")
+            if isinstance(outline, dict):
+                if "references" in outline:
+                    raise ValueError("references: give them beside outline or inside it, not both")
+                data["outline"] = {**outline, "references": refs}
+        return data
+
     @field_validator("title")
     @classmethod
     def _strip_title(cls, v: str) -> str:
@@ -431,6 +477,8 @@ def parse_novel_file(raw: bytes | str) -> NovelFile:
 def outline_revision(parent: str | None, reason: str, outline: Outline) -> str:
     """Content-derived revision id: a hash over parent revision, reason and payload (SPEC §16)."""
     payload = outline.model_dump(mode="json")
+    if not payload["references"]:  # CTX-13: an outline without references keeps its revision id
+        del payload["references"]
     blob = json.dumps(
         {"parent": parent, "reason": reason, "outline": payload},
         sort_keys=True,

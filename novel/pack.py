@@ -22,12 +22,16 @@ separated by blank lines, so split blocks on the header lines, not on blank line
 single-line (whitespace collapsed); truncated values end with ``…``; empty fields and empty
 blocks are omitted.
 
-Block order: ``protocol, story, characters, chapter`` (the stable prefix, PACK-2/3) then
+Block order: ``protocol, story, style-constraints, pattern-references, characters, chapter`` (the
+stable prefix, PACK-2/3) then
 ``scene, lore, canon, prose-tail, foreshadowing, unit``. The prefix is everything before
 ``[[scene]]``, including the blank separator line, so ``text == prefix + rest``. The ``wide``
 continuity profile adds ``earlier-chapters`` (the four preceding chapters in full; it changes
 only at a chapter boundary, so it closes the stable prefix) and ``recalled-prose`` (paragraphs
-recalled through canon pointers, in the tail before ``prose-tail``).
+recalled through canon pointers, in the tail before ``prose-tail``). A novel with licensed
+references (CTX-13, L3) adds the writer's ``patternReferences`` (block ``pattern-references``: the
+references its context carries, in a stable order, bounded) and ``styleConstraints`` (block
+``style-constraints``), both in the stable prefix, in both shapes.
 
 The writer sees creative fields only (CTX-8): never run, claim or delegation ids, tokens,
 hashes, manifests, outline revisions, attempts, last errors, pause reasons or verdicts.
@@ -83,6 +87,8 @@ PackShape = Literal["full", "trimmed"]
 BLOCK_ORDER: tuple[str, ...] = (
     "protocol",
     "story",
+    "style-constraints",
+    "pattern-references",
     "characters",
     "chapter",
     "earlier-chapters",
@@ -94,10 +100,13 @@ BLOCK_ORDER: tuple[str, ...] = (
     "foreshadowing",
     "unit",
 )
-PREFIX_BLOCKS: tuple[str, ...] = ("protocol", "story", "characters", "chapter", "earlier-chapters")
+PREFIX_BLOCKS: tuple[str, ...] = ("protocol", "story", "style-constraints", "pattern-references", "characters",
+                                  "chapter", "earlier-chapters")
 TRIMMED_BLOCKS: tuple[str, ...] = (
     "protocol",
     "story",
+    "style-constraints",
+    "pattern-references",
     "chapter",
     "earlier-chapters",
     "scene",
@@ -128,6 +137,13 @@ _CHARACTER_FIELDS: tuple[tuple[str, str, int], ...] = (
 )
 _RELATIONS_LIMIT = 250
 _SENTENCE_END = frozenset(".!?…。！？")
+
+# CTX-13: what the writer does with the licensed references it is given (the styleConstraints).
+STYLE_CONSTRAINTS: tuple[str, ...] = (
+    "Write in the voice the pattern references show: rhythm, diction, point of view.",
+    "Never copy their sentences, names, places or events: they are not part of this story.",
+)
+STYLE_TOOL: tuple[str, ...] = ("novel_references_read gives them again.",)  # W2 only: W1 has no tools
 
 FORESHADOWING_RULE = (
     "When the scene pays off an item named in foreshadowingDue, show it in the prose and add a "
@@ -402,6 +418,10 @@ def render_writer_pack(frozen: FrozenContext, shape: PackShape) -> WriterPack:
         "story": _STORY_LINES(l0.story, l0.title),
         "chapter": _CHAPTER_LINES(l0.chapter),
         "earlier-chapters": earlier.split("\n") if earlier else [],
+        # CTX-13: licensed references (L3), stable for the revision and the day: prefix blocks
+        "style-constraints": [f"- {line}" for line in (*STYLE_CONSTRAINTS, *(() if full else STYLE_TOOL))]
+        if ctx.l3.references else [],
+        "pattern-references": [f"- {r.reference_id} ({r.kind}): {one_line(r.text)}" for r in ctx.l3.references],
         "scene": _scene_lines(person, l0.scene, l0.continuation_anchor, l0.outstanding_goals, due),
         "recalled-prose": ["- " + e.text for e in l1.recall],
         "prose-tail": current.text.split("\n") if current.text else [],

@@ -60,6 +60,7 @@ class NovelSnapshot(msgspec.Struct, frozen=True):
     requirements_pending: int = 0
     requirements_blocked: int = 0
     requirement_watermark: int = 0
+    read_on: str | None = None  # CTX-13: the read's date (UTC, ISO), for licensed references' expiry
 
     @property
     def committed_characters(self) -> int:

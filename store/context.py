@@ -148,6 +148,7 @@ async def read_context_sources(
             " a AS (SELECT COALESCE($3::bigint, k.own - 1, k.latest) AS as_of FROM k)"
             " SELECT current_setting('transaction_isolation') AS isolation,"
             " current_setting('transaction_read_only') AS read_only,"
+            " (now() AT TIME ZONE 'UTC')::date::text AS today,"
             " n.title, n.status, n.pause_reason, n.config, n.outline_revision, k.latest, k.own, a.as_of,"
             # Units, and the commit index with its canon facts, as the snapshot types' JSON
             # (PERF-2: decoded straight into them, `store.snapshots`); paragraphs per commit.
@@ -202,7 +203,9 @@ async def read_context_sources(
         config = parse_config(novel["config"])
         facts = read_extracted(novel_id, known_extracted, novel)
         if watermark is None:  # CTX-11: what this read saw of the extractions
-            seen = watermark_of(commits, facts, config.canonSource, units)
+            # CTX-13: the freeze date references are checked at, recorded only when there are any
+            on = novel["today"] if outline is not None and outline.references else None
+            seen = watermark_of(commits, facts, config.canonSource, units, on)
         else:  # CTX-11: as the freeze that recorded the watermark saw them
             seen = watermark
             config = config.model_copy(update={"canonSource": watermark.canon_source})
@@ -253,6 +256,7 @@ async def read_context_sources(
         paragraph_counts={c.commit_id: c.paragraph_count for c in commits},
         readback=readback,
         watermark=seen,
+        references_on=seen.references_on,
     )
     prove_sources(sources)  # CTX-4: fail closed before anyone assembles from these sources
     return sources

@@ -37,7 +37,7 @@ from novelbus.store.requirements import ledger_views, write_transitions
 WRITER_MODES = ("inline", "subagent")
 # units.last_error of a unit an outline revision retired: a code, read back by equality (SPEC §16)
 SUPERSEDED_SCENE_REMOVED = "scene-removed"
-OUTLINE_LAYERS = ("story", "chapters", "scenes", "characters", "lore", "foreshadowing")
+OUTLINE_LAYERS = ("story", "chapters", "scenes", "characters", "lore", "foreshadowing", "references")  # CTX-13
 
 
 class NovelRow(msgspec.Struct, frozen=True):

@@ -178,7 +178,9 @@ def _snapshot_json(paragraphs: str, known: tuple[str, str] | None = None,
 def _snapshot_sql(paragraphs: str, known: tuple[str, str] | None = None,
                   units: tuple[str, str] | None = None) -> str:
     """The novel row and its snapshot JSON (`snap`): one statement, so one consistent read."""
-    return f"SELECT n.*, {_snapshot_json(paragraphs, known, units)} AS snap FROM novels n WHERE n.novel_id = $1"
+    # CTX-13: the read's date (UTC), which licensed references' expiry is checked against
+    return (f"SELECT n.*, {_snapshot_json(paragraphs, known, units)} AS snap,"
+            " (now() AT TIME ZONE 'UTC')::date::text AS snap_today FROM novels n WHERE n.novel_id = $1")
 
 
 _SNAPSHOT_PROSE = _snapshot_sql("c.body -> 'paragraphs'")
@@ -396,7 +398,7 @@ async def _read_only(read_pool: asyncpg.Pool, novel_id: str, sql: str, *args: An
     row = decode_snapshot_row(novel["snap"])
     if known is not None:
         row = _index(novel_id, row, known, None, known_units)
-    snapshot = _assemble(novel_id, row, outline, None)
+    snapshot = msgspec.structs.replace(_assemble(novel_id, row, outline, None), read_on=novel["snap_today"])
     facts = read_extracted(novel_id, known_extracted, novel)
     if facts is not None and snapshot.config.canonSource != "writer":  # ROLE-3
         snapshot = msgspec.structs.replace(
@@ -457,7 +459,8 @@ async def _load(
     row = decode_snapshot_row(novel["snap"])
     if not prose:
         row = _index(novel_id, row, known, as_of_seq, units)
-    return _assemble(novel_id, row, outline, as_of_seq), novel
+        return _assemble(novel_id, row, outline, as_of_seq), novel
+    return msgspec.structs.replace(_assemble(novel_id, row, outline, as_of_seq), read_on=novel["snap_today"]), novel
 
 
 def _assemble(novel_id: str, row: SnapshotRow, outline: Outline | None, as_of_seq: int | None) -> NovelSnapshot:

@@ -30,6 +30,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from novelbus.novel.body import CommitArgs, CommitBody
+from novelbus.novel.context import select_references, validate_request
 from novelbus.novel.next_work import (
     completed_chapters,
     finished_scenes,
@@ -59,6 +60,7 @@ W2_ALLOW_LIST: tuple[str, ...] = (
     "novel_facts_read",
     "memory_search",
     "memory_read",
+    "novel_references_read",
     COMMIT_TOOL,
 )
 
@@ -127,6 +129,10 @@ class BodyReadParams(_Params):
 
 class FactsReadParams(_Params):
     characterId: str | None = Field(default=None, description="Only facts about this character.")
+
+
+class ReferencesReadParams(_Params):
+    kind: Literal["style", "pattern", "excerpt"] | None = Field(default=None, description="Only this kind.")
 
 
 class MemoryReadParams(_Params):
@@ -420,6 +426,19 @@ def novel_facts_read(snapshot: NovelSnapshot, p: FactsReadParams) -> dict[str, A
     return {"rows": recent, "totalMatches": len(facts), "truncated": len(facts) > SEARCH_ROW_CAP}
 
 
+def novel_references_read(snapshot: NovelSnapshot, p: ReferencesReadParams) -> dict[str, Any]:
+    """CTX-13: the licensed references the writer's pack carries — the same authorisation (the
+    `generation` scenario, purpose `production`, the read's date for expiry), the same order and
+    bounds; never one left out of the context, and never why (that is in the manifest)."""
+    outline = _require_outline(snapshot)
+    request = validate_request(novel_id=snapshot.novel_id, unit_id="tools", as_of=snapshot.as_of_seq,
+                               scenario="generation", purpose="production", profile="bounded")
+    cards = select_references(outline.references, request, snapshot.read_on)
+    rows = [{"referenceId": c.reference_id, "kind": c.kind, "text": c.text, "source": c.source}
+            for c in cards if p.kind is None or c.kind == p.kind]
+    return {"rows": rows, "totalMatches": len(rows), "truncated": False}
+
+
 def memory_search(snapshot: NovelSnapshot, p: SearchParams) -> dict[str, Any]:
     terms = _terms(p.query)
     scored = []
@@ -515,6 +534,13 @@ TOOL_REGISTRY: dict[str, ToolSpec] = {
             ("notes",),
             MemoryReadParams,
             memory_read,
+        ),
+        ToolSpec(
+            "novel_references_read",
+            "The licensed style samples and pattern cards of the pack's pattern-references.",
+            _OUTLINE,
+            ReferencesReadParams,
+            novel_references_read,
         ),
         ToolSpec(
             COMMIT_TOOL,

@@ -26,7 +26,8 @@ Layers (CTX-7): L0 current task (story, chapter, scene, unit, narrative state, l
 never trimmed); L1 prose (continuity baseline, then pointer-recalled prose, trimmed stably); L2
 work facts (character and lore cards from the outline, canon cards from commits with pointers
 to the prose that established them, foreshadowing state — participants only, never future
-state); L3 licensed references (none exist in novelbus; the layer stays empty and says why).
+state); L3 licensed references (``_references``, CTX-13: only for the scenarios that ask and
+the purposes their authorisation covers at the freeze date; never for extraction or detection).
 
 CTX-11 (``_watermark``, ADR 0007): the store records in the manifest the extraction state its read
 saw, and a read given that watermark sees exactly it again, so a freeze can be re-assembled.
@@ -68,6 +69,14 @@ from novelbus.novel.context._errors import (
 )
 from novelbus.novel.context._hashing import IdentityCache, canonical_json, sha256_of
 from novelbus.novel.context._ledger import OMISSIONS_LISTED, order_key
+from novelbus.novel.context._references import (
+    MAX_REFERENCES,
+    REFERENCE_CHARS,
+    REFERENCE_SCENARIOS,
+    authorised_purpose,
+    refusal,
+    select_references,
+)
 from novelbus.novel.context._request import (
     BUDGETS,
     CANON_KINDS,
@@ -106,6 +115,7 @@ from novelbus.novel.context._sources import (
     sources_from_snapshot,
 )
 from novelbus.novel.context._structs import (
+    NO_REFERENCES,
     CanonCard,
     FactsLayer,
     ForeshadowingCard,
@@ -116,6 +126,7 @@ from novelbus.novel.context._structs import (
     ManifestTrim,
     ProseExcerpt,
     ProseLayer,
+    ReferenceCard,
     ReferenceLayer,
     RetrievalManifest,
     TaskLayer,
@@ -167,7 +178,15 @@ __all__ = [
     "ProseExcerpt",
     "ProseLayer",
     "Readback",
+    "MAX_REFERENCES",
+    "NO_REFERENCES",
+    "REFERENCE_CHARS",
+    "REFERENCE_SCENARIOS",
+    "ReferenceCard",
     "ReferenceLayer",
+    "authorised_purpose",
+    "refusal",
+    "select_references",
     "RetrievalManifest",
     "RetrievalPlan",
     "SCENARIOS",

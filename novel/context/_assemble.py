@@ -10,6 +10,7 @@ import msgspec
 from novelbus.novel.context._errors import ContextBudgetError, ContextInputError
 from novelbus.novel.context._hashing import sha256_of
 from novelbus.novel.context._ledger import Candidate, Ledger
+from novelbus.novel.context._references import select_references
 from novelbus.novel.context._request import ORDER, ProfileBudget, find_unit
 from novelbus.novel.context._select import (
     chapter_excerpt,
@@ -21,6 +22,7 @@ from novelbus.novel.context._select import (
 )
 from novelbus.novel.context._sources import ContextSources, prove_sources, sources_from_snapshot
 from novelbus.novel.context._structs import (
+    NO_REFERENCES,
     FactsLayer,
     FrozenContext,
     LengthContract,
@@ -230,6 +232,12 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         shown.update(card.change.character_ids)
     names = {c.characterId: c.name for c in outline.characters if c.characterId in shown}
 
+    # L3 — licensed references: only those the scenario asks for and the authorisation covers.
+    cards = select_references(outline.references, request, sources.references_on, ledger)
+    l3 = (ReferenceLayer(patterns=[], note=NO_REFERENCES) if not outline.references else ReferenceLayer(
+        patterns=[c.reference_id for c in cards], references=cards,
+        note=f"{len(cards)} of {len(outline.references)} licensed references for {request.scenario}"))
+
     context = WriterContext(
         request=request,
         outline_revision=plan.outline_revision,
@@ -238,7 +246,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         l2=FactsLayer(
             characters=characters, lore=lore, canon=canon, foreshadowing=foreshadowing, names=names
         ),
-        l3=ReferenceLayer(),
+        l3=l3,
     )
     context_sha256 = sha256_of(context)
     l1_tokens = baseline_tokens + sum(estimate_tokens_cached(e.text) for e in recall)
@@ -250,7 +258,8 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         plan_sha256=sha256_of(plan),
         order=ORDER,
         budget=budget,
-        used_tokens={"L0": l0_tokens, "L1": l1_tokens, "L2": -(-l2_chars // 2), "L3": 0},
+        used_tokens={"L0": l0_tokens, "L1": l1_tokens, "L2": -(-l2_chars // 2),
+                     "L3": sum(estimate_tokens_cached(c.text) for c in cards)},
         sources=ledger.sources,
         omitted=ledger.omitted,
         trims=ledger.trims,
@@ -284,6 +293,7 @@ def freeze_from_snapshot(
     as_of: int | None = None,
     budget: ProfileBudget | None = None,
     evidence: tuple[str, ...] = (),
+    references_on: str | None = None,
 ) -> FrozenContext:
     """Read back over an in-memory snapshot and assemble (pure callers, tests, benchmarks)."""
     sources = sources_from_snapshot(
@@ -295,6 +305,7 @@ def freeze_from_snapshot(
         as_of=as_of,
         budget=budget,
         evidence=evidence,
+        references_on=references_on,
     )
     return assemble_context(sources)
 

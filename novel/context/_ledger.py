@@ -71,18 +71,18 @@ class Ledger:
         listed = self._listed.get(key, 0)
         if listed < OMISSIONS_LISTED and count == 1:
             self._listed[key] = listed + 1
-            self.omitted.append(self._entry(c, reason, 1))
+            self.omitted.append(self._entry(c, reason, 1, c.digest))
             return
         folded = self._folded.get(key)
         if folded is None:
             self._folded[key] = len(self.omitted)
-            self.omitted.append(self._entry(c, reason, count))
+            self.omitted.append(self._entry(c, reason, count, ""))  # folded: stands for many
         else:
             entry = self.omitted[folded]
             self.omitted[folded] = msgspec.structs.replace(entry, count=entry.count + count)
 
     @staticmethod
-    def _entry(c: Candidate, reason: str, count: int) -> ManifestOmission:
+    def _entry(c: Candidate, reason: str, count: int, digest: str) -> ManifestOmission:
         return ManifestOmission(
             layer=c.layer,
             kind=c.kind,
@@ -92,6 +92,7 @@ class Ledger:
             score=c.score,
             reason=reason,
             count=count,
+            digest=digest,
         )
 
     def trim(self, layer: str, kind: str, source_id: str, kept: int, total: int, why: str) -> None:

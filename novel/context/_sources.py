@@ -42,6 +42,7 @@ class ContextSources(msgspec.Struct, frozen=True):
     paragraph_counts: dict[str, int]
     readback: Readback
     watermark: Watermark | None = None  # CTX-11: the extraction state the store read at
+    references_on: str | None = None  # CTX-13: the freeze date (ISO) references' expiry is checked at
 
 
 def default_as_of(commits: Iterable[CommitView], unit_id: str) -> int:
@@ -78,8 +79,10 @@ def sources_from_snapshot(
     as_of: int | None = None,
     budget: ProfileBudget | None = None,
     evidence: tuple[str, ...] = (),
+    references_on: str | None = None,
 ) -> ContextSources:
-    """The in-memory read-back: the same plan and pointers as the store, over a snapshot."""
+    """The in-memory read-back: the same plan and pointers as the store, over a snapshot
+    (``references_on``: the freeze date references are checked at, CTX-13; None: unknown)."""
     unit_commit = next((c.seq for c in snapshot.commits if c.unit_id == unit_id), None)
     resolved = default_as_of(snapshot.commits, unit_id) if as_of is None else as_of
     request = validate_request(
@@ -110,6 +113,7 @@ def sources_from_snapshot(
         prose=prose,
         paragraph_counts={c.commit_id: c.paragraph_count for c in visible},
         readback=Readback(isolation="in-memory snapshot", read_only=True),
+        references_on=references_on,
     )
 
 

@@ -90,11 +90,28 @@ class FactsLayer(msgspec.Struct, frozen=True, rename="camel"):
     names: dict[str, str]  # identity index: characterId → name, for every id shown
 
 
-class ReferenceLayer(msgspec.Struct, frozen=True, rename="camel"):
-    """L3: licensed references (patterns, samples). novelbus stores none, so it stays empty."""
+class ReferenceCard(msgspec.Struct, frozen=True, rename="camel"):
+    """A licensed reference as a context carries it (CTX-13): what the writer may read, and whence."""
 
-    patterns: list[str] = []
-    note: str = "no licensed references are stored; L3 is empty for every scenario"
+    reference_id: str
+    kind: str
+    text: str  # at most novel.context.REFERENCE_CHARS
+    source: str
+    licence: str
+
+
+NO_REFERENCES = "no licensed references are stored; L3 is empty for every scenario"
+
+
+class ReferenceLayer(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """L3: licensed references (CTX-13) — those the scenario asks for and the authorisation covers.
+
+    ``patterns`` and ``note`` are always encoded and ``references`` only when there are any, so a
+    context without references has the bytes (and hash) it always had (ADR 0007)."""
+
+    patterns: list[str]  # the included references' ids, in context order
+    note: str
+    references: list[ReferenceCard] = []
 
 
 class WriterContext(msgspec.Struct, frozen=True, rename="camel"):
@@ -130,6 +147,7 @@ class ManifestOmission(msgspec.Struct, frozen=True, rename="camel"):
     score: int
     reason: str
     count: int = 1  # > 1: this and the next count-1 candidates (all ranked lower), one entry
+    digest: str = ""  # CTX-12: `content_digest` of what was read and left out ("" when folded)
 
 
 class ManifestTrim(msgspec.Struct, frozen=True, rename="camel"):

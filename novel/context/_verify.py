@@ -28,7 +28,7 @@ def _first_in(kind: str, old: list[dict[str, Any]], new: list[dict[str, Any]],
         for k in fields:
             if a.get(k) != b.get(k):
                 if k == "digest":
-                    return source_name(a), f"its content differs from what the freeze read ({kind} source)"
+                    return source_name(a), f"its content differs from what the freeze read ({kind})"
                 return source_name(a), f"{kind} {k} {a.get(k)!r} at the freeze, {b.get(k)!r} now"
     if len(old) > len(new):
         return source_name(old[len(new)]), f"the freeze {kind} it; the store now gives no such entry"
@@ -46,7 +46,7 @@ def first_difference(recorded: dict[str, Any], again: dict[str, Any]) -> tuple[s
         note = ""
     for kind, key, fields in (
         ("included", "sources", ("digest", "chars", "score", "verified")),
-        ("omitted", "omitted", ("reason", "count", "score")),
+        ("omitted", "omitted", ("digest", "reason", "count", "score")),
     ):
         hit = _first_in(kind, list(recorded.get(key) or []), list(again.get(key) or []), fields)
         if hit is not None:

@@ -27,12 +27,14 @@ from novelbus.novel.snapshot import CommitView, UnitView
 T = TypeVar("T")
 
 
-class Watermark(msgspec.Struct, frozen=True, rename="camel"):
+class Watermark(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
     """What a freeze read of the state that changes after a commit (CTX-11)."""
 
     canon_source: str  # the novel's config.canonSource at the freeze
     extracted: tuple[tuple[int, int], ...] = ()  # inclusive seq ranges whose extraction was read
     superseded: tuple[str, ...] = ()  # units with a commit at or before asOf, superseded then
+    # CTX-13: the freeze date references' expiry was checked against (only when there are any)
+    references_on: str | None = None
 
 
 def seq_ranges(seqs: Iterable[int]) -> tuple[tuple[int, int], ...]:
@@ -55,6 +57,7 @@ def watermark_of(
     extracted: Mapping[str, object] | None,
     canon_source: str,
     units: list[UnitView],
+    references_on: str | None = None,
 ) -> Watermark:
     """The watermark of one read: ``commits`` are those at or before asOf, ``extracted`` the
     extraction rows the read saw by commit id (None: the canon does not use them)."""
@@ -68,7 +71,7 @@ def watermark_of(
     superseded = tuple(
         sorted(u.unit_id for u in units if u.state == "superseded" and u.unit_id in with_commits)
     )
-    return Watermark(canon_source=canon_source, extracted=read, superseded=superseded)
+    return Watermark(canon_source=canon_source, extracted=read, superseded=superseded, references_on=references_on)
 
 
 class WatermarkError(Exception):

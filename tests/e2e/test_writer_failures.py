@@ -14,7 +14,7 @@ from novelbus.actors.context import Settings
 from novelbus.messages import events as ev
 from novelbus.writers.offline import ScriptedProvider
 from novelbus.writers.provider import ModelReply
-from novelbus.writers.tools import COMMIT_TOOL
+from novelbus.writers.tools import COMMIT_TOOL, W2_ALLOW_LIST
 from tests.writers.harness import (
     PerRun,
     RunView,
@@ -64,7 +64,7 @@ async def test_tool_outside_the_allow_list_is_refused_recorded_and_never_run(
     assert results[:2] == [{"error": "tool-not-allowed", "tool": "novel_claim_unit"},
                            {"error": "tool-not-allowed", "tool": "drop_tables"}]
     offered = {t["function"]["name"] for t in provider.views[0].tools or []}
-    assert "novel_claim_unit" not in offered and len(offered) == 10
+    assert "novel_claim_unit" not in offered and offered == set(W2_ALLOW_LIST)
 
 
 async def test_writer_committing_another_unit_is_refused_then_redispatched(

@@ -202,11 +202,11 @@ async def test_no_forced_research_when_the_window_cannot_hold_it() -> None:
                                commit=host.commit, max_output_tokens=100, unit_id="u-1", window=window)
         assert outcome.ok and provider.options == [{}, forced(OUTLINE_READ), forced(COMMIT_TOOL)]
 
-    # 2,048: the W2 tool definitions (~1,300 est.) and the text answer leave less than the room
+    # 2,150: the W2 tool definitions (~1,500 est.) and the text answer leave less than the room
     tight = ScriptedProvider([text(answer), tools(call(COMMIT_TOOL, COMMIT_ARGS, "c"))])
     host = Host()
     outcome = await run_w2(tight, PACK, allow_list=W2_ALLOW_LIST, read_tool=host.read_tool,
-                           commit=host.commit, max_output_tokens=100, unit_id="u-1", window=2048)
+                           commit=host.commit, max_output_tokens=100, unit_id="u-1", window=2150)
     assert outcome.ok and tight.options == [{}, forced(COMMIT_TOOL)] and host.reads == []
 
 
