@@ -42,6 +42,7 @@ from novelbus.cli.common import (
     run,
 )
 from novelbus.infra.llama import open_local_server
+from novelbus.writers.endpoints import unwrapped
 from novelbus.writers.factory import ENV_CONTEXT_WINDOW, make_provider, window_from_env
 from novelbus.writers.local_provider import LocalProvider
 from novelbus.writers.openai_provider import OpenAIProvider
@@ -87,7 +88,7 @@ def probe_model(model: str, *, timeout: float = 600.0, live: bool = True) -> Pro
 
     async def go() -> ProbeReport:
         try:
-            if isinstance(provider, LocalProvider):
+            if isinstance(unwrapped(provider), LocalProvider):
                 # A server that cannot load its weights is said once, with its log, not as six
                 # probes failing with `provider-unavailable`.
                 try:
@@ -192,7 +193,7 @@ def require_known_window(model: str, nf: Any) -> Any:
         err_console.print(f"[dim]context window of {escape(provider.label)}: {window:,} tokens "
                           "(the embedded server's n_ctx)[/]")
         return _with_window(nf, window)
-    if not isinstance(provider, OpenAIProvider) or provider.context_window is not None:
+    if not isinstance(unwrapped(provider), OpenAIProvider) or provider.context_window is not None:
         return nf
 
     window = _discover_window(provider)
@@ -258,7 +259,7 @@ def window_summary(model: str) -> str | None:
             provider = make_provider(model)
         except ProviderError as e:
             return str(e)
-        if not isinstance(provider, OpenAIProvider):
+        if not isinstance(unwrapped(provider), OpenAIProvider):
             return None
 
         window = _discover_window(provider)

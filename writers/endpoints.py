@@ -268,6 +268,12 @@ def affinity_fields(endpoint: Endpoint, key: str, slot: int) -> tuple[dict[str, 
     return body, {serving.AFFINITY_HEADER: key}
 
 
+def unwrapped(provider: Any) -> Any:
+    """The provider an `EndpointProvider` limits (any other provider as it is), for a caller that
+    asks what kind of server it talks to (the probe, the window discovery)."""
+    return provider.inner if isinstance(provider, EndpointProvider) else provider
+
+
 class EndpointProvider:
     """A provider whose every call takes a slot of its endpoint (SERVE-1..4)."""
 

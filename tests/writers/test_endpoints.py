@@ -22,8 +22,10 @@ from novelbus.writers.endpoints import (
     affinity_from_env,
     endpoint_for,
     load_endpoints,
+    unwrapped,
 )
 from novelbus.writers.factory import make_provider
+from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ProviderError
 from tests.writers.chat_server import ChatServer, completion, json_response
 
@@ -89,6 +91,7 @@ async def test_a_llama_cpp_call_carries_its_slot_and_key_and_reports_cache_n(tmp
         p._limiter = ProcessLimiter()
         reply = await p.complete(MESSAGES, None, max_output_tokens=16)
     assert reply.usage is not None and reply.usage.cached_tokens == 42
+    assert isinstance(unwrapped(p), OpenAIProvider) and unwrapped(p.inner) is p.inner  # what the probe asks
     sent = server.requests[0]
     assert sent["id_slot"] == 0 and sent["cache_prompt"] is True and len(sent["prompt_cache_key"]) == 32
     assert server.headers[0]["x-novelbus-affinity"] == sent["prompt_cache_key"]
