@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.context._errors import ContextBudgetError, ContextInputError
-from novelbus.novel.context._hashing import sha256_of
+from novelbus.novel.context._hashing import IdentityCache, sha256_of
 from novelbus.novel.context._ledger import Candidate, Ledger
 from novelbus.novel.context._references import select_references
 from novelbus.novel.context._request import ORDER, ProfileBudget, find_unit
@@ -268,6 +268,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         context_sha256=context_sha256,
         watermark=sources.watermark,
         layers=layer_digests(context),
+        outline_sha256=outline_core_sha256(outline),
     )
     return FrozenContext(
         context=context,
@@ -275,6 +276,15 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         context_sha256=context_sha256,
         manifest_sha256=sha256_of(manifest),
     )
+
+
+def _outline_core(outline: Outline) -> str:
+    core = outline.model_dump(mode="json", exclude={"references"})
+    return sha256_of(core)
+
+
+# CTX-13: once per parsed outline revision (outlines are shared, frozen objects).
+outline_core_sha256 = IdentityCache(_outline_core, size=64)
 
 
 def layer_digests(context: WriterContext) -> dict[str, str]:

@@ -180,6 +180,9 @@ class RetrievalManifest(msgspec.Struct, frozen=True, rename="camel"):
     watermark: Watermark | None = None
     # CTX-12: SHA-256 per layer, so a re-assembly that differs names the layer it differs in.
     layers: dict[str, str] = {}
+    # CTX-13: the outline without its references — two freezes whose arms differ by references
+    # alone differ in outlineRevision and the L3 entries, never in this.
+    outline_sha256: str = ""
     schema: str = MANIFEST_SCHEMA
 
 

@@ -161,3 +161,16 @@ def test_the_w2_read_tool_gives_the_references_the_pack_carries_under_the_same_a
     assert [r["referenceId"] for r in undated] == ["ok", "card"]  # none of them expires
     frozen = freeze_from_snapshot(book(nf)[0][0], book(nf)[0][1], references_on="2026-12-04")
     assert [c.reference_id for c in frozen.context.l3.references] == [r["referenceId"] for r in rows]
+
+
+def test_two_arms_that_differ_by_references_alone_differ_in_the_manifest_only_where_references_show() -> None:
+    """CTX-13 (a study arm may differ by references alone): the same unit frozen with and without
+    a reference differs in the outline revision, the L3 entries and the L3 digest, and keeps the
+    outline digest without references, every other layer digest and every other source."""
+    with_refs, without = (freeze_from_snapshot(*book(nf)[2]) for nf in (novel_with(ref()), novel_with()))
+    a, b = with_refs.manifest, without.manifest
+    assert a.outline_revision != b.outline_revision and a.outline_sha256 == b.outline_sha256 != ""
+    assert a.layers["L3"] != b.layers["L3"]
+    assert {k: v for k, v in a.layers.items() if k != "L3"} == {k: v for k, v in b.layers.items() if k != "L3"}
+    assert [s for s in a.sources if s.layer != "L3"] == b.sources
+    assert [s.source_id for s in a.sources if s.layer == "L3"] == ["voice-1"]
