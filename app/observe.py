@@ -5,7 +5,8 @@ process, however many actors it runs (`novelbus up` serves one for all six). Rea
 when `/ready` is requested, never on a unit's path:
 
 - `nats`: the connection is up (not reconnecting);
-- `postgres`: a statement answers, and every migration this process knows is applied;
+- `postgres`: the database answers, every migration this process knows is applied and any
+  newer one is additive (OPS-10's rule, `store.schema.read_plan`: nothing is changed);
 - `consumers`: every command service and durable consumer this process started is bound, and
   each durable consumer exists on the server (its lag is read on the way).
 """
@@ -20,7 +21,7 @@ from typing import Any
 from novelbus.actors.context import ActorContext
 from novelbus.bus import metrics, tally
 from novelbus.infra.health import HealthServer
-from novelbus.store.pool import migration_files
+from novelbus.store.schema import SchemaError, read_plan
 from novelbus.writers import metrics as model_metrics
 
 DB_CHECK_TIMEOUT_S = 3.0
@@ -31,14 +32,18 @@ def _bindings(ctx: ActorContext) -> list[Any]:
 
 
 async def _schema_problem(ctx: ActorContext) -> str | None:
-    known = {name for name, _ in migration_files()}
+    """OPS-10's rule, read without changing anything: every known migration applied, and any
+    newer one additive (else the plan's refusal says why)."""
     try:
         async with asyncio.timeout(DB_CHECK_TIMEOUT_S):
-            applied = {r["name"] for r in await ctx.pool.fetch("SELECT name FROM schema_migrations")}
+            plan = await read_plan(ctx.pool)
+    except SchemaError as e:
+        return str(e)
     except Exception as e:  # noqa: BLE001 - any failure is the answer: not ready
         return f"no answer ({type(e).__name__})"
-    missing = sorted(known - applied)
-    return f"migrations not applied: {', '.join(missing)}" if missing else None
+    if plan.pending:
+        return f"migrations not applied: {', '.join(m.name for m in plan.pending)} (run `novelbus migrate`)"
+    return None
 
 
 async def _consumers_problem(ctx: ActorContext) -> str | None:

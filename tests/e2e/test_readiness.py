@@ -48,3 +48,13 @@ async def test_metrics_read_the_dead_letter_streams_depth_at_each_scrape(stack: 
     assert code == 200
     assert f"novelbus_dlq_depth_messages {float(depth)}" in text.splitlines(), text
     assert depth >= 1
+
+
+async def test_ready_answers_503_while_a_migration_this_process_knows_is_not_applied(stack: Runtime) -> None:
+    """OPS-7: the schema at the version the process expects (OPS-10's rule, read only)."""
+    async with observed(stack.ctx) as server:
+        newest = await stack.ctx.pool.fetchval("SELECT max(name) FROM schema_migrations")
+        await stack.ctx.pool.execute("DELETE FROM schema_migrations WHERE name = $1", newest)
+        code, body = await asyncio.to_thread(_get, f"{server.base_url}/ready")
+    checks = json.loads(body)["checks"]
+    assert code == 503 and checks["postgres"].startswith(f"migrations not applied: {newest}"), body
