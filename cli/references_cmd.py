@@ -118,7 +118,8 @@ def add_reference(
     try:
         ref = Reference.model_validate({
             "referenceId": reference_id, "kind": kind, "text": text, "source": source, "licence": licence,
-            "purposes": purpose or ["production"], "expires": None if expires is None else date.fromisoformat(expires)})
+            "purposes": purpose or ["production"],
+            "expires": None if expires is None else date.fromisoformat(expires).isoformat()})
     except ValidationError as e:
         fail(describe_validation_error(e), code=2)
     except ValueError as e:  # date.fromisoformat

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from datetime import date
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -99,6 +98,15 @@ REFERENCE_TEXT_MAX = 4_000  # code points; the pack shows at most novel.pack.REF
 UNLICENSED = ("", "none", "unlicensed", "unknown")  # a licence that authorises nothing
 
 
+_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
+
+
+def _month_days(year: int, month: int) -> int:
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
 class Reference(_Model):
     """A licensed reference (CTX-13): a style sample, a pattern card or a reference excerpt, with
     its authorisation snapshot — where it comes from, its licence, the purposes it may serve and
@@ -110,13 +118,23 @@ class Reference(_Model):
     source: str = Field(min_length=1, max_length=300)
     licence: str = Field(max_length=200)
     purposes: list[Literal["production", "evaluation", "diagnostic"]] = Field(default_factory=list)
-    expires: date | None = None
+    expires: str | None = None  # an ISO date, YYYY-MM-DD (compared as text: ISO dates sort by date)
 
     @field_validator("text")
     @classmethod
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("text must not be blank")
+        return v
+
+    @field_validator("expires")
+    @classmethod
+    def _iso_date(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = _ISO_DATE.match(v)
+        if m is None or not 1 <= int(m[2]) <= 12 or not 1 <= int(m[3]) <= _month_days(int(m[1]), int(m[2])):
+            raise ValueError(f"expires must be a date YYYY-MM-DD, got {v!r}")
         return v
 
 

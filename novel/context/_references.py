@@ -46,8 +46,8 @@ def refusal(reference: Reference, request: ContextRequest, on: str | None) -> st
     if reference.expires is not None:
         if on is None:
             return "expiry-unverifiable"
-        if on >= reference.expires.isoformat():
-            return f"expired:{reference.expires.isoformat()}"
+        if on >= reference.expires:
+            return f"expired:{reference.expires}"
     return None
 
 

@@ -9,6 +9,7 @@ from datetime import date
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,7 @@ from novelbus.novel.context import (
     refusal,
     validate_request,
 )
-from novelbus.novel.outline import NovelFile, Reference, parse_novel_file
+from novelbus.novel.outline import NovelFile, OutlineError, Reference, parse_novel_file
 from novelbus.novel.pack import parse_pack, render_writer_pack
 from novelbus.novel.roles import project, role_inputs_from_snapshot
 from novelbus.novel.sample import sample_novel_bytes
@@ -134,7 +135,8 @@ def test_a_reference_enters_only_when_scenario_licence_purpose_and_date_all_allo
 ) -> None:
     """CTX-13 (property): admitted ⇔ the scenario asks, a licence, the purpose covered
     (diagnostic as production), and no expiry or a known freeze date before it."""
-    r = Reference.model_validate(ref(licence=licence, purposes=purposes, expires=expires))
+    r = Reference.model_validate(ref(licence=licence, purposes=purposes,
+                                     expires=None if expires is None else expires.isoformat()))
     request = validate_request(novel_id="n-1", unit_id="u-1", as_of=0, scenario=scenario, purpose=purpose,
                                profile="bounded")
     wanted = "production" if purpose == "diagnostic" else purpose
@@ -174,3 +176,14 @@ def test_two_arms_that_differ_by_references_alone_differ_in_the_manifest_only_wh
     assert {k: v for k, v in a.layers.items() if k != "L3"} == {k: v for k, v in b.layers.items() if k != "L3"}
     assert [s for s in a.sources if s.layer != "L3"] == b.sources
     assert [s.source_id for s in a.sources if s.layer == "L3"] == ["voice-1"]
+
+
+def test_a_bad_reference_is_refused_naming_the_field() -> None:
+    """CTX-13: a reference with an impossible expiry, an unknown kind or purpose, or a blank
+    text is refused when the novel file is read, naming the field."""
+    for bad, field in (({"expires": "2026-02-30"}, "expires"), ({"kind": "voice"}, "kind"),
+                       ({"purposes": ["marketing"]}, "purposes"), ({"text": "   "}, "text")):
+        with pytest.raises(OutlineError, match=field):
+            novel_with(ref(**bad))
+    with pytest.raises(OutlineError, match="references"):
+        novel_with(ref(), ref())  # the same id twice
