@@ -81,6 +81,9 @@ class PgLimiter:
     pool: Db
     lease_s: float = field(default_factory=lease_from_env)
     holder: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
+    # A slot given back by this process wakes this process's waiters at once; the others look
+    # again within POLL's longest wait.
+    _freed: dict[str, asyncio.Event] = field(default_factory=dict, repr=False)
 
     @contextlib.asynccontextmanager
     async def slot(self, endpoint: str, *, capacity: int, group: str, asked: float | None = None,
@@ -110,6 +113,7 @@ class PgLimiter:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             await asyncio.shield(release(self.pool, held.ticket, tokens=held.tokens))
+            self._freed.pop(endpoint, asyncio.Event()).set()
 
     async def _wait(self, endpoint: str, ticket: int, *, capacity: int, rpm: int | None, tpm: int | None,
                     affinity: bool, reserve_s: float) -> Held:
@@ -120,7 +124,9 @@ class PgLimiter:
             if held is not None:
                 return held
             looks += 1
-            await asyncio.sleep(POLL.delay_s(looks))
+            freed = self._freed.setdefault(endpoint, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(freed.wait(), POLL.delay_s(looks))
 
     async def _renew(self, ticket: int) -> None:
         while True:
