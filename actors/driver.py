@@ -5,8 +5,9 @@ Flow for a `subagent` novel: claim → render pack → dispatch writer → verif
 sequential (one flow per novel at a time); different novels run concurrently.
 
 What lives elsewhere: the JetStream loop (fetch, heartbeat, nak backoff, dead letters) is
-`bus.consumer.DurablePullConsumer`; the dispatch loop of one claim is `actors.unit_flow`; the
-decisions are pure (`novel.next_work`, `novel.after_turn`). This module leases, decides and accounts.
+`bus.consumer.DurablePullConsumer`; one claim's flow is the pure `novel.unit_flow`, carried out by
+`actors.unit_flow`; the other decisions are pure too (`novel.next_work`, `novel.after_turn`). This
+module leases, decides and accounts.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class UnsettledFlow:
 class DriverState:
     locks: FlowLocks = field(default_factory=FlowLocks)  # one flow per novel (DRV-1)
     unsettled: dict[str, UnsettledFlow] = field(default_factory=dict)  # novel → its unsettled flow
-    # issue 14: notice id → outcome of its in-process continuation (True: done, its copy on the
+    # ADR 0003: notice id → outcome of its in-process continuation (True: done, its copy on the
     # work stream only needs acking; False: the copy is handled as any notice)
     continued: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
     driving: set[str] = field(default_factory=set)  # novels with a unit flow in this process
@@ -363,7 +364,7 @@ class Driver:
         # carries this intent), so a claim always has somebody responsible for it, even if this
         # process dies right after the claim — one statement (PERF-2).
         if unit_id is None:
-            # PERF-2 (issue 14): a new unit is prepared, its unit.prepared ledger row written, the
+            # PERF-2: a new unit is prepared, its unit.prepared ledger row written, the
             # intent recorded and the unit leased in ONE statement; then the row is published.
             chapter_id, scene_id, fragment = decision.chapter_id, decision.scene_id, decision.fragment
 
@@ -414,54 +415,47 @@ class Driver:
 
     async def _drive_claim(self, novel: store.NovelRow, snapshot: NovelSnapshot, claim: cm.ClaimGranted,
                            mode: str) -> None:
-        ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
+        """The claim's unit flow (`UnitFlow.drive`, the pure `novel.unit_flow`), then what its end
+        asks: a lost claim's next step, the interrupting error raised (REL-1, REL-6: the notice is
+        retried), or an unsettled flow kept for its novel's next step (REL-7)."""
+        novel_id, unit_id = novel.novel_id, claim.unit_id
         try:
-            outcome = await self.flow.run_claim(novel, claim, mode)
-        except ClaimLost as e:
-            settled = await self._settle(novel, snapshot, claim, mode, "claim-lost", e)
-            if settled is None:
-                await publish_notice(ctx, novel_id, reason="claim-lost")
-                return
-            outcome = settled
-        except Exception as e:
-            # NATS, the database or an actor away mid-flow: give the claim back (unless the commit
-            # already went through, which is then accounted) and let the notice retry (REL-1, REL-6).
-            settled = await self._settle(novel, snapshot, claim, mode, "flow-interrupted", e)
-            if settled is None:
-                raise e
-            outcome = settled
+            done, cause = await self.flow.drive(
+                novel, claim, mode, until_available=self._until_available,
+                record=lambda outcome: self.account(novel_id, unit_id, claim, outcome, snapshot, mode, novel))
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.flow.settle(novel_id, unit_id, claim, "driver-stopped"), 5)
             raise
-        # The turn is accounted exactly once (turn ledger), so waiting out an outage here is safe.
-        await self._until_available(
-            lambda: self.account(novel_id, unit_id, claim, outcome, snapshot, mode, novel))
-
-    async def _settle(self, novel: store.NovelRow, before: NovelSnapshot, claim: cm.ClaimGranted, mode: str,
-                      reason: str, cause: Exception) -> UnitOutcome | None:
-        """`UnitFlow.settle` for an interrupted flow, waiting out an outage. Settling must not be
-        skipped: a retried notice would see the unit committed and move on, its turn unaccounted
-        until the REL-7 sweep (after its novel went on, or finished). If it fails even so, the
-        flow is kept and its novel's next step settles it first (`_settle_left`); `cause` raises."""
-        novel_id, unit_id = novel.novel_id, claim.unit_id
-        try:
-            return await self._until_available(lambda: self.flow.settle(novel_id, unit_id, claim, reason))
-        except Exception as settle_error:
-            self.state.unsettled[novel_id] = UnsettledFlow(claim=claim, before=before, novel=novel, mode=mode)
-            log.warning("flow of %s/%s interrupted (%s) and not settled (%s): its novel's next step settles it",
-                        novel_id, unit_id, error_code(cause), error_code(settle_error))
-            raise cause from settle_error
+        if done.result == "recorded":
+            return
+        if done.result == "released" and done.notice is not None:
+            await publish_notice(self.ctx, novel_id, reason=done.notice)
+            return
+        if done.result == "unsettled":
+            # Settling must not be skipped: a retried notice would see the unit committed and move
+            # on, its turn unaccounted until the REL-7 sweep; its novel's next step settles it first.
+            self.state.unsettled[novel_id] = UnsettledFlow(claim=claim, before=snapshot, novel=novel, mode=mode)
+            log.warning("flow of %s/%s interrupted (%s) and not settled: its novel's next step settles it",
+                        novel_id, unit_id, done.error)
+        raise cause if cause is not None else ClaimLost(f"flow of {unit_id} ended {done.result} ({done.error})")
 
     async def _settle_left(self, novel_id: str, left: UnsettledFlow) -> bool:
         """REL-7: settle a flow of this driver that could not settle, before its novel moves on — a
         commit that landed is accounted now (True), else the claim goes back to prepared (False)."""
         unit_id = left.claim.unit_id
-        settled = await self.flow.settle(novel_id, unit_id, left.claim, "flow-interrupted")
-        if settled is not None:
-            await self.account(novel_id, unit_id, left.claim, settled, left.before, left.mode, left.novel)
+
+        async def once(step: Callable[[], Awaitable[T]]) -> T:
+            return await step()  # the novel's notice is retried when this fails
+
+        done, cause = await self.flow.drive(
+            left.novel, left.claim, left.mode, until_available=once, resume=True,
+            record=lambda outcome: self.account(novel_id, unit_id, left.claim, outcome, left.before, left.mode,
+                                                left.novel))
+        if done.result not in ("recorded", "released"):
+            raise cause if cause is not None else ClaimLost(f"flow of {unit_id} not settled ({done.error})")
         self.state.unsettled.pop(novel_id, None)
-        return settled is not None
+        return done.result == "recorded"
 
     async def _until_available(self, step: Callable[[], Awaitable[T]], *, limit_s: float = 120.0) -> T:
         """Run an idempotent step, waiting out NATS or PostgreSQL being away (REL-6)."""
@@ -508,7 +502,7 @@ class Driver:
         kind = turn_kind(outcome.ok, outcome.reason)
         signature = failure_signature(unit_id, outcome.reason)
         after: NovelSnapshot | None = None
-        if outcome.ok:  # PERF-2 (issue 14): the next decision's input read in the same statement
+        if outcome.ok:  # PERF-2: the next decision's input read in the same statement
             counters, first, after = await store.account_turn_and_snapshot(
                 pool, novel_id, claim.claim_id, outcome=kind, writer_output_chars=outcome.output_chars,
                 unit_id=unit_id, holder=self.instance)
@@ -535,15 +529,15 @@ class Driver:
             if first:
                 await ctx.emit(ev.UnitFailed(novel_id=novel_id, unit_id=unit_id, reason=outcome.reason,
                                              signature=signature, dispatches=outcome.dispatches,
-                                             missing_blocks=outcome.missing_blocks))
+                                             missing_blocks=list(outcome.missing_blocks)))
             await self._release(novel_id, unit_id, claim, outcome.reason[:120])
         lost = await store.external_failures(pool, novel_id) if kind == "external" else 0
         decision = after_turn(unit_id=unit_id, claim_id=claim.claim_id, ok=outcome.ok, reason=outcome.reason,
                               budgets=novel.config.budgets, stall_count=counters.stall_count,
                               consecutive_failures=counters.consecutive_failures, external_failures=lost)
         if isinstance(decision, NextUnit):
-            # issue 14: once its notice is stored (for another process or a restart), the next
-            # unit starts here at once instead of after a round trip through the work stream.
+            # ADR 0003: once its notice is stored (for another process or a restart), the next
+            # unit starts here at once, without a round trip through the work stream.
             notice_id = await publish_notice(ctx, novel_id, reason="next-unit", dedupe=decision.dedupe)
             self._continue(WorkNotice(novel_id=novel_id, notice_id=notice_id, reason="next-unit"), known)
         elif isinstance(decision, Pause):
@@ -553,10 +547,10 @@ class Driver:
             await publish_notice(ctx, novel_id, reason=decision.reason)
 
     def _continue(self, notice: WorkNotice, known: tuple[NovelSnapshot, store.NovelRow] | None) -> None:
-        """Run `notice` in-process right after the flow that published it (issue 14: no round trip
+        """Run `notice` in-process right after the flow that published it (ADR 0003: no round trip
         through the work stream between two units of a novel this driver is driving).
 
-        The notice itself is on the work stream as before. Its copy, when it comes back to this
+        The notice itself is on the work stream too. Its copy, when it comes back to this
         driver, waits for the continuation: done → acked; failed → handled like any notice (so
         every retry, backoff and dead-letter rule still applies). A copy delivered to another
         driver process is handled there as any notice: the claim lets only one of them write

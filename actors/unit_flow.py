@@ -1,15 +1,18 @@
-"""The driver's unit flow for one claim: dispatch → pack → writer (which commits) → verify (RUN-4, DRV-4).
+"""The driver's unit flow for one claim, carried out: dispatch → pack → writer (which commits) →
+verify → record (RUN-4, DRV-4, HOUSE-7).
 
-A helper of the driver actor (actors/driver.py), not an actor: it holds no state of its own and
-talks to the other actors only through their commands. The store, not a reply, is the truth of
-whether a commit landed (VER-1).
+A helper of the driver actor (actors/driver.py), not an actor: the decisions are the pure state
+machine `novel.unit_flow`; this module only turns its commands into requests and store calls and
+their replies back into events. The store, not a reply, is the truth of whether a commit landed
+(VER-1).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 import nats.errors
@@ -17,6 +20,7 @@ import nats.errors
 from novelbus import store
 from novelbus.actors.context import ActorContext, once_key_of_commit
 from novelbus.bus.client import BusUnavailable, RemoteError, request
+from novelbus.bus.consumer import error_code
 from novelbus.bus.routes import claims_instance_subject
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
@@ -24,13 +28,14 @@ from novelbus.messages import packs as pm
 from novelbus.messages import runs as rm
 from novelbus.messages import usage as um
 from novelbus.messages import verify as vm
-from novelbus.messages.errors import CLAIM_LOST, DELEGATION_NOT_FOUND, DISPATCH_LIMIT, PACK_ERROR
-from novelbus.novel.after_turn import WINDOW_EXCEEDED
-from novelbus.novel.quality import refused_code
+from novelbus.messages.errors import CLAIM_LOST
+from novelbus.novel import unit_flow as flow
+from novelbus.novel.unit_flow import UnitOutcome
 from novelbus.store.detections import detection_gaps
 from novelbus.writers.sampling import sampling_of
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ClaimLost(Exception):
@@ -53,18 +58,13 @@ def is_infrastructure_error(e: BaseException) -> bool:
     return isinstance(e, RemoteError) and e.code == BusUnavailable.code
 
 
-@dataclass
-class UnitOutcome:
-    ok: bool
-    reason: str
-    dispatches: int
-    missing_blocks: list[str] = field(default_factory=list)
-    output_chars: int = 0
-    runs: list[rm.WriterResult] = field(default_factory=list)  # every dispatch, for usage (USE-1)
+Step = Callable[[Callable[[], Awaitable[T]]], Awaitable[T]]  # runs an idempotent step, waiting out outages
 
 
 class UnitFlow:
-    """Runs one claim to an outcome; the driver owns leases, accounting and what comes next."""
+    """Carries out the pure unit flow (`novel.unit_flow`, HOUSE-7) for one claim: each command as
+    a request or a store call, each reply, error reply or timeout fed back as its event. The
+    driver owns leases, what a turn's record does, and what comes next."""
 
     def __init__(self, ctx: ActorContext, *, writer_timeout_s: float) -> None:
         self.ctx = ctx
@@ -95,85 +95,98 @@ class UnitFlow:
             await self.ctx.emit(ev.ClaimReleased(novel_id=novel_id, unit_id=unit_id, reason=reason))
         return None
 
-    async def run_claim(self, novel: store.NovelRow, claim: cm.ClaimGranted, mode: str) -> UnitOutcome:
-        """Dispatch writers for one claim, up to writerDispatchLimit (RUN-4, DRV-4)."""
-        ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
+    async def drive(self, novel: store.NovelRow, claim: cm.ClaimGranted, mode: str, *,
+                    record: Callable[[UnitOutcome], Awaitable[None]], until_available: Step[Any],
+                    resume: bool = False, nonce: str | None = None) -> tuple[flow.Done, BaseException | None]:
+        """Run the flow of `claim` to its end (`resume`: settle an interrupted one, REL-7): the end
+        and the error that interrupted it, if any, for the caller to act on. `nonce` names the
+        flow's runs (`novel.unit_flow.run_id_of`); a fresh one when not given."""
         # DRV-2: an inline unit goes to the novel's one author session (trimmed pack → brief).
-        shape = "inline" if mode == "inline" else novel.config.writerShape
-        pack_shape: pm.PackShape = "full" if shape == "W1" else "trimmed"
-        reasons: list[str] = []
-        runs: list[rm.WriterResult] = []
-        dispatches = 0
-        last_output = 0
-        granted = claim.dispatch  # PERF-2: the claim reply carries the first dispatch grant
+        shape: flow.Shape = "inline" if mode == "inline" else novel.config.writerShape
+        spec = flow.FlowSpec(novel_id=novel.novel_id, unit_id=claim.unit_id, claim_id=claim.claim_id, shape=shape,
+                             detector=novel.config.detector != "off", nonce=nonce or secrets.token_hex(8),
+                             first_dispatch=None if resume else claim.dispatch)
+        state, commands = flow.resume(spec) if resume else flow.start(spec)
+        cause: BaseException | None = None
         while True:
-            if granted is not None:
-                dispatches, granted = granted, None
+            for command in commands:
+                if isinstance(command, flow.Done):
+                    return command, cause
+                if isinstance(command, flow.EmitVerificationFailed):  # VER-4
+                    await self.ctx.emit(ev.VerificationFailed(novel_id=novel.novel_id, unit_id=claim.unit_id,
+                                                              run_id=command.run_id, failure=command.failure))
+                    continue
+                try:
+                    event = await self._carry_out(command, novel, claim, shape, record, until_available)
+                except Exception as e:  # noqa: BLE001 - an error reply, or NATS, the database or an actor away
+                    cause = cause or e  # the first error is what interrupted the flow
+                    event = failure_event(command.step, e)
+                state, commands = flow.advance(state, event)
+                break
             else:
-                try:  # CLM-5: to the claim-manager instance holding the delegation
-                    grant = await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
-                                          cm.BeginDispatch(delegation_id=claim.delegation_id),
-                                          cm.DispatchGranted, timeout=ctx.settings.request_timeout_s, retries=2)
-                except RemoteError as e:
-                    if e.code == DISPATCH_LIMIT:
-                        break
-                    if e.code == DELEGATION_NOT_FOUND:  # CLM-4: the instance restarted and recovered it
-                        raise ClaimLost(e.detail) from None
-                    raise
-                except BusUnavailable:
-                    raise ClaimLost(f"claim-manager instance {claim.instance} not reachable") from None
-                dispatches = grant.dispatch
-            evidence: list[str] = []
-            if runs and novel.config.detector != "off":  # ROLE-2: a fresh writer gets what the detector missed
-                evidence = await detection_gaps(ctx.pool, novel_id, unit_id, claim.claim_id)
-            try:
+                raise AssertionError(f"the unit flow stopped in {state.phase} without a command")
+
+    async def _carry_out(self, command: flow.Command, novel: store.NovelRow, claim: cm.ClaimGranted,
+                         shape: flow.Shape, record: Callable[[UnitOutcome], Awaitable[None]],
+                         until_available: Step[Any]) -> flow.Event:
+        """One command of the flow, as the request or store call it names; its reply as an event."""
+        ctx, novel_id, unit_id = self.ctx, novel.novel_id, claim.unit_id
+        timeout = ctx.settings.request_timeout_s
+        match command:
+            case flow.BeginDispatch(step=step):  # CLM-5: to the claim-manager instance holding the delegation
+                grant = await request(ctx.nc, claims_instance_subject(ctx.subjects, claim.instance),
+                                      cm.BeginDispatch(delegation_id=claim.delegation_id),
+                                      cm.DispatchGranted, timeout=timeout, retries=2)
+                return flow.DispatchGranted(step=step, dispatch=grant.dispatch)
+            case flow.ReadEvidence(step=step):  # ROLE-2
+                gaps = await detection_gaps(ctx.pool, novel_id, unit_id, claim.claim_id)
+                return flow.EvidenceRead(step=step, evidence=tuple(gaps))
+            case flow.RenderPack(step=step, evidence=evidence):
                 pack = await request(ctx.nc, ctx.subjects.packs,
-                                     pm.RenderPack(novel_id=novel_id, unit_id=unit_id, shape=pack_shape,
-                                                   profile=novel.config.continuityProfile, evidence=evidence),
-                                     pm.PackReady, timeout=ctx.settings.request_timeout_s, retries=2)
-            except RemoteError as e:
-                if e.code == PACK_ERROR:  # PACK-4: no writer starts on a broken pack
-                    return UnitOutcome(False, PACK_ERROR, dispatches, missing_blocks=e.missing_blocks, runs=runs)
-                raise
-            run_id = f"run-{secrets.token_hex(8)}"
-            try:
+                                     pm.RenderPack(novel_id=novel_id, unit_id=unit_id,
+                                                   shape="full" if shape == "W1" else "trimmed",
+                                                   profile=novel.config.continuityProfile, evidence=list(evidence)),
+                                     pm.PackReady, timeout=timeout, retries=2)
+                return flow.PackRendered(step=step, text=pack.text, context_sha256=pack.context_sha256)
+            case flow.RunWriter(step=step, run_id=run_id, dispatch=dispatch, pack_text=text, context_sha256=sha):
+                model = novel.config.model
                 result = await request(
                     ctx.nc, ctx.subjects.runs,
                     rm.RunWriter(novel_id=novel_id, unit_id=unit_id, run_id=run_id, delegation_id=claim.delegation_id,
-                                 instance=claim.instance, shape=shape, pack_text=pack.text, dispatch=dispatches,
-                                 context_sha256=pack.context_sha256, claim_id=claim.claim_id,
-                                 context_window=novel.config.model.contextWindow,
-                                 usage_threshold_ratio=novel.config.model.usageThresholdRatio,
-                                 sampling=sampling_of(novel.config.model.sampling),
+                                 instance=claim.instance, shape=shape, pack_text=text, dispatch=dispatch,
+                                 context_sha256=sha, claim_id=claim.claim_id, context_window=model.contextWindow,
+                                 usage_threshold_ratio=model.usageThresholdRatio, sampling=sampling_of(model.sampling),
                                  raw_vault_days=(novel.config.rawVault.retentionDays
                                                  if novel.config.rawVault.enabled else None)),
                     rm.WriterResult, timeout=self.writer_timeout_s)
-            except RemoteError as e:
-                if e.code == store.UnitNotClaimed.code:  # CTX-14: the claim ended before the run began
-                    raise ClaimLost(e.detail) from None
-                raise
-            runs.append(result)
-            last_output = result.output_chars
-            if not result.ok:
-                reasons.append(result.reason)
-                if await self.landed(novel_id, unit_id, claim):  # the commit's reply was lost
-                    return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
-                if result.reason == WINDOW_EXCEEDED:  # MODEL-5: deterministic; no re-dispatch
-                    break
-                if refused_code(result.reason) is not None:  # QUAL-3: refused after its repair turn
-                    break
-                continue
-            verified = await request(ctx.nc, ctx.subjects.verify,
-                                     vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id, claim_id=claim.claim_id,
-                                                     run_id=run_id),
-                                     vm.Verified, timeout=ctx.settings.request_timeout_s, retries=2)
-            if verified.ok:
-                return UnitOutcome(True, "committed", dispatches, output_chars=last_output, runs=runs)
-            await ctx.emit(ev.VerificationFailed(novel_id=novel_id, unit_id=unit_id, run_id=run_id,
-                                                 failure=verified.failure or "unknown"))
-            reasons.append(f"verify:{verified.failure}")
-        return UnitOutcome(False, reasons[-1] if reasons else DISPATCH_LIMIT, dispatches, output_chars=last_output,
-                           runs=runs)
+                return flow.WriterFinished(step=step, result=result)
+            case flow.CheckLanded(step=step):
+                return flow.Landed(step=step, landed=await self.landed(novel_id, unit_id, claim))
+            case flow.Verify(step=step, run_id=run_id):  # VER-1, both shapes
+                verified = await request(ctx.nc, ctx.subjects.verify,
+                                         vm.VerifyCommit(novel_id=novel_id, unit_id=unit_id, claim_id=claim.claim_id,
+                                                         run_id=run_id),
+                                         vm.Verified, timeout=timeout, retries=2)
+                return flow.Verified(step=step, ok=verified.ok, failure=verified.failure)
+            case flow.Settle(step=step, reason=reason):  # waiting out an outage: settling must not be skipped
+                settled = await until_available(lambda: self.settle(novel_id, unit_id, claim, reason))
+                return flow.Settled(step=step, landed=settled is not None)
+            case flow.RecordTurn(step=step, outcome=outcome):  # once per claim (the turn ledger, REL-2)
+                await until_available(lambda: record(outcome))
+                return flow.TurnRecorded(step=step)
+        raise AssertionError(f"no reply awaited for {type(command).__name__}")
+
+
+def failure_event(step: int, e: Exception) -> flow.Event:
+    """An error as the flow hears it: an error reply with its code (BUS-4), or no reply / a
+    server away (REL-6)."""
+    if isinstance(e, RemoteError):
+        return flow.Refused(step=step, code=e.code, missing_blocks=tuple(e.missing_blocks))
+    if isinstance(e, BusUnavailable):  # no reply in time
+        return flow.Unavailable(step=step, code=BusUnavailable.code)
+    if is_infrastructure_error(e):
+        return flow.Unavailable(step=step, code=error_code(e))
+    return flow.Refused(step=step, code=error_code(e))
 
 
 def usage_record(novel_id: str, unit_id: str, claim: cm.ClaimGranted, outcome: UnitOutcome, mode: str,

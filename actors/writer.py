@@ -233,7 +233,7 @@ class WriterRunner(ServiceActor):
             async with lock:
                 if snapshot is None:  # one read-only snapshot per run, of the delegated novel only
                     if self.ctx.read_pool is not None:  # one statement on a read-only connection (PERF-2)
-                        # Issue 14: with the prose of the unit's chapter only; more on demand below.
+                        # PERF-2: with the prose of the unit's chapter only; more on demand below.
                         snapshot, held = await store.load_tool_snapshot(self.ctx.read_pool, req.novel_id,
                                                                         req.unit_id)
                         with_prose_of = set(held)

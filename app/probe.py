@@ -1,7 +1,7 @@
-"""Capability probes P1–P5 (SPEC §13, seed 0007 §9) for a configured writer model.
+"""Capability probes P1–P6 (SPEC §13, MODEL-4) for a configured writer model.
 
 Application layer (app/): it starts servers and actors and speaks to them over the bus, so it
-lives above every room it uses (it was `writers/probe.py`); the CLI and the web panel share it,
+lives above every room it uses; the CLI and the web panel share it,
 and its report cache (`<home>/probes.json`, fresh for `CACHE_TTL_S`).
 
 The probe drives the configured provider through the REAL delegation path: claim manager, pack
@@ -43,6 +43,7 @@ host's, whoever made the call.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import secrets
@@ -57,17 +58,16 @@ from typing import Any, Literal
 from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import running
+from novelbus.actors.unit_flow import UnitFlow
 from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.infra import Infrastructure, home_dir
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
-from novelbus.messages import packs as pm
-from novelbus.messages import runs as rm
-from novelbus.messages import verify as vm
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.body import CommitBody, SceneCompletion
 from novelbus.novel.outline import parse_novel_file
+from novelbus.novel.unit_flow import UnitOutcome, run_id_of
 from novelbus.writers.factory import ENV_BASE_URL, HOSTED_OPENAI_BASE_URL
 from novelbus.writers.provider import (
     ChatMessage,
@@ -337,62 +337,85 @@ async def run_probes(
 @dataclass
 class _Unit:
     unit_id: str
-    run_id: str
+    nonce: str  # names the unit's one run (`novel.unit_flow.run_id_of`)
     claim: Any = None
     finished: Any = None  # runs.WriterResult
-    verified: Any = None  # verify.Verified
+    verified: bool | None = None  # VER-1: committed under its claim, as the store says
+    failure: str | None = None  # why the turn failed, when it did
+    commit_id: str | None = None
     error: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        return run_id_of(self.nonce, 1)
 
 
 async def _write_unit(ctx: ActorContext, probe: ProbeProvider, novel_id: str, unit: _Unit) -> None:
-    """Claim → dispatch → render → run → verify, as the driver does for a W2 unit."""
+    """Claim, then the driver's own unit flow (`UnitFlow.drive`, HOUSE-6): pack, run, verify,
+    one dispatch (the probe novel's limit); the turn's record is the probe's: a failed turn
+    gives its claim back, as the driver's does."""
     timeout = ctx.settings.request_timeout_s
+    outcomes: list[UnitOutcome] = []
+
+    async def record(outcome: UnitOutcome) -> None:
+        outcomes.append(outcome)
+        if not outcome.ok:
+            with contextlib.suppress(RemoteError, BusUnavailable):
+                await request(ctx.nc, ctx.subjects.claims,
+                              cm.ReleaseClaim(delegation_id=unit.claim.delegation_id, reason="probe"),
+                              cm.ReleaseConfirmed, timeout=timeout)
+
+    async def once(step: Any) -> Any:
+        return await step()
+
     try:
         unit.claim = await request(ctx.nc, ctx.subjects.claims,
                                    cm.ClaimUnit(novel_id=novel_id, unit_id=unit.unit_id,
                                                 intent_id=f"intent-probe-{secrets.token_hex(6)}",
-                                                mode="subagent"), cm.ClaimGranted, timeout=timeout)
-        await request(ctx.nc, ctx.subjects.claims, cm.BeginDispatch(delegation_id=unit.claim.delegation_id),
-                      cm.DispatchGranted, timeout=timeout)
-        pack = await request(ctx.nc, ctx.subjects.packs,
-                             pm.RenderPack(novel_id=novel_id, unit_id=unit.unit_id, shape="trimmed"),
-                             pm.PackReady, timeout=timeout)
-        probe.run = unit.run_id
-        probe.log(unit.run_id)
-        unit.finished = await request(
-            ctx.nc, ctx.subjects.runs,
-            rm.RunWriter(novel_id=novel_id, unit_id=unit.unit_id, run_id=unit.run_id,
-                         delegation_id=unit.claim.delegation_id, instance=unit.claim.instance, shape="W2",
-                         pack_text=pack.text, dispatch=1, context_sha256=pack.context_sha256,
-                         claim_id=unit.claim.claim_id),
-            rm.WriterResult, timeout=ctx.settings.writer_timeout_s)
-        unit.verified = await request(ctx.nc, ctx.subjects.verify,
-                                      vm.VerifyCommit(novel_id=novel_id, unit_id=unit.unit_id,
-                                                      claim_id=unit.claim.claim_id, run_id=unit.run_id),
-                                      vm.Verified, timeout=timeout)
+                                                mode="subagent", begin_dispatch=True), cm.ClaimGranted,
+                                   timeout=timeout)
     except RemoteError as e:
-        unit.error = f"{e.code}"
-    except BusUnavailable:  # no reply in time: a model slower than the run's time limit, usually
-        unit.error = (f"no writer result within {ctx.settings.writer_timeout_s:g} s (`probe --timeout`)"
-                      if unit.finished is None and probe.run is not None else "no reply from an actor")
+        unit.error = e.code
+        return
+    except BusUnavailable:
+        unit.error = "no reply from an actor"
+        return
+    probe.run = unit.run_id
+    probe.log(unit.run_id)
+    try:
+        done, cause = await UnitFlow(ctx, writer_timeout_s=ctx.settings.writer_timeout_s).drive(
+            await store.get_novel(ctx.pool, novel_id), unit.claim, "subagent", record=record, until_available=once,
+            nonce=unit.nonce)
     finally:
         probe.run = None
-    if unit.claim is not None and (unit.verified is None or not unit.verified.ok):
-        with contextlib.suppress(RemoteError, Exception):
-            await request(ctx.nc, ctx.subjects.claims,
-                          cm.ReleaseClaim(delegation_id=unit.claim.delegation_id, reason="probe"),
-                          cm.ReleaseConfirmed, timeout=timeout)
+    outcome = outcomes[0] if outcomes else None
+    unit.finished = outcome.runs[-1] if outcome is not None and outcome.runs else None
+    if outcome is not None:
+        unit.verified = outcome.ok
+        unit.failure = None if outcome.ok else outcome.reason
+    if outcome is not None:  # the turn ended (a refused dispatch after a failed run is its end, DRV-4)
+        commit = await store.get_commit_for_unit(ctx.pool, novel_id, unit.unit_id) if outcome.ok else None
+        unit.commit_id = commit.commit_id if commit is not None else None
+    elif isinstance(cause, RemoteError):
+        unit.error = cause.code
+    elif isinstance(cause, BusUnavailable):  # no reply in time: a model slower than the run's time limit, usually
+        unit.error = (f"no writer result within {ctx.settings.writer_timeout_s:g} s (`probe --timeout`)"
+                      if unit.finished is None else "no reply from an actor")
+    elif cause is not None or done.result != "recorded":
+        unit.error = done.error or done.result
 
 
 async def _probe(ctx: ActorContext, probe: ProbeProvider, model: str) -> ProbeReport:
     pool = ctx.pool
-    nf = parse_novel_file(json.dumps(PROBE_NOVEL))
+    data = copy.deepcopy(PROBE_NOVEL)
+    data["config"].setdefault("budgets", {})["writerDispatchLimit"] = 1  # each probe run is one dispatch
+    nf = parse_novel_file(json.dumps(data))
     novel_id = await store.create_novel(pool, nf.model_copy(update={"novelId": f"probe-{secrets.token_hex(4)}"}))
     scene_a, scene_b = nf.outline.scenes
     unit_a = _Unit(await store.prepare_unit(pool, novel_id, scene_a.chapterId, scene_a.sceneId, fragment=1,
-                                            continuation_anchor=None), f"run-probe-a-{secrets.token_hex(4)}")
+                                            continuation_anchor=None), f"probe-a-{secrets.token_hex(4)}")
     unit_b = _Unit(await store.prepare_unit(pool, novel_id, scene_b.chapterId, scene_b.sceneId, fragment=1,
-                                            continuation_anchor=None), f"run-probe-b-{secrets.token_hex(4)}")
+                                            continuation_anchor=None), f"probe-b-{secrets.token_hex(4)}")
 
     probe.inject_forbidden.add(unit_a.run_id)
     probe.inject_scope[unit_a.run_id] = unit_b.unit_id
@@ -402,7 +425,7 @@ async def _probe(ctx: ActorContext, probe: ProbeProvider, model: str) -> ProbeRe
 
     ended_refusal: str | None = None
     a_commits = 0
-    if unit_a.claim is not None and unit_a.verified is not None and unit_a.verified.ok:
+    if unit_a.claim is not None and unit_a.verified:
         body = CommitBody(paragraphs=["The bell rang again."],
                           scene_completion=SceneCompletion(completed=True, basis="probe"))
         try:
@@ -453,8 +476,8 @@ def _run_failure(unit: _Unit) -> str:
         return f"the flow stopped with {unit.error}"
     if unit.finished is not None and not unit.finished.ok:
         return f"the run failed ({unit.finished.reason})"
-    if unit.verified is not None and not unit.verified.ok:
-        return f"verification failed ({unit.verified.failure})"
+    if unit.verified is not None and not unit.verified:
+        return f"the turn failed ({unit.failure})"
     return "the run did not finish"
 
 
@@ -554,12 +577,12 @@ def _p3(probe: ProbeProvider, events: list[Any], runs: dict[str, Any], a: _Unit,
                                    "not refused as scope-violation")
     if b_committed or b_state != "prepared":
         return ProbeResult("fail", f"unit {b.unit_id} was touched by the out-of-scope commit (state {b_state})")
-    if a.finished is None or not a.finished.ok or a.verified is None or not a.verified.ok:
+    if a.finished is None or not a.finished.ok or not a.verified:
         return ProbeResult("fail", f"run A did not commit its own unit: {_run_failure(a)}")
     if ended is None or ended == "accepted" or a_commits != 1:
         return ProbeResult("fail", f"a second commit with another body on run A's ended claim was answered "
                                    f"{ended!r}; unit {a.unit_id} has {a_commits} commits")
-    commit_id = a.verified.receipt.commit_id if a.verified.receipt else "?"
+    commit_id = a.commit_id or "?"
     return ProbeResult("pass", f"run A researched ({', '.join(dict.fromkeys(n for n, _ in research))}, {how}); "
                                f"a commit naming unit {b.unit_id} (injected by the probe) was refused as "
                                f"scope-violation and recorded, unit {b.unit_id} untouched; the model's commit "

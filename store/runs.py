@@ -133,7 +133,7 @@ async def finish_writer_run_with_event(
 ) -> int:
     """`finish_writer_run` and the ledger row of the event that reports it, (novel id, type,
     payload), in ONE statement (PERF-2); the event's ledger seq. A run already closed still gets
-    its event (as before); an unknown run raises RunNotFound and writes neither."""
+    its event; an unknown run raises RunNotFound and writes neither."""
     if status == "running":
         raise ValueError("a finished run needs a final status, not 'running'")
     novel_id, type, payload = event
