@@ -289,6 +289,8 @@ class EndpointProvider:
         self._limiter = limiter
         self.affinity = endpoint.cache_affinity and (affinity_from_env() if affinity is None else affinity)
         self.policy = endpoint.retry.policy()
+        # Seconds this process's calls waited for a slot (a benchmark's queueing, apart from the model's time)
+        self.slot_wait_s = 0.0
 
     @property
     def limiter(self) -> SlotLimiter:
@@ -309,10 +311,12 @@ class EndpointProvider:
         retry = 0
         while True:
             failure: ProviderError
+            asking = time.perf_counter()
             async with limiter.slot(ep.name, capacity=ep.max_in_flight, group=key, asked=asked,
                                     requests_per_minute=ep.requests_per_minute,
                                     tokens_per_minute=ep.tokens_per_minute, affinity=self.affinity,
                                     reserve_s=ep.affinity_hold_ms / 1000) as held:
+                self.slot_wait_s += time.perf_counter() - asking
                 extra: dict[str, Any] = {}
                 if self.affinity:
                     body, headers = affinity_fields(ep, key, held.slot)

@@ -97,6 +97,27 @@ async def test_a_llama_cpp_call_carries_its_slot_and_key_and_reports_cache_n(tmp
     assert server.headers[0]["x-novelbus-affinity"] == sent["prompt_cache_key"]
 
 
+async def test_the_time_a_call_waits_for_a_slot_is_counted_apart(tmp_path: Path) -> None:
+    """SERVE-1: the endpoint's one slot is taken for 0.3 s; the call waits for it, and that wait
+    (queueing, not the model's time) is what `slot_wait_s` adds up."""
+    async with ChatServer([completion(content="ok")]) as server:
+        p = provider(server, tmp_path, maxInFlight=1)
+        lim = p._limiter = ProcessLimiter()
+        taken, go = asyncio.Event(), asyncio.Event()
+
+        async def hold() -> None:
+            async with lim.slot("gpu", capacity=1, group="other"):
+                taken.set()
+                await go.wait()
+
+        holder = asyncio.ensure_future(hold())
+        await taken.wait()
+        asyncio.get_running_loop().call_later(0.3, go.set)  # the other call's model time
+        await p.complete(MESSAGES, None, max_output_tokens=16)
+        await holder
+    assert 0.25 <= p.slot_wait_s < 5, p.slot_wait_s
+
+
 async def test_with_affinity_off_a_call_carries_no_key_no_slot_and_no_header(tmp_path: Path) -> None:
     """SERVE-3: NOVELBUS_CACHE_AFFINITY=off (the switch `bench serve` compares with)."""
     async with ChatServer([completion(content="ok")]) as server:
