@@ -42,7 +42,6 @@ class KeeperKiller:
         self.driver, self.every = driver, every
         self.commits: asyncio.Queue[int] = asyncio.Queue()
         self.kills = 0
-        self.busy_kills = 0  # kills that cancelled a keeper in the middle of a pass
         self._seen = 0
         self.task = asyncio.create_task(self._run())
 
@@ -59,7 +58,6 @@ class KeeperKiller:
                 self.driver.canon.start()
                 down_until = 0
             if self.kills < KILLS and n % self.every == 0 and not down_until:
-                self.busy_kills += self.driver.canon._lock.locked()
                 await self.driver.canon.stop()
                 self.kills += 1
                 down_until = n + DOWN_FOR
