@@ -1,4 +1,4 @@
-"""SERVE-1, SERVE-3, SERVE-4: one model endpoint shared by many novels and processes — its limit
+"""SERVE-1, SERVE-3, SERVE-4: one model endpoint shared by many novels, processes and roles — its limit
 holds across writer-runner processes, and an outage pauses the novels `model-unavailable` and
 resumes them when the server is back, one commit per unit.
 
@@ -27,7 +27,7 @@ from novelbus.bus.notices import publish_notice
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile
 from novelbus.writers.factory import ENV_API_KEY, ENV_BASE_URL, ENV_OPENAI_API_KEY
-from tests.writers.chat_server import ChatServer, Response, json_response
+from tests.writers.chat_server import ChatServer, Response, completion, json_response
 from tests.writers.harness import FakeModel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,3 +212,63 @@ async def test_a_model_server_stopped_under_running_novels_pauses_them_and_they_
         if first._server is not None and first._server.is_serving():
             await first.__aexit__(None, None, None)
     assert recording.served > served_while_down  # the novels were finished by the server that came back
+
+
+class WriterAndDetector(Recording):
+    """The writer's calls answered by the offline writer; the detector's (its last message is
+    the JSON projection with a `candidate`) by a verdict with no claims. Both are counted."""
+
+    def __init__(self, hold_s: float) -> None:
+        super().__init__(hold_s)
+        self.detector_calls = 0
+
+    async def __call__(self, request: dict[str, Any]) -> Response:
+        messages = request.get("messages") or []
+        try:
+            projection = json.loads(messages[-1]["content"]) if messages else None
+        except (ValueError, TypeError, KeyError):
+            projection = None
+        if not (isinstance(projection, dict) and "candidate" in projection):
+            return await super().__call__(request)
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await asyncio.sleep(self.hold_s)  # the model's work while the request is in flight
+            self.detector_calls += 1
+            return completion(content='{"claims": []}', usage={"prompt_tokens": 100, "completion_tokens": 5})
+        finally:
+            self.now -= 1
+            self.served += 1
+
+
+async def test_the_writers_and_the_detectors_calls_share_one_endpoints_slot(
+        nats_url: str, new_database: Any, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SERVE-1: every role's calls take the endpoint's slots: three novels with the model detector
+    on (`detector: model`), an endpoint of one slot — writer and detector calls of different
+    novels never reach the server at the same time, and both roles called it."""
+    dsn = await new_database()
+    recording = WriterAndDetector(hold_s=0.1)
+    async with ChatServer([], responder=recording) as server:
+        monkeypatch.setenv("NOVELBUS_ENDPOINTS_FILE", str(endpoints_file(tmp_path, server.base_url, maxInFlight=1)))
+        for name in (ENV_BASE_URL, ENV_API_KEY, ENV_OPENAI_API_KEY):
+            monkeypatch.delenv(name, raising=False)
+        async with running(nats_url, dsn, subjects=Subjects(namespace), settings=Settings(model=f"openai:{MODEL}")) as rt:
+            pool = rt.ctx.pool
+            ids = []
+            for seed in range(3):
+                nf = novel(200 + seed)
+                nf = nf.model_copy(update={"config": nf.config.model_copy(update={"detector": "model"})})
+                ids.append(await store.create_novel(pool, nf))
+                await publish_notice(rt.ctx, ids[-1], reason="test")
+
+            async def all_finished() -> bool:
+                return set((await statuses(pool, ids)).values()) == {"finished"}
+
+            async def why() -> str:
+                return f"novels: {await statuses(pool, ids)}; peak {recording.peak}"
+
+            await wait_until(all_finished, 90, why)
+            for novel_id in ids:
+                await one_commit_per_unit(pool, novel_id)
+    assert recording.detector_calls >= 9 and recording.served - recording.detector_calls >= 9
+    assert recording.peak == 1, recording.peak
