@@ -62,7 +62,7 @@ from novelbus.novel.outline import (
     is_valid_id,
     parse_novel_file,
 )
-from novelbus.panel import pages, views
+from novelbus.panel import pages, review, views
 from novelbus.panel.context_check import api_context_verify, page_context_verify
 from novelbus.writers.factory import make_provider
 from novelbus.writers.provider import ProviderError
@@ -143,10 +143,12 @@ class Guard:
                 await self._deny(scope, receive, send, 403, "cross-origin request refused")
                 return
             token = headers.get("x-csrf-token", "")
-            if path != "/login" and not secrets.compare_digest(token.encode(), self.state.csrf.encode()):
+            # A reviewer's POSTs carry their own session's CSRF token (panel.review, STUDY-3).
+            if (path != "/login" and not review.is_review_path(path)
+                    and not secrets.compare_digest(token.encode(), self.state.csrf.encode())):
                 await self._deny(scope, receive, send, 403, "missing or wrong CSRF token; reload the page")
                 return
-        public = path == "/login" or path.startswith("/static/")
+        public = path == "/login" or path.startswith("/static/") or review.is_review_path(path)
         if not public and not self.state.authenticated(headers, _cookies(headers.get("cookie", ""))):
             if method == "GET" and not path.startswith("/api/"):
                 await RedirectResponse("/login", status_code=303)(scope, receive, send)
@@ -618,6 +620,7 @@ def create_app(state: PanelState) -> ASGIApp:
         Route("/api/novels/{novel_id}/direct", api_direct, methods=["POST"]),
         Route("/api/novels/{novel_id}/config", api_config, methods=["POST"]),
         Route("/api/novels/{novel_id}/{action}", api_steer, methods=["POST"]),
+        *review.routes(),  # STUDY-3 review pages, STUDY-4 report
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found})
