@@ -31,7 +31,6 @@ from novelbus.actors.steering import Steering
 from novelbus.actors.unit_flow import (
     ClaimLost,
     UnitFlow,
-    UnitOutcome,
     is_infrastructure_error,
     usage_record,
 )
@@ -77,6 +76,7 @@ from novelbus.novel.next_work import (
 from novelbus.novel.planning import outline_request
 from novelbus.novel.retry import RetryPolicy
 from novelbus.novel.snapshot import NovelSnapshot
+from novelbus.novel.unit_flow import UnitOutcome
 
 log = logging.getLogger(__name__)
 

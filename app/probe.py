@@ -63,6 +63,7 @@ from novelbus.bus.client import BusUnavailable, RemoteError, request
 from novelbus.infra import Infrastructure, home_dir
 from novelbus.messages import claims as cm
 from novelbus.messages import events as ev
+from novelbus.messages import runs as rm
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.body import CommitBody, SceneCompletion
@@ -339,7 +340,7 @@ class _Unit:
     unit_id: str
     nonce: str  # names the unit's one run (`novel.unit_flow.run_id_of`)
     claim: Any = None
-    finished: Any = None  # runs.WriterResult
+    finished: rm.WriterResult | None = None
     verified: bool | None = None  # VER-1: committed under its claim, as the store says
     failure: str | None = None  # why the turn failed, when it did
     commit_id: str | None = None
@@ -451,7 +452,7 @@ async def _probe(ctx: ActorContext, probe: ProbeProvider, model: str) -> ProbeRe
         "P5": _p5(probe, unit_a, unit_b),
     }
     p6 = await _p6(probe)
-    results["P6"] = ProbeResult(p6.status, p6.text())  # type: ignore[arg-type]
+    results["P6"] = ProbeResult(p6.status, p6.text())
     return ProbeReport(model=model, provider=probe.label, results=results, mechanism=p6.mechanism)
 
 
