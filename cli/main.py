@@ -38,6 +38,7 @@ from novelbus.cli.common import (
     write_output,
 )
 from novelbus.cli.context_cmd import context_app
+from novelbus.cli.dlq_cmd import dlq_app
 from novelbus.cli.migrate_cmd import migrate as migrate_command
 from novelbus.cli.observe_cmd import (
     MetricsHostOpt,
@@ -79,6 +80,7 @@ app.add_typer(vault_app, name="vault")
 app.add_typer(study_app, name="study")
 app.add_typer(review_app, name="review")
 app.add_typer(context_app, name="context")
+app.add_typer(dlq_app, name="dlq")  # OPS-12
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)
@@ -589,8 +591,19 @@ def monitor(home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt 
 
 @app.command()
 def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
-          namespace: NsOpt = "", as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Recent usage samples (ring of 50) and totals per mode (USE-1..3)."""
+          namespace: NsOpt = "", as_json: Annotated[bool, typer.Option("--json")] = False,
+          model: Annotated[str, typer.Option("--model", envvar="NOVELBUS_MODEL",
+                                             help="The model spec the novel ran with: its endpoint's prices "
+                                                  "make the bill (SERVE-5)")] = "offline") -> None:
+    """Recent usage samples (ring of 50), totals per mode and their bill (USE-1..3, SERVE-5)."""
+    from novelbus.app.billing import mode_bills, prices_for
+    from novelbus.writers.provider import ProviderError
+
+    try:
+        prices = prices_for(model)
+    except ProviderError as e:
+        fail(str(e), code=2)
+
     async def go(ctx: Any) -> dict[str, Any]:
         await store.get_novel(ctx.pool, novel_id)  # an unknown novel is an error, not an empty table
         return {"recent": await store.recent_usage(ctx.pool, novel_id),
@@ -600,6 +613,8 @@ def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
         data = run(_with_ctx(home, nats_url, database_url, namespace, go))
     except store.StoreError as e:
         fail(f"{e.code}: {e}", code=2)
+    bills = mode_bills(data["totals"], prices)
+    data["bills"] = {mode: b["bill"] for mode, b in bills.items()}  # SERVE-5: null where no prices are set
     if as_json:
         print_json(data)
         return
@@ -627,6 +642,7 @@ def usage(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
                       f"split: history {t.get('historyChars', 0):,}, tool results {t.get('toolResultChars', 0):,}, "
                       f"brief/pack {t.get('packChars', 0):,}, prose echo {t.get('proseEchoChars', 0):,}; "
                       f"tool bytes: {tools or 'none'}", soft_wrap=True)
+        console.print(f"  bill ({escape(model)}): {bills[mode]['text']}", soft_wrap=True)
 
 
 @app.command()
