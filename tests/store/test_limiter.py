@@ -22,9 +22,11 @@ import asyncio, sys
 from novelbus import store
 from novelbus.store.limiter import PgLimiter
 
+LEASE_S = 4.0  # renewed every third of it: slack for a loaded machine
+
 async def main() -> None:
     pool = await store.connect(sys.argv[1], max_size=2)
-    async with PgLimiter(pool, lease_s=2.0).slot("ep", capacity=1, group="g-child") as held:
+    async with PgLimiter(pool, lease_s=LEASE_S).slot("ep", capacity=1, group="g-child") as held:
         print(f"held {held.slot}", flush=True)
         await asyncio.Event().wait()
 
@@ -34,7 +36,7 @@ asyncio.run(main())
 
 async def test_a_slot_held_by_a_killed_process_comes_back_within_its_lease(dsn: str, pool: asyncpg.Pool) -> None:
     """SERVE-1: another process holds the endpoint's only slot; while it lives nobody else gets it;
-    SIGKILLed, its slot comes back within its lease (2 s here) and the next waiter takes it."""
+    SIGKILLed, its slot comes back within its lease (4 s here) and the next waiter takes it."""
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", HOLDER, dsn, cwd=REPO, stdout=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL)
@@ -43,7 +45,7 @@ async def test_a_slot_held_by_a_killed_process_comes_back_within_its_lease(dsn: 
         line = await asyncio.wait_for(child.stdout.readline(), 60)
         assert line.strip() == b"held 0", line
         assert await limiter.slots_held(pool, "ep") == 1
-        mine = PgLimiter(pool, lease_s=2.0)
+        mine = PgLimiter(pool, lease_s=4.0)
         with pytest.raises(TimeoutError):  # the limit holds across processes: no second slot
             async with asyncio.timeout(2.5):
                 async with mine.slot("ep", capacity=1, group="g-parent"):
@@ -55,7 +57,7 @@ async def test_a_slot_held_by_a_killed_process_comes_back_within_its_lease(dsn: 
             async with mine.slot("ep", capacity=1, group="g-parent") as held:
                 back_after = time.monotonic() - killed
                 assert held.slot == 0 and await limiter.slots_held(pool, "ep") == 1
-        assert back_after <= 2.0 + 1.0, back_after  # the lease, plus a look or two
+        assert back_after <= 4.0 + 1.5, back_after  # the lease, plus a look or two
         assert await limiter.slots_held(pool, "ep") == 0
     finally:
         if child.returncode is None:
