@@ -60,6 +60,8 @@ import typer
 
 from novelbus import store
 from novelbus.actors.runtime import connected
+from novelbus.app.terminal import err_console, fail, run, servers
+from novelbus.app.terminal import progress as progress_bar
 from novelbus.bench.common import (
     drop_namespace_streams,
     scratch_database,
@@ -70,8 +72,6 @@ from novelbus.bench.common import (
 from novelbus.bench.generate import generate_novel_file
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.common import err_console, fail, run, servers
-from novelbus.cli.common import progress as progress_bar
 from novelbus.infra.supervise import Supervisor
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
@@ -163,7 +163,7 @@ class ChaosResult:
             f"{self.commits_undetected} commits the detector did not pass": self.commits_undetected == 0,
             f"{self.lost_notices} notices lost": self.lost_notices == 0,
             f"{len(self.freeze_mismatches)} of {self.freezes} freezes not reproduced":
-                not self.freeze_mismatches and self.freezes_reproduced == self.freezes,
+                self.freezes > 0 and not self.freeze_mismatches and self.freezes_reproduced == self.freezes,
         }
         return [name for name, holds in checks.items() if not holds]
 
@@ -399,9 +399,6 @@ async def check_novel(ctx: Any, subjects: Subjects, novel_id: str, result: Chaos
     """Every check from PostgreSQL and JetStream, into `result` (also used by `bench cluster`)."""
     await _check_events(ctx, subjects, novel_id, result)
     await _check_store(ctx.pool, novel_id, result)
-    verified = await verify_freezes(ctx.pool, novel_id)  # CTX-12, at the end of the run
-    result.freezes, result.freezes_reproduced = verified.freezes, verified.reproduced
-    result.freeze_mismatches = [msgspec.to_builtins(m) for m in verified.mismatches]
     return result
 
 
@@ -447,6 +444,9 @@ async def _check_store(pool: Any, novel_id: str, result: ChaosResult) -> None:
             reasons[str(e.payload["reason"])] += 1
     result.recoveries_by_reason = dict(reasons)
     result.recoveries = sum(reasons.values())
+    verified = await verify_freezes(pool, novel_id)  # CTX-12, at the end of the run
+    result.freezes, result.freezes_reproduced = verified.freezes, verified.reproduced
+    result.freeze_mismatches = [msgspec.to_builtins(m) for m in verified.mismatches]
 
 
 _COMMITS_UNDETECTED = (

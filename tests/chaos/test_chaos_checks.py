@@ -55,6 +55,15 @@ async def test_each_chaos_check_fails_on_purpose(stack: Runtime) -> None:
     assert _failing(await _checked(stack, novel_id), "writer runs left running")
     await pool.execute("UPDATE writer_runs SET status = 'ok', claim_id = $2 WHERE run_id = $1", run_id, claim_id)
 
+    # a source row changed behind the store's back: its freezes are no longer reproduced (CTX-12)
+    body = await pool.fetchval("SELECT body FROM commits WHERE novel_id = $1 AND seq = 1", novel_id)
+    await pool.execute("UPDATE commits SET body = jsonb_set(body, '{paragraphs,-1}', to_jsonb('Changed.'::text))"
+                       " WHERE novel_id = $1 AND seq = 1", novel_id)
+    r = await _checked(stack, novel_id)
+    assert _failing(r, "freezes not reproduced") and all("commit-1" in m["source"] for m in r.freeze_mismatches)
+    await pool.execute("UPDATE commits SET body = $2 WHERE novel_id = $1 AND seq = 1", novel_id, body)
+    assert (await _checked(stack, novel_id)).failures() == []
+
     # a once-only event missing from the stream (its message deleted), then published again
     sub = await ctx.js.subscribe(ctx.subjects.events_of(novel_id), stream=ctx.subjects.events_stream,
                                  ordered_consumer=True)
