@@ -33,6 +33,18 @@ from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
 from novelbus.app import studies
+from novelbus.app.terminal import (
+    Bar,
+    check_output,
+    err_console,
+    fail,
+    model_extra,
+    print_json,
+    progress,
+    require_extra,
+    run,
+    servers,
+)
 from novelbus.bench import ab_quality
 from novelbus.bench.common import (
     MIN_UNIT_CHARS,
@@ -44,19 +56,7 @@ from novelbus.bench.common import (
 from novelbus.bench.roles import role_figures
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.common import (
-    Bar,
-    check_output,
-    err_console,
-    fail,
-    home_dir,
-    model_extra,
-    print_json,
-    progress,
-    require_extra,
-    run,
-    servers,
-)
+from novelbus.infra import home_dir
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects

@@ -29,6 +29,7 @@ import typer
 
 from novelbus import store
 from novelbus.actors.runtime import connected
+from novelbus.app.terminal import err_console, fail, run
 from novelbus.bench.chaos import (
     ChaosResult,
     chaos_novel,
@@ -43,7 +44,6 @@ from novelbus.bench.common import (
 )
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.common import err_console, fail, run
 from novelbus.infra import Infrastructure
 from novelbus.infra.cluster import NatsCluster
 from novelbus.infra.supervise import Supervisor

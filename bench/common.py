@@ -65,7 +65,7 @@ async def scratch_database(database_url: str, *, required: bool = False,
         yield dsn_with_database(database_url, name)
     finally:
         if keep is not None and keep():
-            from novelbus.cli.common import err_console
+            from novelbus.app.terminal import err_console
 
             err_console.print(f"[dim]kept the benchmark's database {name!r} on its server, to inspect[/]")
         else:

@@ -38,10 +38,10 @@ import msgspec
 import typer
 
 from novelbus import store
+from novelbus.app.terminal import Bar, err_console, fail, print_json, run
+from novelbus.app.terminal import progress as progress_bar
 from novelbus.bench.common import ScratchRefused, percentile, scratch_database
 from novelbus.bench.generate import generate_novel_file
-from novelbus.cli.common import Bar, err_console, fail, print_json, run
-from novelbus.cli.common import progress as progress_bar
 from novelbus.novel.body import CommitBody
 from novelbus.novel.context import assemble_context
 from novelbus.novel.outline import NovelFile

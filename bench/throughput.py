@@ -74,6 +74,7 @@ from novelbus.bench.common import (
     ledger,
     novel_dict,
     percentile,
+from novelbus.app.terminal import Bar, err_console, fail, print_json, progress, run, servers
     scratch_database,
 )
 from novelbus.bench.roles import role_figures
@@ -81,7 +82,7 @@ from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
-from novelbus.cli.common import Bar, err_console, fail, home_dir, print_json, progress, run, servers
+from novelbus.infra import home_dir
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects

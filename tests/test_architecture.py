@@ -1,9 +1,10 @@
 """ARCH-1, ARCH-3, ARCH-5, ARCH-6: the layout shows the architecture, and the boundaries hold.
 
-The structure is drawn from the code's own imports (every `import`, also inside functions):
-rooms import only downwards — messages <- novel <- writers/store/bus/infra <- actors <- app
-(services the front ends share) <- panel, cli.common (the terminal plumbing every command shares)
-<- bench (the benchmarks) <- cli (the commands) — so there is no cycle between rooms; no module
+The structure is drawn from the code's own imports (every `import`, also inside functions, and
+relative ones resolved): the rooms are the top-level folders, and they import only downwards —
+messages <- novel <- writers/store/bus/infra <- actors <- app (services the front ends share,
+with the terminal plumbing of every command and benchmark, `app.terminal`) <- panel, bench (the
+benchmarks) <- cli (the commands) — so no two rooms import each other (HOUSE-9); no module
 reaches into another module's private names.
 """
 
@@ -25,11 +26,9 @@ ACTOR_MODULES = ["driver", "claims", "packer", "writer", "verifier", "usage"]
 # actors/ also holds what the actors share or wire, never an actor's own logic used by another.
 ACTOR_HELPERS = ["context", "runtime", "unit_flow", "writer_sessions", "accounting", "steering", "extraction",
                  "detection", "serving"]
-# The rooms, by layer: a room may import only rooms of a lower layer.
+# The rooms (top-level folders), by layer: a room may import only rooms of a lower layer.
 LAYER = {"messages": 0, "novel": 1, "writers": 2, "store": 2, "bus": 2, "infra": 2, "actors": 3, "app": 4,
-         "panel": 5, "cli.common": 5, "bench": 6, "cli": 7}
-# HOUSE-3: `cli.common` (consoles, fail, run, servers) is a layer of its own, below the benchmarks
-# that print with it and the commands that register them; it imports nothing else of `cli`.
+         "panel": 5, "bench": 5, "cli": 6}
 
 
 def _imports(path: Path) -> set[str]:
@@ -37,6 +36,11 @@ def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     out: set[str] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:  # `from .x import y`: resolved from the file
+            package = path.relative_to(REPO).parent.parts
+            base = ".".join(("novelbus", *package[: len(package) - node.level + 1]))
+            node = ast.ImportFrom(module=f"{base}.{node.module}" if node.module else base, names=node.names,
+                                  level=0)
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -107,11 +111,11 @@ def test_messages_are_data_only() -> None:
         assert roots <= allowed, (path.name, roots - allowed)
 
 
-# --- the room graph (issue 9) ---------------------------------------------------------------------
+# --- the room graph (HOUSE-9) ---------------------------------------------------------------------
 
 
 def _room_modules() -> Iterator[tuple[str, Path]]:
-    for folder in [r for r in LAYER if "." not in r]:
+    for folder in LAYER:
         for path in sorted((REPO / folder).rglob("*.py")):
             room = _room_of(".".join(path.relative_to(REPO).with_suffix("").parts))
             assert room is not None, path
@@ -119,9 +123,9 @@ def _room_modules() -> Iterator[tuple[str, Path]]:
 
 
 def _room_of(module: str) -> str | None:
-    """The room (a folder, or a module that is a layer of its own) `module` belongs to."""
-    return next((r for r in sorted(LAYER, key=len, reverse=True)
-                 if module == r or module.startswith(f"{r}.")), None)
+    """The room (top-level folder) `module` belongs to; None for a module outside the rooms."""
+    room = module.split(".")[0]
+    return room if room in LAYER else None
 
 
 def room_graph() -> dict[str, set[str]]:
@@ -138,18 +142,19 @@ def test_arch_writers_import_no_actors_bus_store_or_infra() -> None:
     """writers/ is models and tools only: it never reaches the bus, the store or the servers."""
     for path in (REPO / "writers").rglob("*.py"):
         rooms = {_room_of(m) for m in _imports(path)}
-        assert not rooms & {"actors", "bus", "store", "infra", "app", "panel", "cli", "cli.common", "bench"}, (
+        assert not rooms & {"actors", "bus", "store", "infra", "app", "panel", "cli", "bench"}, (
             path.name, rooms)
 
 
 def test_arch_rooms_import_only_downwards() -> None:
-    """messages <- novel <- writers/store/bus/infra <- actors <- app <- panel <- cli."""
+    """HOUSE-9: messages <- novel <- writers/store/bus/infra <- actors <- app <- panel, bench <- cli."""
     upward = sorted((room, other) for room, others in room_graph().items() for other in others
                     if LAYER[other] >= LAYER[room])
     assert not upward, f"upward or sideways imports between rooms: {upward}"
 
 
 def test_arch_no_cycle_between_rooms() -> None:
+    """HOUSE-9: no two rooms import each other, directly or through others."""
     graph = room_graph()
     state: dict[str, int] = {}
 
