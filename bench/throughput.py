@@ -67,6 +67,7 @@ from rich.console import Console
 from novelbus import store
 from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import connected, freeze_heap, running
+from novelbus.app.terminal import Bar, err_console, fail, print_json, progress, run, servers
 from novelbus.bench.common import (
     MIN_UNIT_CHARS,
     AutovacuumRules,
@@ -74,7 +75,6 @@ from novelbus.bench.common import (
     ledger,
     novel_dict,
     percentile,
-from novelbus.app.terminal import Bar, err_console, fail, print_json, progress, run, servers
     scratch_database,
 )
 from novelbus.bench.roles import role_figures
