@@ -12,6 +12,7 @@ Routes (novel ids are the only variable part of any URL; prose, tokens and title
     POST /api/novels/{id}/direct    (JSON {"text", "messageId"?})   POST /api/novels/{id}/config (JSON {"set"})
     GET  /api/events                SSE, every novel       GET  /api/novels/{id}/events  (SSE)
     GET  /login, POST /login        only when a token is configured
+    /review/{study}/…, /studies/{study}, /api/studies/{study}/report   panel.review (STUDY-3, STUDY-4)
     /static/…                       panel.js, panel.css (shipped in the package; no CDN)
 
 Guards (`Guard`): the Host header must name the bound address (no DNS rebinding); with a token,

@@ -152,9 +152,13 @@ async def test_two_reviewers_review_blind_in_chromium_and_the_report_holds(
         for page in pages:
             watch.attach(page)
         async with panel_server(rt.ctx, PanelOptions(port=0, token=PANEL_TOKEN)) as url:
-            # Each reviewer opens their invite link: the token in the fragment, POSTed once for a cookie.
-            for page, invite in zip(pages, invites, strict=True):
-                await page.goto(f"{url}review/{study_id}#invite={invite['token']}")
+            # Each reviewer opens their invite link, POSTed once for a cookie: the first with the token
+            # in the fragment, the second the link as `study invite` prints it (a query the page strips).
+            links = [f"{url}review/{study_id}#invite={invites[0]['token']}",
+                     invites[1]["url"].replace(studies.DEFAULT_PANEL_URL + "/", url)]
+            assert "?invite=" in links[1]
+            for page, invite, link in zip(pages, invites, links, strict=True):
+                await page.goto(link)
                 await page.locator("#pair:not([hidden])").wait_for()
                 assert invite["token"] not in page.url  # gone from the address bar
             [cookie] = await contexts[0].cookies()
@@ -229,6 +233,8 @@ async def test_two_reviewers_review_blind_in_chromium_and_the_report_holds(
                                          .get_attribute("data-low") or "nan"),
                                    float(await report_page.locator(f'#share-chart .interval[data-criterion="{c}"]')
                                          .get_attribute("data-high") or "nan")) for c in CRITERIA}
+            r = await operator.request.get(f"{url}review/{study_id}/next")  # an operator is no reviewer
+            assert r.status == 403 and "pairId" not in await r.text()
             await operator.close()
             rows = await rt.ctx.pool.fetch(
                 "SELECT DISTINCT ON (alias, pair_id, criterion) alias, pair_id, criterion, choice, a_is_test,"
