@@ -38,6 +38,7 @@ from novelbus.cli.common import (
     write_output,
 )
 from novelbus.cli.context_cmd import context_app
+from novelbus.cli.dlq_cmd import dlq_app
 from novelbus.cli.migrate_cmd import migrate as migrate_command
 from novelbus.cli.observe_cmd import (
     MetricsHostOpt,
@@ -79,6 +80,7 @@ app.add_typer(vault_app, name="vault")
 app.add_typer(study_app, name="study")
 app.add_typer(review_app, name="review")
 app.add_typer(context_app, name="context")
+app.add_typer(dlq_app, name="dlq")  # OPS-12
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)
