@@ -119,7 +119,8 @@ class UnitFlow:
                 try:
                     event = await self._carry_out(command, novel, claim, shape, record, until_available)
                 except Exception as e:  # noqa: BLE001 - an error reply, or NATS, the database or an actor away
-                    cause = cause or e  # the first error is what interrupted the flow
+                    if cause is None or not isinstance(command, flow.Settle):
+                        cause = e  # what ended the flow; settling failing too keeps what interrupted it
                     event = failure_event(command.step, e)
                 state, commands = flow.advance(state, event)
                 break
