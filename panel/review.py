@@ -41,6 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from novelbus import __version__, store
 from novelbus.app import studies
+from novelbus.novel.study import CHOICES, study_from_registration
 from novelbus.panel import pages
 from novelbus.store import studies as db
 
@@ -230,16 +231,17 @@ async def api_vote(request: Request) -> Response:
                             status_code=422)
     ctx = _ctx(request)
     try:
-        nxt = await studies.next_pair(ctx, study_id, session)
-        registered = set(nxt.get("criteria") or [])
-        if registered:  # checked here too, so that no vote of the batch is written before a bad one
-            for criterion, choice in votes.items():
-                if criterion not in registered:
-                    return JSONResponse({"error": f"vote-refused: criterion {criterion[:40]!r} is not registered "
-                                                  "for this study"}, status_code=422)
-                if choice not in (nxt.get("choices") or ()):
-                    return JSONResponse({"error": f"vote-refused: choice {choice[:20]!r} is not one of: "
-                                                  f"{', '.join(nxt.get('choices') or ())}"}, status_code=422)
+        await studies.authenticate(ctx, study_id, session)
+        # Checked here too, so that no vote of the batch is written before a bad one.
+        row = await db.get_study(ctx.pool, study_id)
+        registered = study_from_registration(row.registration or row.draft).file.criteria
+        for criterion, choice in votes.items():
+            if criterion not in registered:
+                return JSONResponse({"error": f"vote-refused: criterion {criterion[:40]!r} is not registered "
+                                              f"for this study (one of: {', '.join(registered)})"}, status_code=422)
+            if choice not in CHOICES:
+                return JSONResponse({"error": f"vote-refused: choice {choice[:20]!r} is not one of: "
+                                              f"{', '.join(CHOICES)}"}, status_code=422)
         order = list(votes)
         parsed: tuple[str, str, str, tuple[int, int]] | None = None
         if flag is not None:

@@ -135,15 +135,25 @@ async def test_an_invite_becomes_a_study_scoped_cookie_once_and_bad_votes_write_
     status, _, nxt = await http(f"{base}/next", headers={"Cookie": session})
     assert nxt["pairId"] != shown["pairId"] and nxt["progress"] == {"done": 1, "total": 2}
 
+    # Done with both pairs, a change of mind on the first is checked whole as well.
+    status, _, answer = await http(f"{base}/vote", "POST", {"pairId": nxt["pairId"], "votes": votes},
+                                   headers={"Cookie": session, "X-Review-CSRF": nxt["csrf"]})
+    assert status == 200 and (await http(f"{base}/next", headers={"Cookie": session}))[2]["done"] is True
+    status, _, answer = await http(f"{base}/vote", "POST", {"pairId": shown["pairId"],
+                                                            "votes": {"style": "b", "scene_continuity": "maybe"}},
+                                   headers=auth)
+    assert status == 422 and "choice 'maybe'" in answer["error"] and await db.vote_count(pool, study_id) == 4
+
     # The operator's report of it, and a closed study taking no vote.
     status, _, page = await http(f"{panel.url}studies/{study_id}")
     assert status == 200 and 'id="share-chart"' in page and 'id="bias-chart"' in page
     status, _, report = await http(f"{panel.url}api/studies/{study_id}/report")
     assert status == 200 and report["positionBias"] == {"reviewer-1": 1.0}
+    assert report["criteria"]["style"]["wins"] + report["criteria"]["style"]["losses"] == 2
     status, _, answer = await http(f"{panel.url}api/studies/s-nowhere/report")
     assert status == 404 and "not found" in answer["error"]
     await db.close_study(pool, study_id)
     status, _, answer = await http(f"{base}/vote", "POST", {"pairId": nxt["pairId"], "votes": votes},
                                    headers={"Cookie": session, "X-Review-CSRF": nxt["csrf"]})
     assert status == 409 and "this study is closed" in answer["error"]
-    assert await db.vote_count(pool, study_id) == 2
+    assert await db.vote_count(pool, study_id) == 4
