@@ -316,16 +316,18 @@ class WriterRunner(ServiceActor):
         # The tool.started events this task queued are stored (and sent) first: the row written
         # with the run's close must follow them in the ledger and in the stream (per-novel order).
         await outbox.settle()
+        calls = [call_sample(c) for c in outcome.usage]
+        model_ms = getattr(provider, "elapsed_ms", 0.0)
         seq = await store.finish_writer_run_with_event(  # the run closed and its event: one statement (PERF-2)
             self.ctx.pool, req.run_id, (req.novel_id, *self.ctx.ledger_entry(finished)),
             status="ok" if outcome.ok else "failed", reason=reason, output_chars=outcome.output_chars,
-            manifest=manifest)
+            manifest=manifest,  # SERVE-5: the calls' counts too, so a lost usage sample can be sent again
+            usage={"calls": msgspec.to_builtins(calls), "toolBytes": tool_bytes, "modelMs": model_ms})
         await self.ctx.publish_recorded(finished, seq)
-        calls = [call_sample(c) for c in outcome.usage]
         return m.WriterResult(run_id=req.run_id, unit_id=req.unit_id, ok=outcome.ok, reason=reason,
                                 provider=provider.label, output_chars=outcome.output_chars,
                                 tool_calls=len(outcome.tool_calls), tool_bytes=tool_bytes, calls=calls,
-                                model_ms=getattr(provider, "elapsed_ms", 0.0),
+                                model_ms=model_ms,
                                 dependencies=len(manifest or ()),
                                 dependencies_at=manifest_location(req.run_id) if manifest else None,
                                 session_continued=outcome.session_continued)

@@ -24,6 +24,7 @@ or the `csrf` field of the login form) and, when the browser sends one, a same-o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import secrets
@@ -52,6 +53,7 @@ from starlette.staticfiles import StaticFiles
 
 from novelbus import store
 from novelbus.app import actions
+from novelbus.app.billing import prices_for
 from novelbus.app.probe import REQUIRED_FOR_SUBAGENT, cached_report, run_probes, save_report
 from novelbus.bus.client import BusUnavailable, RemoteError
 from novelbus.infra.llama import open_local_server
@@ -238,7 +240,11 @@ async def api_novels(request: Request) -> Response:
 
 async def api_novel(request: Request) -> Response:
     try:
-        return JSONResponse(await views.novel_detail(_state(request).ctx.pool, _novel_id(request)))
+        state = _state(request)
+        prices = None
+        with contextlib.suppress(ProviderError):  # SERVE-5: an unreadable endpoints file is no bill here
+            prices = prices_for(state.model)
+        return JSONResponse(await views.novel_detail(state.ctx.pool, _novel_id(request), prices))
     except store.StoreError as e:
         return _store_error(e)
 

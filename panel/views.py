@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from novelbus import store
+from novelbus.app.billing import mode_bills
 from novelbus.messages.base import tag_of
 from novelbus.messages.events import NovelPaused
+from novelbus.novel.bill import Prices
 from novelbus.novel.length import book_band
 from novelbus.novel.next_work import live_units, scene_commits, scene_finished
 from novelbus.novel.snapshot import NovelSnapshot
@@ -84,8 +86,10 @@ def _sample(s: dict[str, Any]) -> dict[str, Any]:
     return {k: s.get(k) for k in keep}
 
 
-async def novel_detail(pool: Any, novel_id: str) -> dict[str, Any]:
-    """Everything the novel page shows except prose (raises store.NovelNotFound)."""
+async def novel_detail(pool: Any, novel_id: str, prices: Prices | None = None) -> dict[str, Any]:
+    """Everything the novel page shows except prose (raises store.NovelNotFound); the usage
+    totals' bill per mode at `prices` (SERVE-5: "no prices" when there are none)."""
+    totals = await store.usage_totals(pool, novel_id)
     novel = await store.get_novel(pool, novel_id)
     snap = await store.load_snapshot(pool, novel_id, prose=False)
     done, total = _scene_counts(snap)
@@ -108,7 +112,7 @@ async def novel_detail(pool: Any, novel_id: str) -> dict[str, Any]:
             for r in runs[-RECENT_RUNS:]],
         "writerRunsTotal": len(runs),
         "usage": {"recent": [_sample(s) for s in await store.recent_usage(pool, novel_id)],
-                  "totals": await store.usage_totals(pool, novel_id), "split": list(INPUT_SPLIT)},
+                  "totals": totals, "split": list(INPUT_SPLIT), "bills": mode_bills(totals, prices)},
     }
 
 

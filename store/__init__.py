@@ -160,6 +160,7 @@ from novelbus.store.usage import (
     record_turn_usage_known,
     record_turn_usage_with_event,
     record_usage,
+    turn_figures,
     usage_totals,
 )
 
@@ -264,6 +265,7 @@ __all__ = [
     "record_intent_and_lease",
     "record_turn_usage",
     "KnownTotals",
+    "turn_figures",
     "record_turn_usage_known",
     "record_turn_usage_with_event",
     "record_usage",

@@ -130,21 +130,24 @@ async def finish_writer_run_with_event(
     reason: str | None,
     output_chars: int,
     manifest: list[dict[str, Any]] | None,
+    usage: dict[str, Any] | None = None,
 ) -> int:
     """`finish_writer_run` and the ledger row of the event that reports it, (novel id, type,
     payload), in ONE statement (PERF-2); the event's ledger seq. A run already closed still gets
-    its event; an unknown run raises RunNotFound and writes neither."""
+    its event; an unknown run raises RunNotFound and writes neither. `usage`: the run's model
+    calls as counts (`calls`, `toolBytes`, `modelMs`), kept so its turn's sample can be sent again by
+    whoever finds it unsent (SERVE-5)."""
     if status == "running":
         raise ValueError("a finished run needs a final status, not 'running'")
     novel_id, type, payload = event
     check_event(type, payload)
     async with statement(pool) as conn:
         seq = await conn.fetchval(
-            f"WITH run AS ({_FINISH_RUN}),"
+            f"WITH run AS ({_FINISH_RUN.replace('manifest = $5,', 'manifest = $5, usage = $9,')}),"
             " ev AS (INSERT INTO events (novel_id, type, payload)"
             "  SELECT $6, $7, $8 WHERE EXISTS (SELECT 1 FROM writer_runs WHERE run_id = $1) RETURNING seq)"
             " SELECT seq FROM ev",
-            run_id, status, reason, output_chars, manifest, novel_id, type, payload,
+            run_id, status, reason, output_chars, manifest, novel_id, type, payload, usage,
         )
     if seq is None:
         raise RunNotFound(f"writer run {run_id!r} not found")

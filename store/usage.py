@@ -6,6 +6,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from novelbus.store._db import Db, novel_must_exist, statement
 from novelbus.store.events import check_event
 from novelbus.store.outcomes import Outcome
@@ -178,3 +180,49 @@ async def usage_totals(pool: Db, novel_id: str) -> dict[str, dict[str, Any]]:
             novel_id,
         )
     return {r["mode"]: {**r["totals"], "samples": r["samples"]} for r in rows}
+
+
+class RunFigures(msgspec.Struct, frozen=True):
+    """One writer run of a turn as the store keeps it (SERVE-5): `usage` None when the run never
+    reported (its writer died mid-run), else its calls as counts, tool bytes and model time."""
+
+    run_id: str
+    dispatch: int
+    mode: str
+    provider: str
+    status: str
+    output_chars: int
+    usage: dict[str, Any] | None
+
+
+class TurnFigures(msgspec.Struct, frozen=True):
+    """An accounted turn and the writer runs of its claim, in dispatch order (SERVE-5)."""
+
+    novel_id: str
+    unit_id: str
+    claim_id: str
+    turn: int
+    outcome: str
+    usage: str | None  # the turn's settlement: sampled, missing, or None (still pending)
+    runs: list[RunFigures]
+
+
+async def turn_figures(pool: Db, novel_id: str, claim_id: str) -> TurnFigures | None:
+    """What the store still knows of a turn's usage (SERVE-5): its ledger row and its claim's
+    writer runs; None when no such turn was accounted. One statement."""
+    async with statement(pool) as conn:
+        row = await conn.fetchrow(
+            "SELECT t.turn, t.outcome, t.usage, coalesce(t.unit_id, '') AS unit_id,"
+            " coalesce((SELECT jsonb_agg(jsonb_build_object('run_id', w.run_id, 'dispatch', w.dispatch,"
+            "   'mode', w.mode, 'provider', w.provider, 'status', w.status, 'output_chars', w.output_chars,"
+            "   'usage', w.usage) ORDER BY w.dispatch, w.started_at)"
+            "  FROM writer_runs w WHERE w.novel_id = t.novel_id AND w.claim_id = t.turn_key), '[]') AS runs"
+            " FROM turn_ledger t WHERE t.novel_id = $1 AND t.turn_key = $2",
+            novel_id,
+            claim_id,
+        )
+    if row is None:
+        return None
+    runs = msgspec.convert(row["runs"], list[RunFigures])
+    return TurnFigures(novel_id=novel_id, unit_id=row["unit_id"], claim_id=claim_id, turn=row["turn"],
+                       outcome=row["outcome"], usage=row["usage"], runs=runs)

@@ -231,7 +231,9 @@
       $("chart").replaceChildren(chart);
       $("totals").textContent = Object.entries(usage.totals).map(([mode, t]) =>
         `${mode}: ${num(t.samples)} turns, raw input ${num(t.inputChars)} chars, est. ${num(t.estInputTokens)} tokens, ` +
-        `split: ` + keys.map((k) => `${SPLIT_LABELS[k] || k} ${num(t[k] || 0)}`).join(", ")).join(" · ");
+        `window peak ${num(t.windowPeakTokens || 0)}, split: ` +
+        keys.map((k) => `${SPLIT_LABELS[k] || k} ${num(t[k] || 0)}`).join(", ") +
+        `; bill: ${(usage.bills && usage.bills[mode] && usage.bills[mode].text) || "no prices set for this model (no bill)"}`).join(" · ");
     }
 
     function renderChapterSelect(d) {

@@ -45,3 +45,7 @@ CREATE TABLE IF NOT EXISTS serving_calls (
     tokens      integer NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS serving_calls_recent ON serving_calls (endpoint, started_at);
+
+-- SERVE-5: a writer run's model calls as counts (no prose), so a turn's usage sample whose sender
+-- died is sent again from the store instead of being marked missing.
+ALTER TABLE writer_runs ADD COLUMN IF NOT EXISTS usage jsonb;

@@ -140,7 +140,8 @@ async def _lost_turn(pool: Any, nats_url: str, dsn: str, subjects: Subjects, dyi
         await settled_usage(d2)
         missing = await pool.fetch("SELECT payload FROM events WHERE novel_id = $1 AND type = 'usage.missing'",
                                    novel_id)
-        assert [m["payload"]["reason"] for m in missing] == ["turn-reconciled"]
+        # SERVE-5: the writer died before closing its run: its calls' counts are gone, and the marker says so
+        assert [m["payload"]["reason"] for m in missing] == ["figures-gone:run-not-reported"]
         abandoned = await pool.fetch("SELECT status, reason FROM writer_runs WHERE novel_id = $1"
                                      " AND status = 'abandoned'", novel_id)
         assert len(abandoned) == 1 and "committed" in abandoned[0]["reason"]
@@ -189,10 +190,12 @@ async def test_usage_sampler_down_delays_nothing_and_each_turn_is_sampled_once(
             assert again.duplicate
 
 
-async def test_sampler_away_past_the_retry_window_marks_usage_missing_once(
+async def test_sampler_away_past_the_retry_window_loses_no_sample(
         nats_url: str, new_database: Any, namespace: str) -> None:
-    """REL-7: A sampler away longer than the retry window: each turn gets exactly one `usage.missing`
-    marker, and a late sample for it is not recorded."""
+    """SERVE-5, REL-7: a sampler away longer than the retry window, then the driver restarted: no
+    turn is marked `usage.missing` — the figures are still in the store (every writer run keeps
+    its calls' counts), so the restarted driver's reconciliation sends each sample again and the
+    sampler records it once it is back, however late; a second pass changes nothing."""
     dsn, subjects = await new_database(), Subjects(namespace)
     names = tuple(n for n in SERVERS if n != "usage") + ("driver",)
     async with running(nats_url, dsn, names=names, subjects=subjects,
@@ -202,19 +205,29 @@ async def test_sampler_away_past_the_retry_window_marks_usage_missing_once(
         novel_id = await store.create_novel(pool, nf)
         await publish_notice(rt.ctx, novel_id, reason="test")
         await wait_until(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
-        await settled_usage(rt)
+        await settled_usage(rt)  # every sender gave up: the sampler never answered
+        driver = rt.actor("driver")
+        assert isinstance(driver, Driver)
+        instance = driver.instance
+    async with running(nats_url, dsn, names=("usage",), subjects=subjects), \
+            connected(nats_url, dsn, subjects=subjects, name="test") as ctx:
+        pool = ctx.pool
         c = await ledger(pool, novel_id)
-        assert c["usage_unsettled"] == 0 and c["usage_events"] == c["turns"] >= 9, c
+        assert c["turns"] >= 9 and c["usage_unsettled"] == c["turns"] and c["usage_events"] == 0, c
+        from novelbus.actors.accounting import Accounting
+        acc = Accounting(ctx, instance, publish_notice, lease_s=30)  # the driver, restarted
+        report = await acc.reconcile(restarted=True)
+        assert report.usage_resent == c["turns"] and report.usage_missing == 0, report
+        await acc.idle()
+        after = await ledger(pool, novel_id)
+        assert after["usage_unsettled"] == 0 and after["usage_events"] == after["turns"], after
         assert await pool.fetchval("SELECT count(*) FROM turn_ledger WHERE novel_id = $1 AND usage = 'missing'",
-                                   novel_id) == c["turns"]
-        async with running(nats_url, dsn, names=("usage",), subjects=subjects):
-            claim_id, unit_id, turn = await pool.fetchrow(
-                "SELECT turn_key, unit_id, turn FROM turn_ledger WHERE novel_id = $1 ORDER BY turn LIMIT 1", novel_id)
-            late = await request(rt.ctx.nc, subjects.usage, um.RecordTurn(
-                novel_id=novel_id, unit_id=unit_id, mode="subagent", turn=turn, provider="offline", calls=[],
-                tool_bytes={}, writer_output_chars=0, committed=True, claim_id=claim_id), um.TurnRecorded, timeout=10)
-            assert late.duplicate
-        assert await store.usage_totals(pool, novel_id) == {}
+                                   novel_id) == 0
+        totals = await store.usage_totals(pool, novel_id)
+        assert sum(t["samples"] for t in totals.values()) == c["turns"]
+        samples = await store.recent_usage(pool, novel_id)
+        assert all(s["calls"] >= 1 and s["inputChars"] > 0 and s["writerRuns"] == 1 for s in samples), samples
+        assert not await acc.reconcile(restarted=True)  # settled: nothing sent, nothing marked
 
 
 async def test_reconcile_settles_a_commit_whose_claim_manager_died_before_its_event(
