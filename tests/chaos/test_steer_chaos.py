@@ -30,6 +30,7 @@ from novelbus.infra.supervise import Supervisor
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile
 from novelbus.novel.requirements import RequirementUpdate
+from tests.waiting import elapse
 
 KILLS = 12
 
@@ -102,7 +103,7 @@ async def test_steering_during_chaos_keeps_rel_guarantees(nats_url: str, new_dat
                 # Kills go on while a steering step waits (a revision holds its lock for 3 s), so
                 # a fast novel still sees them all (every actor kind, the driver included).
                 while sum(kills.values()) < KILLS:
-                    await asyncio.sleep(rng.uniform(0.2, 0.5))
+                    await elapse(rng.uniform(0.2, 0.5))
                     ready = sorted(k for k, c in sup.children.items() if c.ready)
                     if ready:
                         least = min(kills[k] for k in ready)
@@ -118,7 +119,7 @@ async def test_steering_during_chaos_keeps_rel_guarantees(nats_url: str, new_dat
                         finished = await steer_step(steer, pool, novel_id, directives, log)
                     except (BusUnavailable, RemoteError) as e:  # a kill got in the way: look again
                         log.append(f"retry ({getattr(e, 'code', type(e).__name__)})")
-                await asyncio.sleep(0.1)
+                await elapse(0.1)  # the pace of the steering steps
             killing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await killing
