@@ -45,8 +45,10 @@ def test_no_module_imports_a_room_outside_the_root() -> None:
 
 
 def test_loggers_are_named_by_module() -> None:
-    """ARCH-6"""
+    """ARCH-6 (OPS-8: the logging setup alone names loggers, those a setting gives a level)"""
     for path in _python_files():
+        if path == REPO / "bus" / "logs.py":
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "getLogger" and node.args:
                 arg = node.args[0]
