@@ -154,7 +154,8 @@ def other_commands_run(plain_venv: Path, novel_id: str, home: Path, demo_home: P
     out = run("bench", "throughput", "--novels", "1", "--chapters", "1", "--scenes", "2", "--latency-units", "2",
               "--warmup-units", "0", "--json", "--home", str(home))
     assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr  # 1: a PERF-2 guard failed
-    assert set(json.loads(out.stdout)["guards"]) == {"overhead_ratio", "p99_ratio"}
+    assert set(json.loads(out.stdout)["guards"]) == {"request_reply_per_unit", "transactions_per_unit",
+                                                      "publish_waits_per_unit", "cpu_flatness"}  # SERVE-8
     out = run("bench", "chaos", "--units", "3", "--kills", "1", "--json", "--home", str(home))
     assert out.returncode == 0 and json.loads(out.stdout)["finished"] is True, out.stderr
     out = run("demo", "--home", str(demo_home))
