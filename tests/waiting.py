@@ -81,11 +81,13 @@ class Driven:
         return [e for e in self.events if isinstance(e, kind)]
 
 
-async def drive(rt: Runtime, novel: str | NovelFile, *, timeout: float = 60.0, reason: str = "test") -> Driven:
+async def drive(rt: Runtime, novel: str | NovelFile, *, timeout: float = 60.0, reason: str = "test",
+                on_event: Callable[[Any], Awaitable[None]] | None = None) -> Driven:
     """Create the novel (given a NovelFile) or take its id, publish a work notice, and collect its
     live events until it finishes or pauses — and until every event the ledger holds for it since
     the start has arrived too (events published just after the final one, BUS-6: each event's
-    ledger sequence is its message id)."""
+    ledger sequence is its message id). `on_event` sees each event as it arrives (a test that
+    acts while the novel runs)."""
     ctx = rt.ctx
     novel_id = novel if isinstance(novel, str) else await store.create_novel(ctx.pool, novel)
     events: list[Any] = []
@@ -93,16 +95,18 @@ async def drive(rt: Runtime, novel: str | NovelFile, *, timeout: float = 60.0, r
     done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     prefix = f"{ctx.subjects.namespace}ev-"
 
-    async def on_event(msg: Any) -> None:
+    async def received(msg: Any) -> None:
         e = decode(msg.data, ev.NovelEvent)
         events.append(e)
+        if on_event is not None:
+            await on_event(e)
         msg_id = (msg.headers or {}).get("Nats-Msg-Id", "")
         if msg_id.startswith(prefix):
             seen.add(int(msg_id.removeprefix(prefix)))
         if isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
             done.set_result(e)
 
-    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
+    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=received)
     try:
         start = await ctx.pool.fetchval("SELECT coalesce(max(seq), 0) FROM events")
         await publish_notice(ctx, novel_id, reason=reason)

@@ -3,17 +3,15 @@ finishes in the mode it was claimed in, and its usage is accounted in that mode.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from novelbus import store
 from novelbus.actors.runtime import Runtime
-from novelbus.bus.codec import decode
-from novelbus.bus.notices import publish_notice
 from novelbus.messages import events as ev
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.inline import BRIEF_HEADER, session_id
+from tests.waiting import drive
 
 
 async def test_switching_inline_to_subagent_applies_from_the_next_unit(stack: Runtime) -> None:
@@ -24,25 +22,17 @@ async def test_switching_inline_to_subagent_applies_from_the_next_unit(stack: Ru
     novel_id = await store.create_novel(
         ctx.pool, nf.model_copy(update={"novelId": None, "config": config})
     )
-    done = asyncio.get_running_loop().create_future()
     commits = 0
 
-    async def on_event(msg: Any) -> None:
+    async def switch_after_two_commits(e: Any) -> None:
         nonlocal commits
-        e = decode(msg.data, ev.NovelEvent)
         if isinstance(e, ev.UnitCommitted):
             commits += 1
             if commits == 2:  # switch while the novel runs
                 await store.set_writer_mode(ctx.pool, novel_id, "subagent")
-        elif isinstance(e, (ev.NovelFinished, ev.NovelPaused)) and not done.done():
-            done.set_result(e)
 
-    sub = await ctx.nc.subscribe(ctx.subjects.events_of(novel_id), cb=on_event)
-    try:
-        await publish_notice(ctx, novel_id, reason="test")
-        assert isinstance(await asyncio.wait_for(done, 120), ev.NovelFinished)
-    finally:
-        await sub.unsubscribe()
+    driven = await drive(stack, novel_id, timeout=120, on_event=switch_after_two_commits)
+    assert isinstance(driven.final, ev.NovelFinished), driven.final
 
     samples = await store.recent_usage(ctx.pool, novel_id)
     modes = [s["mode"] for s in samples]
