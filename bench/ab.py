@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 import typer
 from rich.console import Console
 
@@ -33,6 +34,7 @@ from novelbus.actors.context import ActorContext, Settings
 from novelbus.actors.runtime import running
 from novelbus.actors.writer import effective_window
 from novelbus.app import studies
+from novelbus.app.billing import prices_for
 from novelbus.app.terminal import (
     Bar,
     check_output,
@@ -60,6 +62,7 @@ from novelbus.infra import home_dir
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.messages.subjects import Subjects
+from novelbus.novel.bill import bill_of_totals, describe
 from novelbus.novel.judge import w3
 from novelbus.novel.outline import NovelFile, OutlineError, parse_novel_file
 from novelbus.novel.study import Study, parse_study_file
@@ -553,8 +556,12 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
     verdict = w3(provider_ratio if provider_ratio is not None else ratio, interval[0] if interval else None)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     csv_path, png_path = write_curve(out / f"ab-{stamp}", list(results.values()))
+    prices = prices_for(model)  # SERVE-5: the bill per mode, beside raw input and window peak
+    bills = {"inline": bill_of_totals(inline.totals, prices), "subagent": bill_of_totals(sub.totals, prices)}
     if not as_json:
         print_table(inline, sub, flat, ratio, ratio_chars, provider, threshold, window, provider_ratio)
+        console.print(f"{'bill (' + model + ')':34} inline {describe(bills['inline'])}; "
+                      f"subagent {describe(bills['subagent'])}")
         console.print(f"curve: {csv_path}")
         if png_path is not None:
             console.print(f"plot:  {png_path}")
@@ -573,6 +580,9 @@ async def bench(*, chapters: int, scenes: int, unit_chars: int, seed: int, cjk: 
         "subagent_shape": subagent_shape,
         "units": len(inline.units),
         "inline_input_tokens": inline.input_tokens,
+        # SERVE-5: null where the model has no prices (never a bill of 0)
+        "inline_bill": None if bills["inline"] is None else msgspec.to_builtins(bills["inline"]),
+        "subagent_bill": None if bills["subagent"] is None else msgspec.to_builtins(bills["subagent"]),
         "subagent_input_tokens": sub.input_tokens,
         "ratio": round(ratio, 4),
         "inline_peak_tokens": inline.peak_tokens,

@@ -85,6 +85,7 @@ async def test_bench_ab_json_compares_the_same_novel_in_both_modes(
         assert key in report, key
     assert report["units"] == 9
     assert 0 < report["subagent_input_tokens"] < report["inline_input_tokens"]
+    assert report["inline_bill"] is None and report["subagent_bill"] is None  # SERVE-5: offline has no prices
     assert report["ratio"] == round(
         report["subagent_input_tokens"] / report["inline_input_tokens"], 4
     )
