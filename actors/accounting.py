@@ -186,9 +186,9 @@ class Accounting:
         if record is not None:
             self.record_usage_later(record)
             return "resent"
-        gone = figures_gone(figures)
-        why = gone if reason is None else f"{reason};{gone.removeprefix('figures-gone:')}"
-        return "missing" if await self._mark(novel_id, unit_id, claim_id, turn, why) else None
+        if reason is not None:
+            log.info("usage of %s turn %s: %s, and no writer run of its claim reported", unit_id, turn, reason)
+        return "missing" if await self._mark(novel_id, unit_id, claim_id, turn, figures_gone(figures)) else None
 
     async def _mark(self, novel_id: str, unit_id: str, claim_id: str, turn: int, reason: str) -> bool:
         """The turn's usage marker, once: True when this call set it."""
