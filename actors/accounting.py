@@ -60,7 +60,7 @@ Notify = Callable[..., Awaitable[str]]  # publish_notice(ctx, novel_id, reason=â
 def record_from_store(figures: TurnFigures) -> um.RecordTurn | None:
     """A turn's usage record rebuilt from the writer runs the store kept (SERVE-5), as the flow
     would have sent it: every call of every run of the claim that reported, the last one's
-    provider and mode; None when no run reported (the figures are gone)."""
+    provider and writer mode; None when no run reported (the figures are gone)."""
     runs = [r for r in figures.runs if r.usage is not None]
     if not runs:
         return None
@@ -76,8 +76,10 @@ def record_from_store(figures: TurnFigures) -> um.RecordTurn | None:
     last = runs[-1]
     committed = figures.outcome == "committed"
     ok = [r for r in runs if r.status == "ok"]
+    # a run's `mode` is its shape: inline runs are the inline mode's, W1 and W2 the subagent mode's (DRV-2)
+    mode = "inline" if last.mode == "inline" else "subagent"
     return um.RecordTurn(
-        novel_id=figures.novel_id, unit_id=figures.unit_id, mode=last.mode, turn=figures.turn,
+        novel_id=figures.novel_id, unit_id=figures.unit_id, mode=mode, turn=figures.turn,
         provider=last.provider, calls=calls, tool_bytes=tool_bytes,
         writer_output_chars=ok[-1].output_chars if committed and ok else 0, committed=committed,
         claim_id=figures.claim_id, dispatches=len(runs), model_ms=model_ms)

@@ -262,3 +262,30 @@ async def test_reconcile_settles_a_commit_whose_claim_manager_died_before_its_ev
         counts = await ctx.pool.fetch("SELECT type, count(*) AS n FROM events WHERE novel_id = $1 GROUP BY 1", novel_id)
         by_type = {r["type"]: r["n"] for r in counts}
         assert by_type["unit.committed"] == 1 and by_type["novel.finished"] == 1 and by_type["usage.missing"] == 1
+
+
+async def test_a_sample_sent_again_from_the_store_is_the_sample_the_flow_sent(
+        nats_url: str, new_database: Any, namespace: str) -> None:
+    """SERVE-5: what the writer runs keep is enough to rebuild each turn's usage record exactly:
+    every field of the sample the flow recorded comes out the same from the store."""
+    from novelbus.actors.accounting import record_from_store
+    from novelbus.actors.usage import turn_sample
+
+    dsn, subjects = await new_database(), Subjects(namespace)
+    async with running(nats_url, dsn, names=(*SERVERS, "driver"), subjects=subjects) as rt:
+        pool = rt.ctx.pool
+        nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+        novel_id = await store.create_novel(pool, nf)
+        await publish_notice(rt.ctx, novel_id, reason="test")
+        await wait_until(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
+        await settled_usage(rt)
+        recorded = {(s["unitId"], s["turn"]): s for s in await store.recent_usage(pool, novel_id)}
+        turns = await pool.fetch("SELECT turn_key FROM turn_ledger WHERE novel_id = $1 ORDER BY turn", novel_id)
+        assert len(turns) == len(recorded) >= 9
+        for t in turns:
+            figures = await store.turn_figures(pool, novel_id, t["turn_key"])
+            assert figures is not None and figures.usage == "sampled"
+            record = record_from_store(figures)
+            assert record is not None
+            rebuilt = {**turn_sample(record), "mode": record.mode}
+            assert rebuilt == recorded[(figures.unit_id, figures.turn)]
