@@ -264,8 +264,9 @@ async def test_reconcile_settles_a_commit_whose_claim_manager_died_before_its_ev
         assert by_type["unit.committed"] == 1 and by_type["novel.finished"] == 1 and by_type["usage.missing"] == 1
 
 
+@pytest.mark.parametrize("mode", ["subagent", "inline"])
 async def test_a_sample_sent_again_from_the_store_is_the_sample_the_flow_sent(
-        nats_url: str, new_database: Any, namespace: str) -> None:
+        nats_url: str, new_database: Any, namespace: str, mode: str) -> None:
     """SERVE-5: what the writer runs keep is enough to rebuild each turn's usage record exactly:
     every field of the sample the flow recorded comes out the same from the store."""
     from novelbus.actors.accounting import record_from_store
@@ -274,7 +275,8 @@ async def test_a_sample_sent_again_from_the_store_is_the_sample_the_flow_sent(
     dsn, subjects = await new_database(), Subjects(namespace)
     async with running(nats_url, dsn, names=(*SERVERS, "driver"), subjects=subjects) as rt:
         pool = rt.ctx.pool
-        nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+        nf = parse_novel_file(sample_novel_bytes())
+        nf = nf.model_copy(update={"novelId": None, "config": nf.config.model_copy(update={"writerMode": mode})})
         novel_id = await store.create_novel(pool, nf)
         await publish_notice(rt.ctx, novel_id, reason="test")
         await wait_until(lambda: _status(pool, novel_id, "finished"), 120, "the novel to finish")
