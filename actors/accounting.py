@@ -177,8 +177,9 @@ class Accounting:
     async def _settle_from_store(self, novel_id: str, unit_id: str, claim_id: str, turn: int,
                                  reason: str | None = None) -> str | None:
         """Send a pending turn's sample again from the store ("resent"), or mark it missing where
-        its figures are gone ("missing", the reason says why); None: nothing to do here (settled
-        already, or its sample is being sent by this process)."""
+        its figures are gone ("missing", the reason says why); "later" while a run of its claim
+        is still open (its writer may yet report: a sweep comes back once it is closed or
+        abandoned); None: nothing to do here (settled already, or being sent by this process)."""
         if (novel_id, claim_id) in self._sending:
             return None
         figures = await store.turn_figures(self.ctx.pool, novel_id, claim_id)
@@ -188,6 +189,8 @@ class Accounting:
         if record is not None:
             self.record_usage_later(record)
             return "resent"
+        if figures is not None and any(r.status == "running" for r in figures.runs):
+            return "later"
         if reason is not None:
             log.info("usage of %s turn %s: %s, and no writer run of its claim reported", unit_id, turn, reason)
         return "missing" if await self._mark(novel_id, unit_id, claim_id, turn, figures_gone(figures)) else None
@@ -235,6 +238,7 @@ class Accounting:
         holder = self.instance if restarted else None
         window = None if restarted else SWEEP_WINDOW_S
         touched: set[str] = set()
+        later: list[tuple[str, str, str, int]] = []  # turns whose claim still has an open run
         for c in await store.unaccounted_commits(pool, grace_s=self.lease_s, restarted_holder=holder,
                                                  exclude_novel_ids=exclude_novel_ids, within_s=window):
             counters, first = await store.account_turn(pool, c.novel_id, c.claim_id, outcome="committed",
@@ -246,6 +250,8 @@ class Accounting:
                 settled = await self._settle_from_store(c.novel_id, c.unit_id, c.claim_id, counters.turns)
                 report.usage_resent += settled == "resent"
                 report.usage_missing += settled == "missing"
+                if settled == "later":
+                    later.append((c.novel_id, c.unit_id, c.claim_id, counters.turns))
             touched.add(c.novel_id)
             await self.notify(self.ctx, c.novel_id, reason="next-unit", dedupe=f"after-{c.unit_id}-{c.claim_id}")
         # SERVE-5: a sample its sender left unsent is sent again from the store, however late
@@ -253,10 +259,16 @@ class Accounting:
             settled = await self._settle_from_store(p.novel_id, p.unit_id, p.claim_id, p.turn)
             report.usage_resent += settled == "resent"
             report.usage_missing += settled == "missing"
+            if settled == "later":
+                later.append((p.novel_id, p.unit_id, p.claim_id, p.turn))
         for r in await store.abandon_writer_runs(pool):
             report.abandoned_runs += 1
             await self.ctx.emit(ev.WriterAbandoned(novel_id=r.novel_id, unit_id=r.unit_id, run_id=r.run_id,
                                                    reason=r.reason))
+        for novel_id, unit_id, claim_id, turn in later:  # their runs may be closed now (abandoned)
+            settled = await self._settle_from_store(novel_id, unit_id, claim_id, turn)
+            report.usage_resent += settled == "resent"
+            report.usage_missing += settled == "missing"
         for m in await store.commits_without_event(pool, older_than_s=0 if restarted else self.commit_event_grace_s,
                                                    within_s=window):
             await self._emit_once(ev.UnitCommitted(
