@@ -1,4 +1,5 @@
-"""Dead letters: read, replay and drop what `bus.consumer` moved to the dead-letter stream (OPS-12).
+"""Dead letters: read, replay and drop what `bus.consumer` moved to the dead-letter stream (OPS-12);
+and remove a deleted novel's messages from every stream (OPS-11).
 
 A dead letter keeps the original payload and headers plus `Novelbus-Error` (the code),
 `Novelbus-Error-Detail`, `Novelbus-Subject` (where it came from) and `Novelbus-Deliveries`.
@@ -7,6 +8,7 @@ payload's text: no prose, prompt or token leaves through an operator command (RE
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from dataclasses import dataclass
 
@@ -125,3 +127,27 @@ async def drop_dead_letter(js: JetStreamContext, s: Subjects, seq: int) -> DeadL
     except NotFoundError:
         raise DeadLetterNotFound(f"no dead letter {seq} in {s.dlq_stream}") from None
     return letter
+
+
+async def _count(js: JetStreamContext, stream: str, subject: str) -> int:
+    state = (await js.stream_info(stream, subjects_filter=subject)).state
+    return sum((state.subjects or {}).values())
+
+
+async def purge_novel(js: JetStreamContext, s: Subjects, novel_id: str) -> dict[str, int]:
+    """Remove every stream message of the novel (OPS-11): its events, its work notices and its
+    dead letters (a letter is the novel's when its original subject is the novel's work subject or
+    its payload names the novel). Returns the messages removed per stream."""
+    removed: dict[str, int] = {}
+    for stream, subject in ((s.events_stream, s.events_of(novel_id)), (s.work_stream, s.work(novel_id))):
+        if count := await _count(js, stream, subject):
+            await js.purge_stream(stream, subject=subject)
+            removed[stream] = count
+    letters = [d for d in await list_dead_letters(js, s)
+               if d.subject == s.work(novel_id) or d.ids.get("novelId") == novel_id]
+    for d in letters:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_msg(s.dlq_stream, d.seq)
+    if letters:
+        removed[s.dlq_stream] = len(letters)
+    return removed

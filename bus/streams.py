@@ -26,16 +26,28 @@ DUPLICATE_WINDOW_S = 120.0  # Nats-Msg-Id de-duplication window
 NO_PEERS_FOR_PLACEMENT = 10005  # JetStream: a replica's peer is not (yet) online
 PLACEMENT_WAIT_S = 15.0  # a cluster still forming gets this long to bring its peers online
 DAY = 86_400.0
+ENV_EVENTS_MAX_AGE_DAYS = "NOVELBUS_EVENTS_MAX_AGE_DAYS"
+
+
+def events_max_age_days() -> int:
+    """Days the events and dead-letter streams keep a message (OPS-11): the deployment's
+    ``NOVELBUS_EVENTS_MAX_AGE_DAYS`` (1..3650), else 30. Applied at every start (the streams are
+    updated), so a monitor starting late replays this far back."""
+    value = os.environ.get(ENV_EVENTS_MAX_AGE_DAYS, "30")
+    if not value.isdigit() or not 1 <= int(value) <= 3650:
+        raise ValueError(f"{ENV_EVENTS_MAX_AGE_DAYS} must be a whole number of days, 1..3650, got {value!r}")
+    return int(value)
 
 
 def _stream_configs(s: Subjects) -> list[StreamConfig]:
+    keep = events_max_age_days() * DAY
     return [
         StreamConfig(name=s.work_stream, subjects=[s.work_all], retention=RetentionPolicy.LIMITS,
                      storage=StorageType.FILE, max_age=7 * DAY, duplicate_window=DUPLICATE_WINDOW_S),
         StreamConfig(name=s.events_stream, subjects=[s.events_all], retention=RetentionPolicy.LIMITS,
-                     storage=StorageType.FILE, max_age=30 * DAY, duplicate_window=DUPLICATE_WINDOW_S),
+                     storage=StorageType.FILE, max_age=keep, duplicate_window=DUPLICATE_WINDOW_S),
         StreamConfig(name=s.dlq_stream, subjects=[s.dead_letter_all], retention=RetentionPolicy.LIMITS,
-                     storage=StorageType.FILE, max_age=30 * DAY),
+                     storage=StorageType.FILE, max_age=keep),
     ]
 
 

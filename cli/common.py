@@ -66,7 +66,7 @@ def checked_settings() -> dict[str, Callable[[], object]]:
         log_level,
         logger_levels,
     )
-    from novelbus.bus.streams import stream_replicas
+    from novelbus.bus.streams import ENV_EVENTS_MAX_AGE_DAYS, events_max_age_days, stream_replicas
     from novelbus.infra.llama import ENV_LOCAL_THREADS, local_threads
     from novelbus.store.limiter import ENV_LEASE_S, lease_from_env
     from novelbus.store.pool import ENV_POOL_SIZE, pool_size
@@ -93,6 +93,7 @@ def checked_settings() -> dict[str, Callable[[], object]]:
     return {
         ENV_POOL_SIZE: pool_size,
         "NOVELBUS_STREAM_REPLICAS": stream_replicas,
+        ENV_EVENTS_MAX_AGE_DAYS: events_max_age_days,  # OPS-11
         "NOVELBUS_MAX_OUTPUT_TOKENS": output_tokens_from_env,
         "NOVELBUS_MODEL_TOOL_CHOICE": auto_declined_from_env,
         ENV_CONTEXT_WINDOW: window_from_env,

@@ -18,6 +18,7 @@ from novelbus.actors.runtime import ACTOR_NAMES, connected, freeze_heap, running
 from novelbus.app import actions
 from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
+from novelbus.cli.backup_cmd import register as register_backup
 from novelbus.cli.bench import bench_app
 from novelbus.cli.common import (
     COMMAND_NATS_WAIT_S,
@@ -38,6 +39,7 @@ from novelbus.cli.common import (
     write_output,
 )
 from novelbus.cli.context_cmd import context_app
+from novelbus.cli.delete_cmd import register as register_delete
 from novelbus.cli.dlq_cmd import dlq_app
 from novelbus.cli.migrate_cmd import migrate as migrate_command
 from novelbus.cli.observe_cmd import (
@@ -87,6 +89,8 @@ app.command("panel")(panel_command)
 app.command("migrate")(migrate_command)
 register_steering(novel_app)
 novel_app.add_typer(references_app, name="references")  # CTX-13
+register_delete(app, novel_app)  # OPS-11: novel delete, events retention|prune
+register_backup(app)  # OPS-11: backup, restore
 
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="Existing NATS server (env NOVELBUS_NATS_URL)")]
