@@ -55,21 +55,12 @@ LocalServerFactory = Callable[[Path | None, int | None], LocalServer]
 
 
 class _CappedClient(OpenAIProvider):
-    """The embedded server's OpenAI client; a reply never asks for more than the cap.
-
-    llama-server reads `tool_choice` as a string only (a named choice would silently become
-    `auto`): a call forcing one tool by name (MODEL-3) is sent as `required` with that tool alone."""
+    """The embedded server's OpenAI client; a reply never asks for more than the cap."""
 
     max_output_tokens = 1 << 30
 
     async def complete(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
                        max_output_tokens: int, **options: Any) -> ModelReply:
-        choice = options.get("tool_choice")
-        if isinstance(choice, dict) and tools:
-            name = (choice.get("function") or {}).get("name")
-            named = [t for t in tools if (t.get("function") or {}).get("name") == name]
-            if named:
-                tools, options = named, {**options, "tool_choice": "required"}
         return await super().complete(messages, tools, max_output_tokens=min(max_output_tokens, self.max_output_tokens),
                                       **options)
 
