@@ -42,7 +42,7 @@ from novelbus.app.terminal import check_output, err_console, fail, print_json, r
 from novelbus.bench.common import drop_namespace_streams, ledger, percentile, scratch_database
 from novelbus.bench.generate import generate_novel_file
 from novelbus.bench.throughput import ROLES_OFF, unit_timings, write_many
-from novelbus.infra import ServerStartError
+from novelbus.infra._process import ServerStartError
 from novelbus.infra.llama import DEFAULT_SLOTS, MAX_SLOTS, LocalModelServer
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
@@ -53,7 +53,7 @@ from novelbus.writers.local_provider import LocalProvider
 NOVEL_COUNTS = (1, 2, 4, 8)
 DEFAULT_UNITS = 4
 UNIT_CHARS = 200  # a unit's targetMax: short enough that a 135M model on 2 cores writes one in seconds
-MAX_OUTPUT_TOKENS = 1024  # per call (config.model.sampling.maxOutputTokens): above the draft schema's bounded fields, which a 135M model fills
+MAX_OUTPUT_TOKENS = 640  # per call (config.model.sampling.maxOutputTokens): a 135M model fills the draft's JSON
 SAMPLING = {"seed": 7, "temperature": 0.7, "maxOutputTokens": MAX_OUTPUT_TOKENS}
 # The bench measures serving, not prose: the gate and the length band must not send units back.
 QUALITY = {"enabled": False, "minLengthRatio": 0.0}
