@@ -67,8 +67,8 @@ MAX_LOCAL_THREADS = 256
 
 
 def local_threads() -> int | None:
-    """Threads of the embedded model server: `NOVELBUS_LOCAL_THREADS` (1–256), else None (all
-    cores but one). A malformed value is refused naming the variable."""
+    """Threads of the embedded model server: `NOVELBUS_LOCAL_THREADS` (1–256), else None
+    (llama.cpp's choice). A malformed value is refused naming the variable."""
     raw = os.environ.get(ENV_LOCAL_THREADS, "").strip()
     if not raw:
         return None
@@ -242,10 +242,9 @@ class LocalModelServer(OwnedServer):
             "--metrics",  # SERVE-7: prompt and generation counters, requests in flight
             "--no-webui",
         ]
-        # All cores but one (the actors, NATS and PostgreSQL need it): llama.cpp's threads spin
-        # while they wait, and on a 2-core machine two of them beside other work decode ~5x slower.
-        threads = local_threads() or max(1, (os.cpu_count() or 1) - 1)
-        argv += ["--threads", str(threads)]
+        threads = local_threads()
+        if threads is not None:
+            argv += ["--threads", str(threads)]
         return argv
 
     async def start(self) -> str:
