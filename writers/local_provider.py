@@ -1,16 +1,15 @@
 """`--model local[:PATH.gguf]`: the embedded local model as a provider (MODEL-1).
 
-The provider starts its llama.cpp server (`llama-server`) on first use — in the process that writes, so the
+The provider starts its llama-cpp-python server on first use — in the process that writes, so the
 server is owned by it and never outlives it — and talks to it through the ordinary
 OpenAI-compatible provider with the per-start API key. `aclose()` stops it. The server itself is
 handed in (`LocalServer`; built by `infra.llama.open_local_server`, passed to
 `writers.factory.make_provider` by the process that writes): writers/ imports no infra/ (ARCH).
 
-Known facts about this server (SERVE-6; docs/models.md): it serves `slots` requests at once with
-continuous batching, honours `response_format: json_schema` (grammar-constrained), and reports
-the prompt tokens a slot's cache reused (`usage.prompt_tokens_details.cached_tokens`). So its
-structured-draft mechanism (P6) is known without probing, and its window is one slot's context,
-the model's training context unless configured.
+Known facts about this server (measured; see the README "Writer models"): it rejects
+`response_format: json_schema`, accepts `json_object` + `schema` and a named `tool_choice`
+(both grammar-constrained), reports usage but no cached tokens. So its structured-draft mechanism
+(P6) is known without probing and its window is the `n_ctx` it was started with.
 """
 
 from __future__ import annotations
@@ -27,10 +26,6 @@ from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ChatMessage, ModelReply, ProviderError
 
 LOCAL_TIMEOUT_S = 900.0  # grammar-constrained generation on 2 cores takes tens of seconds
-# SERVE-6: one reply takes at most this share of the model's window. A W2 run may hold a text
-# answer cut at its cap (MODEL-3 then forces a read and the commit): with the pack, the read's
-# result and the commit's reply it must still fit the window the GGUF header gives.
-REPLY_SHARE_OF_WINDOW = 4
 
 
 class LocalServer(Protocol):
@@ -39,7 +34,6 @@ class LocalServer(Protocol):
 
     model: str
     context_window: int
-    slots: int
     api_key: str
 
     @property
@@ -54,28 +48,16 @@ class LocalServer(Protocol):
 LocalServerFactory = Callable[[Path | None, int | None], LocalServer]
 
 
-class _CappedClient(OpenAIProvider):
-    """The embedded server's OpenAI client; a reply never asks for more than the cap."""
-
-    max_output_tokens = 1 << 30
-
-    async def complete(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None, *,
-                       max_output_tokens: int, **options: Any) -> ModelReply:
-        return await super().complete(messages, tools, max_output_tokens=min(max_output_tokens, self.max_output_tokens),
-                                      **options)
-
-
 class LocalProvider:
     name = "local"
-    structured_mode = "json_schema"  # MODEL-2: what llama-server honours (P6, known)
+    structured_mode = "json_object+schema"  # MODEL-2: what this server honours (P6, known)
 
     def __init__(self, server: LocalServer, *, timeout: float | None = None) -> None:
         self.server = server
         self.timeout = timeout or LOCAL_TIMEOUT_S  # QUAL-4: NOVELBUS_MODEL_TIMEOUT_S when set
         self.context_window: int = self.server.context_window
-        self.max_output_tokens = self.context_window // REPLY_SHARE_OF_WINDOW  # SERVE-6: from the model
         self.model = self.server.model
-        self.label = (f"local model {self.model} (embedded llama-server, {self.server.slots} slots, "
+        self.label = (f"local model {self.model} (embedded llama-cpp-python server, "
                       f"window {self.context_window:,} tokens)")
         self._inner: OpenAIProvider | None = None
         self._lock: asyncio.Lock | None = None
@@ -83,8 +65,6 @@ class LocalProvider:
         self._closed = False  # after aclose() the server is never started again (no restart on exit)
 
     async def start(self) -> OpenAIProvider:
-        """The client of the running server (started now when it is not), whose every call's reply
-        is capped at `max_output_tokens` (SERVE-6), also for callers that talk to it directly."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -98,10 +78,9 @@ class LocalProvider:
                     base_url = await self.server.start()
                 except RuntimeError as e:  # infra's ServerStartError: the message says why
                     raise ProviderError("provider-unavailable", str(e)) from None
-                self._inner = _CappedClient(self.model, base_url, self.server.api_key,
-                                            timeout=self.timeout, max_retries=1,
-                                            context_window=self.context_window)
-                self._inner.max_output_tokens = self.max_output_tokens
+                self._inner = OpenAIProvider(self.model, base_url, self.server.api_key,
+                                             timeout=self.timeout, max_retries=1,
+                                             context_window=self.context_window)
             return self._inner
 
     async def complete(
