@@ -19,11 +19,12 @@ mkdir -p "$NOVELBUS_HOME"
 umask 077
 
 PASSWORDS="$NOVELBUS_HOME/passwords.env"
-if [ ! -f "$PASSWORDS" ]; then
-  for user in DRIVER CLAIMS PACKER WRITER VERIFIER USAGE OPERATOR; do
-    echo "export NOVELBUS_NATS_${user}_PASSWORD=$("$BIN/python" -c 'import secrets; print(secrets.token_hex(16))')"
-  done > "$PASSWORDS"
-fi
+touch "$PASSWORDS" && chmod 600 "$PASSWORDS"
+# One password per NATS user of deploy/nats.conf; a user added since the file was written gets one too.
+for user in DRIVER CLAIMS PACKER WRITER VERIFIER USAGE OPERATOR SCHEDULER MONITOR; do
+  grep -q "NOVELBUS_NATS_${user}_PASSWORD=" "$PASSWORDS" ||
+    echo "export NOVELBUS_NATS_${user}_PASSWORD=$("$BIN/python" -c 'import secrets; print(secrets.token_hex(16))')" >> "$PASSWORDS"
+done
 # shellcheck disable=SC1090
 . "$PASSWORDS"
 

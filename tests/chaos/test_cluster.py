@@ -53,7 +53,7 @@ def test_deploy_cluster_configs_are_valid(monkeypatch: pytest.MonkeyPatch) -> No
     import subprocess
 
     from novelbus.infra.nats import nats_server_binary
-    for user in ("DRIVER", "CLAIMS", "PACKER", "WRITER", "VERIFIER", "USAGE", "OPERATOR"):
+    for user in ("DRIVER", "CLAIMS", "PACKER", "WRITER", "VERIFIER", "USAGE", "OPERATOR", "SCHEDULER", "MONITOR"):
         monkeypatch.setenv(f"NOVELBUS_NATS_{user}_PASSWORD", "test-only")
     root = Path(__file__).resolve().parents[2] / "deploy" / "cluster"
     confs = sorted(root.glob("node-*.conf"))

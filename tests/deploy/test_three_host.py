@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 THREE_HOST = REPO / "deploy" / "three-host"
 SCHEMA = json.loads((Path(__file__).parent / "compose-spec.json").read_text())
 MODEL_CALLERS = ("writer", "driver", "verifier", "panel", "cli")  # writer, planner+extractor, detector, create
-NATS_USERS = ("DRIVER", "CLAIMS", "PACKER", "WRITER", "VERIFIER", "USAGE", "OPERATOR")
+NATS_USERS = ("DRIVER", "CLAIMS", "PACKER", "WRITER", "VERIFIER", "USAGE", "OPERATOR", "SCHEDULER", "MONITOR")
 
 
 def _compose(path: Path) -> dict[str, Any]:

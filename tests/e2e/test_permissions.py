@@ -24,7 +24,7 @@ from novelbus.novel.sample import sample_novel_bytes
 from tests.waiting import novel_stopped, wait_until
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats.conf"
-USERS = ("driver", "claims", "packer", "writer", "verifier", "usage", "operator")
+USERS = ("driver", "claims", "packer", "writer", "verifier", "usage", "operator", "scheduler", "monitor")
 COMMIT = "novelbus.cmd.commit.claims-0"
 
 
