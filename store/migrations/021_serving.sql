@@ -1,3 +1,4 @@
+-- upgrade: additive
 -- SERVE-1..4: model endpoints shared by every process of a deployment (store/limiter.py).
 -- Idempotent: applied on a database that may already hold these tables.
 
