@@ -39,6 +39,7 @@ from novelbus.novel.outline import parse_novel_file
 from novelbus.writers.compaction import COMPACT_MARKER
 from novelbus.writers.provider import ChatMessage, ModelReply, complete, measured_tool_tokens
 from novelbus.writers.tools import COMMIT_TOOL, READ_TOOLS
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.local_model]
 
@@ -157,10 +158,8 @@ async def write_until(rt: Runtime, nf: Any, done: Any, timeout: float = 600.0) -
         await publish_notice(ctx, novel_id, reason="test")
         await asyncio.wait_for(finished, timeout)
         await store.pause_novel(ctx.pool, novel_id, "user-request")  # no further units
-        for _ in range(600):  # let an in-flight unit finish its turn before the stack stops
-            if not rt.actor("writer").state.active:  # type: ignore[attr-defined]
-                break
-            await asyncio.sleep(0.5)
+        await wait_until(lambda: not rt.actor("writer").state.active, 300,  # type: ignore[attr-defined]
+                         "an in-flight unit finishes its turn before the stack stops", every=0.5)
     finally:
         await sub.unsubscribe()
     for run in await store.list_writer_runs(ctx.pool, novel_id):  # shown when a test fails
@@ -188,12 +187,11 @@ async def model_stack(local_model: Any, nats_url: str, new_database: Any,
 async def _usage_of(rt: Runtime, novel_id: str, unit_id: str) -> dict[str, Any]:
     """The usage sample of the unit's last turn (the one that committed; an earlier turn whose
     dispatches all failed has its own); the driver records it just after the commit event."""
-    for _ in range(100):
-        samples = [s for s in await store.recent_usage(rt.ctx.pool, novel_id) if s["unitId"] == unit_id]
-        if samples:
-            return max(samples, key=lambda s: s["turn"])
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no usage sample for {unit_id}")
+    async def sampled() -> list[dict[str, Any]]:
+        return [s for s in await store.recent_usage(rt.ctx.pool, novel_id) if s["unitId"] == unit_id]
+
+    samples = await wait_until(sampled, 20, f"a usage sample for {unit_id}", every=0.2)
+    return max(samples, key=lambda s: s["turn"])
 
 
 async def novelbus(*args: str, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
@@ -225,10 +223,8 @@ async def wait_for_commits(rt: Runtime, novel_ids: list[str], units: int, timeou
         await asyncio.sleep(1)
     for novel_id in novel_ids:  # let an in-flight unit finish its turn
         await store.pause_novel(rt.ctx.pool, novel_id, "user-request")
-    for _ in range(600):
-        if not rt.actor("writer").state.active:  # type: ignore[attr-defined]
-            break
-        await asyncio.sleep(0.5)
+    await wait_until(lambda: not rt.actor("writer").state.active, 300,  # type: ignore[attr-defined]
+                     "an in-flight unit finishes its turn", every=0.5)
     for novel_id in novel_ids:  # shown when a test fails
         for run in await store.list_writer_runs(rt.ctx.pool, novel_id):
             print("writer run", novel_id, run.unit_id, run.dispatch, run.status, run.reason, run.manifest)
@@ -383,13 +379,10 @@ async def test_inline_with_a_small_window_compacts_at_0_7_and_never_sends_an_ove
     assert (last.reply.usage.input_tokens or 0) + (last.reply.usage.output_tokens or 0) > 0.5 * window
     if after:
         assert (after[0].reply.usage.input_tokens or 0) < (last.reply.usage.input_tokens or 0)
-    compacted_turns = 0
-    for _ in range(100):  # usage samples travel off the unit's path (REL-7)
-        compacted_turns = (await store.usage_totals(rt.ctx.pool, novel_id)).get("inline", {}).get("compactions", 0)
-        if compacted_turns:
-            break
-        await asyncio.sleep(0.2)
-    assert compacted_turns >= 1
+    async def compactions() -> int:  # usage samples travel off the unit's path (REL-7)
+        return int((await store.usage_totals(rt.ctx.pool, novel_id)).get("inline", {}).get("compactions", 0))
+
+    assert await wait_until(compactions, 20, "a usage sample counting the compaction", every=0.2) >= 1
 
 
 _OWNER_SCRIPT = """
@@ -441,13 +434,17 @@ async def test_the_embedded_server_is_owned_like_nats_and_postgres(local_model: 
         assert psutil.pid_exists(child)
         owner.send_signal(signal.SIGKILL)
         owner.wait(10)
-        for _ in range(150):  # PDEATHSIG: the kernel stops the server with its parent
-            if not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
-                break
-            await asyncio.sleep(0.1)
-        else:
+        def gone() -> bool:  # PDEATHSIG: the kernel stops the server with its parent
+            try:
+                return not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        try:
+            await wait_until(gone, 15, "the model server stops with its SIGKILLed parent", every=0.1)
+        except AssertionError:
             psutil.Process(child).kill()
-            raise AssertionError("the model server outlived its SIGKILLed parent")
+            raise
     finally:
         if owner.poll() is None:
             owner.kill()
