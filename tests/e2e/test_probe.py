@@ -18,6 +18,7 @@ from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.offline import OfflineProvider, compose_draft
 from novelbus.writers.openai_provider import OpenAIProvider
 from novelbus.writers.provider import ChatMessage, ModelProvider, ModelReply, ToolCall
+from tests.waiting import elapse
 from tests.writers.chat_server import ChatServer, completion, json_response
 from tests.writers.harness import FakeModel
 
@@ -101,7 +102,7 @@ class SlowerThanTheTimeout(OfflineProvider):
     """The offline writer, one second per call: slower than the probe's writer time limit."""
 
     async def complete(self, *args: Any, **kwargs: Any) -> ModelReply:
-        await asyncio.sleep(1.0)
+        await elapse(1.0)
         return await super().complete(*args, **kwargs)
 
 
