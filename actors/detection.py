@@ -11,8 +11,9 @@ detector is not asked twice, its event re-published under the same message id). 
 detection context at the candidate's asOf, with the same recalled evidence (`store.load_context`,
 scenario `detection`), project it (`novel.roles.detector`), detect (`offline`: deterministic;
 `model`: the provider with structured output, its usage under the mode `detector`), and write the
-record and its `candidate.detected` event in one statement (REL-7: a kill before the publish
-leaves the row, and the next check of the candidate re-publishes it).
+record, its `candidate.detected` event and the detection context's freeze (CTX-12) in one
+statement (REL-7: a kill before the publish leaves the row, and the next check of the candidate
+re-publishes it).
 """
 
 from __future__ import annotations
@@ -135,10 +136,6 @@ class CandidateDetector:
                 pool, novel_id=novel_id, unit_id=unit_id, scenario="detection", purpose="production",
                 profile=req.get("profile", config.continuityProfile), as_of=req.get("asOf"),
                 evidence=tuple(req.get("evidence") or ()))
-        # CTX-6, CTX-12: the detector's freeze persisted like the writer's, so it can be verified.
-        await store.save_context_freeze(pool, novel_id=novel_id, unit_id=unit_id,
-                                        manifest_hash=frozen.manifest_sha256, context_hash=frozen.context_sha256,
-                                        manifest=frozen.manifest_builtins())
         candidate = Candidate(paragraphs=list(body.paragraphs), canon_changes=list(body.canon_changes),
                               scene_completion=body.scene_completion)
         projection = project(role_inputs("detector", frozen, candidate=candidate))
@@ -166,7 +163,8 @@ class CandidateDetector:
         saved, seq, refused_seq = await save_detection_with_event(
             pool, self.ctx.ledger_entry(event), once_key=key, novel_id=novel_id, unit_id=unit_id,
             context_hash=context_sha256, body_hash=body_hash, record=record,
-            refusal=self.ctx.ledger_entry(refused) if refused is not None else None)
+            refusal=self.ctx.ledger_entry(refused) if refused is not None else None,
+            freeze=frozen)  # CTX-6, CTX-12: kept with the verdict read from it, so it can be verified
         if saved and seq is not None:
             await self.ctx.publish_recorded(event, seq)
             if refused is not None and refused_seq is not None:  # QUAL-3: counted like the gate's
@@ -184,6 +182,7 @@ class CandidateDetector:
         """A model detector whose reply does not parse, or that failed or did not answer within
         its time: refused (never a pass), counted, and not recorded as a verdict on the candidate
         — its next check asks the detector again."""
+        # CTX-12: no verdict is recorded from this context, so its freeze is not kept (nothing to verify).
         await self.ctx.emit(ev.CandidateDetected(novel_id=novel_id, unit_id=unit_id, detector="model",
                                                  outcome=code, supported=0, contradicted=0, unknown=0))
         await self.ctx.emit(self._refused(novel_id, unit_id, body, shape, code))

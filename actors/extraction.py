@@ -8,8 +8,8 @@ novel, and for each one: freezes the extractor's inputs (`store.load_role_inputs
 canon for de-duplication), extracts — deterministically (`offline`) or with the model through
 the provider interface and structured output (`model`, usage recorded under the mode
 `extractor`) —, keeps what `novel.roles.extractor.accept` accepts, and writes the commit's
-ledger row (bound to the SHA-256 of the frozen context, CTX-9), its facts and its
-`canon.extracted` event row in ONE statement
+ledger row (bound to the SHA-256 of the frozen context, CTX-9), its facts, its
+`canon.extracted` event row and the frozen context itself (CTX-12) in ONE statement
 (`store.save_extraction`). A kill at any line loses nothing (the commit stays pending until that
 statement lands, and the next pass does it) and doubles nothing (the ledger row is the commit's
 key: a replay writes nothing). The event is published after the statement; one whose publisher
@@ -38,7 +38,7 @@ from novelbus.bus.tasks import cancel_and_wait
 from novelbus.messages import events as ev
 from novelbus.messages.base import tag_of
 from novelbus.novel.body import CanonChange
-from novelbus.novel.context import ContextError, ContextLeakError
+from novelbus.novel.context import ContextError, ContextLeakError, FrozenContext
 from novelbus.novel.roles import RoleInputs, project
 from novelbus.novel.roles.extractor import (
     ExtractionDraft,
@@ -148,7 +148,7 @@ class CanonKeeper:
         """One commit: True when this call wrote its extraction (False: done already)."""
         pool = self.ctx.pool
         outcome, proposed, facts = "extracted", 0, list[CanonChange]()
-        context_hash: str | None = None
+        frozen: FrozenContext | None = None
         try:
             inputs = await store.load_role_inputs(pool, novel_id=p.novel_id, unit_id=p.unit_id, role="extractor",
                                                   purpose="production", profile=p.profile)
@@ -158,11 +158,7 @@ class CanonKeeper:
             log.info("commit %s/%s not extracted: %s", p.novel_id, p.commit_id, type(e).__name__)
             outcome = "no-context"
         else:
-            context_hash = inputs.frozen.context_sha256
-            # CTX-6, CTX-12: the extractor's freeze persisted like the writer's, so it can be verified.
-            await store.save_context_freeze(pool, novel_id=p.novel_id, unit_id=p.unit_id,
-                                            manifest_hash=inputs.frozen.manifest_sha256, context_hash=context_hash,
-                                            manifest=inputs.frozen.manifest_builtins())
+            frozen = inputs.frozen
             if p.mode == "model":
                 outcome, proposed, facts = await self._model(p, inputs)
             else:
@@ -173,7 +169,8 @@ class CanonKeeper:
         seq = await store.save_extraction(
             pool, self.ctx.ledger_entry(event), once_key=f"{tag_of(ev.CanonExtracted)}:{p.novel_id}:{p.commit_id}",
             novel_id=p.novel_id, commit_id=p.commit_id, seq=p.seq, mode=p.mode, outcome=outcome,
-            proposed=proposed, facts=facts, context_hash=context_hash)
+            proposed=proposed, facts=facts, unit_id=p.unit_id,
+            freeze=frozen)  # CTX-6, CTX-12: kept with the commit's extraction, so it can be verified
         if seq is None:
             return False
         await self.ctx.publish_recorded(event, seq)

@@ -3,8 +3,9 @@
 `detection_inputs` reads, in one statement, what a check needs: the request the candidate's
 context was frozen with (CTX-6's freeze row, found by the context hash) and the record of an
 earlier check of the same candidate in the same context (a redelivered commit: its verdict is
-read back, the detector is not asked twice). `save_detection_with_event` writes the record and its
-`candidate.detected` ledger row in ONE statement, the event once per record (REL-2, REL-7).
+read back, the detector is not asked twice). `save_detection_with_event` writes the record, its
+`candidate.detected` ledger row and the detector's own context freeze (CTX-12) in ONE statement,
+the event once per record (REL-2, REL-7).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from novelbus.novel.context import FrozenContext
 from novelbus.novel.outline import NovelConfig
 from novelbus.store._db import Db, novel_must_exist, statement
 from novelbus.store.errors import NovelNotFound
@@ -86,10 +88,12 @@ async def save_detection_with_event(
     body_hash: str,
     record: DetectionRecord,
     refusal: tuple[str, dict[str, Any]] | None = None,
+    freeze: FrozenContext | None = None,
 ) -> tuple[bool, int | None, int | None]:
-    """The record, its event's ledger row (`once_key`) and, for a refused candidate, the refusal's
-    ledger row (QUAL-3's count), in ONE statement: (written now, the event's seq, the refusal's
-    seq). A record already there writes nothing (its rows were written with it)."""
+    """The record, its event's ledger row (`once_key`), for a refused candidate the refusal's
+    ledger row (QUAL-3's count) and `freeze`, the context the detector read (CTX-6, CTX-12; kept
+    once per manifest hash), in ONE statement: (written now, the event's seq, the refusal's seq).
+    A record already there writes nothing (its rows were written with it)."""
     type, payload = event
     check_event(type, payload)
     refused_type, refused_payload = refusal if refusal is not None else (None, None)
@@ -105,13 +109,26 @@ async def save_detection_with_event(
             "  SELECT $1, $14, $15, $16 WHERE EXISTS (SELECT 1 FROM d)"
             "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq),"
             " ref AS (INSERT INTO events (novel_id, type, payload)"
-            "  SELECT $1, $17::text, $18 WHERE $17::text IS NOT NULL AND EXISTS (SELECT 1 FROM d) RETURNING seq)"
+            "  SELECT $1, $17::text, $18 WHERE $17::text IS NOT NULL AND EXISTS (SELECT 1 FROM d) RETURNING seq),"
+            # A data-modifying CTE runs whether or not the outer SELECT reads it (PostgreSQL).
+            " fr AS (INSERT INTO context_freeze (manifest_hash, novel_id, unit_id, context_hash, manifest)"
+            "  SELECT $19::text, $1, $2, $20, $21 WHERE $19::text IS NOT NULL AND EXISTS (SELECT 1 FROM d)"
+            "  ON CONFLICT (manifest_hash) DO NOTHING)"
             " SELECT EXISTS (SELECT 1 FROM d) AS saved, (SELECT seq FROM ev) AS seq, (SELECT seq FROM ref) AS ref",
             novel_id, unit_id, context_hash or "", body_hash, record.detection_context_hash, record.claim_id,
             record.detector, record.outcome, record.supported, record.contradicted, record.unknown,
-            record.gaps, record.claims, type, payload, once_key, refused_type, refused_payload)
+            record.gaps, record.claims, type, payload, once_key, refused_type, refused_payload,
+            *freeze_args(freeze))
     seq, ref = row["seq"], row["ref"]
     return bool(row["saved"]), (int(seq) if seq is not None else None), (int(ref) if ref is not None else None)
+
+
+def freeze_args(freeze: FrozenContext | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """(manifest hash, context hash, manifest) of `freeze` as `store.save_context_freeze` writes
+    them, or three NULLs (no freeze to keep)."""
+    if freeze is None:
+        return None, None, None
+    return freeze.manifest_sha256, freeze.context_sha256, freeze.manifest_builtins()
 
 
 async def detection_gaps(pool: Db, novel_id: str, unit_id: str, claim_id: str) -> list[str]:

@@ -1,9 +1,9 @@
 """The extractor's canon (ROLE-3): which commits were extracted, and the facts each one gave.
 
 `extracted_commits` is the ledger (migration 015): one row per processed commit, written in the
-same statement as its facts and its `canon.extracted` event row, so a commit is extracted once
-whoever dies when — a replay after a crash finds the row and writes nothing (`save_extraction`
-returns None). `pending_extractions` is what a sweep still has to do: commits of novels whose
+same statement as its facts, its `canon.extracted` event row and the extractor's context freeze
+(CTX-12), so a commit is extracted once whoever dies when — a replay after a crash finds the row
+and writes nothing (`save_extraction` returns None). `pending_extractions` is what a sweep still has to do: commits of novels whose
 `config.extractor` is not `off` that have no ledger row, oldest first per novel.
 
 The facts are read back with the commit index by the context read (`EXTRACTED_JSON`, merged
@@ -18,7 +18,9 @@ from typing import Any
 import msgspec
 
 from novelbus.novel.body import CanonChange
-from novelbus.store._db import Db, statement
+from novelbus.novel.context import FrozenContext
+from novelbus.store._db import Db, novel_must_exist, statement
+from novelbus.store.detections import freeze_args
 from novelbus.store.events import check_event
 
 
@@ -105,14 +107,19 @@ async def save_extraction(
     outcome: str,
     proposed: int,
     facts: list[CanonChange],
-    context_hash: str | None = None,
+    unit_id: str | None = None,
+    freeze: FrozenContext | None = None,
 ) -> int | None:
-    """The commit's ledger row (bound to the SHA-256 of the context it was read with), its facts
-    and its event row, (type, payload), in ONE statement: the event's seq, or None when the
+    """The commit's ledger row (bound to the SHA-256 of the context it was read with, `freeze`'s),
+    its facts, its event row, (type, payload), and `freeze` itself, of unit `unit_id` (CTX-6,
+    CTX-12; kept once per manifest hash) in ONE statement: the event's seq, or None when the
     commit was extracted already (nothing written)."""
+    if freeze is not None and not unit_id:
+        raise ValueError(f"save_extraction of commit {commit_id!r}: a freeze needs the unit_id it was read for")
     check_event(*event)
     payload = msgspec.to_builtins(facts)
-    async with statement(pool) as conn:
+    manifest_hash, context_hash, manifest = freeze_args(freeze)
+    async with novel_must_exist(novel_id), statement(pool) as conn:
         seq_out = await conn.fetchval(
             "WITH led AS (INSERT INTO extracted_commits (novel_id, commit_id, seq, mode, outcome, proposed, accepted,"
             "  context_hash) VALUES ($1, $2, $3, $4, $5, $6, jsonb_array_length($7::jsonb), $11)"
@@ -126,9 +133,14 @@ async def save_extraction(
             "  RETURNING 1),"
             " ev AS (INSERT INTO events (novel_id, type, payload, once_key)"
             "  SELECT $1, $8, $9, $10 WHERE EXISTS (SELECT 1 FROM led)"
-            "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq)"
+            "  ON CONFLICT (once_key) WHERE once_key IS NOT NULL DO NOTHING RETURNING seq),"
+            # A data-modifying CTE runs whether or not the outer SELECT reads it (PostgreSQL).
+            " fr AS (INSERT INTO context_freeze (manifest_hash, novel_id, unit_id, context_hash, manifest)"
+            "  SELECT $12::text, $1, $13, $11, $14 WHERE $12::text IS NOT NULL AND EXISTS (SELECT 1 FROM led)"
+            "  ON CONFLICT (manifest_hash) DO NOTHING)"
             " SELECT (SELECT seq FROM ev) + 0 * (SELECT count(*) FROM facts)",
-            novel_id, commit_id, seq, mode, outcome, proposed, payload, event[0], event[1], once_key, context_hash)
+            novel_id, commit_id, seq, mode, outcome, proposed, payload, event[0], event[1], once_key, context_hash,
+            manifest_hash, unit_id, manifest)
     return None if seq_out is None else int(seq_out)
 
 
