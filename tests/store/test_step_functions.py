@@ -227,15 +227,17 @@ async def test_writer_run_and_its_event_in_one_statement(
     pool: asyncpg.Pool, novel_id: str, unit_id: str
 ) -> None:
     """PERF-2, RUN-4/RUN-6 rows and their writer.dispatched / writer.finished ledger rows (BUS-3) in one
-    statement each; an unknown novel or run writes neither; reserved keys are refused (BUS-6)."""
-    run = {"run_id": "run-1", "novel_id": novel_id, "unit_id": unit_id, "claim_id": None, "dispatch": 1,
+    statement each; an unknown novel or run writes neither; reserved keys are refused (BUS-6); a run
+    is recorded only under a live claim of its unit (CTX-14)."""
+    claim = await store.claim_unit(pool, novel_id, unit_id, "intent-1", mode="subagent")
+    run = {"run_id": "run-1", "novel_id": novel_id, "unit_id": unit_id, "claim_id": claim.claim_id, "dispatch": 1,
            "mode": "W2", "provider": "offline"}
     before = _round_trips()
     seq = await store.start_writer_run_with_event(pool, ("writer.dispatched", {"runId": "run-1"}), **run)
     assert _round_trips() - before == 1
     again = await store.start_writer_run_with_event(pool, ("writer.dispatched", {"runId": "run-1"}), **run)
     assert again > seq and await table_counts(pool, "writer_runs") == {"writer_runs": 1}
-    with pytest.raises(store.NovelNotFound):
+    with pytest.raises(store.UnitNotClaimed):  # an unknown novel has no live claim: nothing is written
         await store.start_writer_run_with_event(pool, ("writer.dispatched", {}), **{**run, "run_id": "run-2",
                                                                                      "novel_id": "n-none"})
     with pytest.raises(store.UnsafePayload):
