@@ -41,7 +41,9 @@ async def write_unit(pool: asyncpg.Pool, novel_id: str, n: int, summary: str = "
 
 
 def structure(s: NovelSnapshot) -> NovelSnapshot:
-    return msgspec.structs.replace(s, commits=[msgspec.structs.replace(c, paragraphs=[]) for c in s.commits])
+    """The structural snapshot of `s`: no prose, and so no read date (CTX-13: it dates prose reads)."""
+    return msgspec.structs.replace(s, read_on=None,
+                                   commits=[msgspec.structs.replace(c, paragraphs=[]) for c in s.commits])
 
 
 async def test_snapshots_after_the_known_commits_equal_whole_reads_commit_by_commit(

@@ -139,7 +139,9 @@ async def reference_snapshot(
         novel = await conn.fetchrow(REFERENCE_PROSE if prose else REFERENCE_STRUCTURE, novel_id,
                                     (1 << 31) - 1 if as_of_seq is None else as_of_seq)
         outline = await fetch_outline(conn, novel_id, novel["outline_revision"])
-    return reference_assemble(novel_id, novel, outline, as_of_seq)
+        # CTX-13: a prose snapshot carries the database's date (UTC), for references' expiry
+        today = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date::text") if prose else None
+    return msgspec.structs.replace(reference_assemble(novel_id, novel, outline, as_of_seq), read_on=today)
 
 
 async def reference_context_index(pool: asyncpg.Pool, novel_id: str, as_of: int) -> tuple[list[CommitView], dict[str, int]]:
