@@ -28,13 +28,13 @@ from novelbus.messages.work import WorkNotice
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.e2e.conftest import run_novel
-from tests.e2e.test_recovery_redelivery import drained
+from tests.waiting import work_drained
 
 
 async def _checked(stack: Runtime, novel_id: str) -> None:
     """Every unit one commit, one accounted turn each, every notice acked."""
     pool = stack.ctx.pool
-    await drained(stack)
+    await work_drained(stack)
     units = (await store.load_snapshot(pool, novel_id)).units
     commits = Counter(c.unit_id for c in await store.list_commits(pool, novel_id))
     assert units and all(commits[u.unit_id] == 1 for u in units), commits

@@ -21,7 +21,7 @@ from novelbus.novel.outline import NovelFile
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.writers.offline import COMMIT_TOOL, UnitBrief, compose_draft
 from novelbus.writers.provider import ModelReply, ToolCall
-from tests.e2e.test_budgets import drive
+from tests.waiting import drive
 
 PLANT = re.compile(r"DELEGATE ([A-Za-z0-9_-]+)")
 BODY = CommitBody(paragraphs=["Fog lay on the harbour like wet wool."],
@@ -113,7 +113,7 @@ async def test_delegation_planted_in_prose_lore_and_notes_widens_nothing(
 
 
 async def run_novel_by_id(rt: Runtime, novel_id: str) -> None:
-    final, _ = await drive(rt, novel_id, timeout=90)
+    final = (await drive(rt, novel_id, timeout=90)).final
     assert isinstance(final, ev.NovelFinished), final
 
 
