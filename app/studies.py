@@ -247,7 +247,7 @@ async def invite(ctx: Any, study_id: str, reviewer: str, *, panel_url: str = DEF
     await db.get_study(ctx.pool, study_id)
     token = secrets.token_urlsafe(24)
     row = await db.add_reviewer(ctx.pool, study_id, kind="person", name=reviewer.strip(), token_hash=token_hash(token))
-    return {"token": token, "url": f"{panel_url.rstrip('/')}/review/{study_id}?invite={token}", "alias": row.alias}
+    return {"token": token, "url": f"{panel_url.rstrip('/')}/review/{study_id}#invite={token}", "alias": row.alias}
 
 
 def _letters(pair: PairRow, a_is_test: bool) -> tuple[str, str]:

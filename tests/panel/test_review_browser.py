@@ -153,10 +153,11 @@ async def test_two_reviewers_review_blind_in_chromium_and_the_report_holds(
             watch.attach(page)
         async with panel_server(rt.ctx, PanelOptions(port=0, token=PANEL_TOKEN)) as url:
             # Each reviewer opens their invite link, POSTed once for a cookie: the first with the token
-            # in the fragment, the second the link as `study invite` prints it (a query the page strips).
-            links = [f"{url}review/{study_id}#invite={invites[0]['token']}",
+            # in a query (which the page strips), the second the link as `study invite` prints it (the
+            # token in the fragment, which a browser never sends to a server).
+            links = [f"{url}review/{study_id}?invite={invites[0]['token']}",
                      invites[1]["url"].replace(studies.DEFAULT_PANEL_URL + "/", url)]
-            assert "?invite=" in links[1]
+            assert "#invite=" in links[1]
             for page, invite, link in zip(pages, invites, links, strict=True):
                 await page.goto(link)
                 await page.locator("#pair:not([hidden])").wait_for()
