@@ -9,7 +9,6 @@ purposes, expiry) and size; `--json` prints them whole.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -18,11 +17,8 @@ import msgspec
 import typer
 from pydantic import ValidationError
 
-from novelbus.bus.client import BusUnavailable, RemoteError, connect
-from novelbus.bus.steering import SteeringClient
-from novelbus.cli.common import console, fail, print_json, read_input, run, servers
-from novelbus.cli.steer_cmd import HINTS, DbOpt, HomeOpt, JsonOpt, NatsOpt, NsOpt
-from novelbus.messages.subjects import Subjects
+from novelbus.cli.common import console, fail, print_json, read_input
+from novelbus.cli.steer_cmd import DbOpt, HomeOpt, JsonOpt, NatsOpt, NsOpt, steering_call
 from novelbus.novel.outline import (
     REFERENCE_KINDS,
     REFERENCE_PURPOSES,
@@ -42,36 +38,16 @@ def references(ctx: typer.Context, novel_id: Annotated[str, typer.Argument(help=
     ctx.obj = novel_id
 
 
-def _call(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str,
-          fn: Callable[[SteeringClient], Awaitable[T]]) -> T:
-    """One steering request, as `novelbus novel revise` makes it (its errors and hints)."""
-    async def go() -> T:
-        async with servers(home, nats_url, database_url, start_embedded=False, announce=False) as ep:
-            nc = await connect(ep.nats_url, name="novelbus-cli")
-            try:
-                return await fn(SteeringClient(nc, Subjects(namespace)))
-            finally:
-                await nc.drain()
-
-    try:
-        return run(go())
-    except RemoteError as e:
-        fail(f"{e.code}: {e.detail}", hint=HINTS.get(e.code), code=2 if e.code != "unit-in-flight" else 1)
-    except BusUnavailable:
-        fail("no driver answers on novelbus.cmd.steer",
-             hint="steering needs a running deployment: `novelbus up` (or `novelbus actor driver`)")
-
-
 def _current(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str,
              novel_id: str) -> tuple[str | None, list[dict[str, Any]]]:
-    state = _call(home, nats_url, database_url, namespace, lambda c: c.outline(novel_id))
+    state = steering_call(home, nats_url, database_url, namespace, lambda c: c.outline(novel_id))
     return state.revision, list((state.outline or {}).get("references") or [])
 
 
 def _revise(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str, novel_id: str,
             revision: str | None, references: list[dict[str, Any]], reason: str) -> Any:
-    return _call(home, nats_url, database_url, namespace,
-                 lambda c: c.revise(novel_id, {"references": references}, expected_revision=revision, reason=reason))
+    return steering_call(home, nats_url, database_url, namespace,
+                         lambda c: c.revise(novel_id, {"references": references}, expected_revision=revision, reason=reason))
 
 
 @references_app.command("list")

@@ -38,8 +38,9 @@ HINTS = {
 }
 
 
-def _call(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str,
-          fn: Callable[[SteeringClient], Awaitable[T]]) -> T:
+def steering_call(home: Path | None, nats_url: str | None, database_url: str | None, namespace: str,
+                  fn: Callable[[SteeringClient], Awaitable[T]]) -> T:
+    """One steering request from the command line, with its errors and hints (every steering command's)."""
     async def go() -> T:
         async with servers(home, nats_url, database_url, start_embedded=False, announce=False) as ep:
             nc = await connect(ep.nats_url, name="novelbus-cli")
@@ -64,7 +65,7 @@ def _out(reply: msgspec.Struct) -> Any:
 def outline(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
             namespace: NsOpt = "", as_json: JsonOpt = False) -> None:
     """Show the current outline revision (and with --json the outline itself) (PLAN-1)."""
-    state = _call(home, nats_url, database_url, namespace, lambda c: c.outline(novel_id))
+    state = steering_call(home, nats_url, database_url, namespace, lambda c: c.outline(novel_id))
     if as_json:
         print_json(_out(state))
         return
@@ -103,7 +104,7 @@ def revise(
     """Revise the outline: the layers in FILE replace the current ones, the rest is carried forward."""
     layers = _read_layers(file)
     updates = actions.requirement_updates(apply or [])
-    revised = _call(home, nats_url, database_url, namespace,
+    revised = steering_call(home, nats_url, database_url, namespace,
                     lambda c: c.revise(novel_id, layers, expected_revision=expect, reason=reason,
                                        requirements=updates, hold_ms=int(hold * 1000)))
     for w in revised.warnings:
@@ -121,7 +122,7 @@ def revise(
 def revisions(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
               namespace: NsOpt = "", as_json: JsonOpt = False) -> None:
     """List the outline's revisions, oldest first (PLAN-1)."""
-    reply = _call(home, nats_url, database_url, namespace, lambda c: c.revisions(novel_id))
+    reply = steering_call(home, nats_url, database_url, namespace, lambda c: c.revisions(novel_id))
     if as_json:
         print_json(_out(reply))
         return
@@ -146,7 +147,7 @@ def config(
 ) -> None:
     """Show or change a running novel's config, validated like create (PLAN-5)."""
     changes = dict(_parse_set(s) for s in set_ or [])
-    reply = _call(home, nats_url, database_url, namespace, lambda c: c.config(novel_id, changes))
+    reply = steering_call(home, nats_url, database_url, namespace, lambda c: c.config(novel_id, changes))
     for w in reply.warnings:
         err_console.print(f"[yellow]warning:[/] {w}")
     if as_json:
@@ -168,7 +169,7 @@ def direct(
 ) -> None:
     """Give the novel a directive; nothing more is written until a revision applies it (PLAN-4)."""
     mid = message_id or actions.new_message_id("cli")
-    reply = _call(home, nats_url, database_url, namespace, lambda c: c.direct(novel_id, text, mid))
+    reply = steering_call(home, nats_url, database_url, namespace, lambda c: c.direct(novel_id, text, mid))
     if as_json:
         print_json(_out(reply))
         return
@@ -179,7 +180,7 @@ def direct(
 def requirements(novel_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, database_url: DbOpt = None,
                  namespace: NsOpt = "", as_json: JsonOpt = False) -> None:
     """The requirements ledger and its watermark (PLAN-4)."""
-    reply = _call(home, nats_url, database_url, namespace, lambda c: c.requirements(novel_id))
+    reply = steering_call(home, nats_url, database_url, namespace, lambda c: c.requirements(novel_id))
     if as_json:
         print_json(_out(reply))
         return
