@@ -40,6 +40,7 @@ from novelbus.cli.common import (
 )
 from novelbus.cli.context_cmd import context_app
 from novelbus.cli.delete_cmd import register as register_delete
+from novelbus.cli.deploy_cmd import deploy_app
 from novelbus.cli.dlq_cmd import dlq_app
 from novelbus.cli.migrate_cmd import migrate as migrate_command
 from novelbus.cli.observe_cmd import (
@@ -83,6 +84,7 @@ app.add_typer(study_app, name="study")
 app.add_typer(review_app, name="review")
 app.add_typer(context_app, name="context")
 app.add_typer(dlq_app, name="dlq")  # OPS-12
+app.add_typer(deploy_app, name="deploy")  # OPS-9
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)

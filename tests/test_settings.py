@@ -26,6 +26,7 @@ NOT_SETTINGS = {
     "NOVELBUS_EVENTS": "a stream's name",
     "NOVELBUS_DLQ": "a stream's name",
     "NOVELBUS_INFRA_READY": "the prefix of the line `python -m novelbus.infra` prints when ready",
+    "NOVELBUS_NATS_": "NOVELBUS_NATS_<USER>_PASSWORD of deploy/nats.conf (bus.permissions), read by nats-server",
 }
 
 # A malformed value of each checked setting, and one the README's tables allow.

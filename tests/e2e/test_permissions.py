@@ -1,7 +1,10 @@
-"""OPS-3, CLM-5, REL-5: deploy/nats.conf gives every actor its own NATS user. Only the driver and
-the writer runner may publish commit requests and only the claim manager may subscribe to them;
-a refused publish never reaches anyone. With that configuration a whole novel still runs, each
-actor on its own user."""
+"""OPS-3, OPS-9, CLM-5, REL-5: the NATS configuration `bus.permissions` generates (committed as
+deploy/nats.conf, tests/deploy/test_nats_permissions.py) gives every actor kind its own user. On a
+real nats-server started with it: each command subject is served by one actor and sent only by
+those that need it — only the writer runner publishes commit requests, only the claim manager
+subscribes to them —, a refused publish never reaches anyone, no actor and not the operator may
+delete a stream; and a whole novel still runs, each actor on its own user, the extractor and
+the detector included."""
 
 from __future__ import annotations
 
@@ -17,24 +20,37 @@ from novelbus import store
 from novelbus.actors.runtime import connected, running
 from novelbus.bus.client import connect
 from novelbus.bus.notices import publish_notice
+from novelbus.bus.permissions import USERS, nats_conf
+from novelbus.bus.streams import ensure_streams
 from novelbus.infra.nats import EmbeddedNats
-from novelbus.messages.subjects import Subjects
+from novelbus.messages import events as ev
+from novelbus.messages.subjects import ACTOR_NAMES, Subjects
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.waiting import novel_stopped, wait_until
 
-CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nats.conf"
-USERS = ("driver", "claims", "packer", "writer", "verifier", "usage", "operator", "scheduler", "monitor")
 COMMIT = "novelbus.cmd.commit.claims-0"
+# What the design says (docs/operations.md), written out here rather than read from the generator:
+# each command subject's one server, and the users that send it.
+SERVER = {"novelbus.cmd.claims": "claims", "novelbus.cmd.claims.claims-0": "claims", COMMIT: "claims",
+          "novelbus.cmd.packs": "packer", "novelbus.cmd.runs": "writer", "novelbus.cmd.verify": "verifier",
+          "novelbus.cmd.usage": "usage", "novelbus.cmd.steer": "driver"}
+SENDERS = {"novelbus.cmd.claims": {"driver"}, "novelbus.cmd.claims.claims-0": {"driver", "claims"},
+           COMMIT: {"writer"}, "novelbus.cmd.packs": {"driver"}, "novelbus.cmd.runs": {"driver"},
+           "novelbus.cmd.verify": {"driver", "claims"}, "novelbus.cmd.usage": {"driver"},
+           "novelbus.cmd.steer": {"operator"}}
 
 
 @pytest.fixture
-async def secured(tmp_home: Path, server_tracker: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[str, str]]:
-    """An embedded NATS started with deploy/nats.conf; returns user -> URL with its password."""
+async def secured(tmp_home: Path, server_tracker: Any,
+                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[str, str]]:
+    """An embedded NATS started with the generated configuration; returns user -> URL with its password."""
     passwords = {u: secrets.token_hex(12) for u in USERS}
     for user, password in passwords.items():
         monkeypatch.setenv(f"NOVELBUS_NATS_{user.upper()}_PASSWORD", password)
-    server = EmbeddedNats(tmp_home / "nats", config_file=CONFIG)
+    config = tmp_home / "nats.conf"
+    config.write_text(nats_conf(), encoding="utf-8")
+    server = EmbeddedNats(tmp_home / "nats", config_file=config)
     await server.start()
     assert server.pid is not None
     server_tracker.add_pid(server.pid)
@@ -69,36 +85,77 @@ async def refused(conn: Conn, *needles: str) -> None:
                      lambda: f"a refusal naming {needles}; errors: {conn.errors}")
 
 
-async def test_only_driver_and_writer_publish_commits_only_claims_subscribes(secured: dict[str, str]) -> None:
-    """OPS-3"""
+def refusals(conn: Conn, kind: str, subject: str) -> int:
+    return sum(f"permissions violation for {kind}" in e and f'"{subject.lower()}"' in e for e in conn.errors)
+
+
+async def test_each_actor_serves_only_its_commands_and_sends_only_those_it_needs(secured: dict[str, str]) -> None:
+    """OPS-9, OPS-3, CLM-5: every actor kind's user may ensure the streams and subscribe to its own
+    command subjects, and is refused another actor's; a request from each user that sends a
+    command is answered by its server (allow_responses, private inboxes), every other user's
+    publish to it is refused and reaches no one."""
     conns = {u: Conn() for u in USERS}
     ncs = {u: await c.open(secured[u], u) for u, c in conns.items()}
     try:
-        got: list[bytes] = []
+        for actor in ACTOR_NAMES:
+            await ensure_streams(ncs[actor].jetstream(), Subjects(""), replicas=1)
+        got: dict[str, list[bytes]] = {subject: [] for subject in SERVER}
 
-        async def on_commit(msg: Any) -> None:
-            got.append(msg.data)
+        def answer(subject: str) -> Any:
+            async def on_request(msg: Any) -> None:
+                got[subject].append(msg.data)
+                if msg.reply:
+                    await msg.respond(b"served by " + SERVER[subject].encode())
+            return on_request
 
-        await ncs["claims"].subscribe("novelbus.cmd.commit.*", queue="commit-claims-0", cb=on_commit)
-        await settle(ncs["claims"])
-
-        for user in ("packer", "verifier", "usage", "claims", "operator"):  # unauthorised: refused, undelivered
-            await ncs[user].publish(COMMIT, f"forged by {user}".encode())
-            await refused(conns[user], "permissions violation for publish", COMMIT)
-        assert got == []
-
-        for user in ("driver", "writer"):  # the two that may
-            await ncs[user].publish(COMMIT, f"from {user}".encode())
+        for subject, server in SERVER.items():
+            for user in USERS:
+                await ncs[user].subscribe(subject, cb=answer(subject) if user == server else None)
+        for user in USERS:
             await settle(ncs[user])
-            assert conns[user].errors == [], user
-        await wait_until(lambda: len(got) >= 2, 5, lambda: f"both allowed commits delivered, got {got}")
-        assert sorted(got) == [b"from driver", b"from writer"]
+        for user in USERS:  # every subscription but the server's own was refused
+            for subject, server in SERVER.items():
+                want = 0 if user == server else 1
+                await wait_until(lambda u=user, s=subject, w=want: refusals(conns[u], "subscription", s) == w, 5,
+                                 lambda u=user, s=subject: f"{u} subscribing to {s}: errors {conns[u].errors}")
 
-        for user in ("packer", "writer", "driver", "operator"):  # nobody else may listen to commits
-            await ncs[user].subscribe("novelbus.cmd.commit.>")
-            await refused(conns[user], "permissions violation for subscription")
-        await ncs["usage"].subscribe("_INBOX_driver.>")  # nor read another actor's replies
-        await refused(conns["usage"], "permissions violation for subscription")
+        for subject, senders in SENDERS.items():
+            for user in senders:
+                reply = await ncs[user].request(subject, f"from {user}".encode(), timeout=5)
+                assert reply.data == b"served by " + SERVER[subject].encode(), (user, subject)
+            for user in set(USERS) - senders:
+                await ncs[user].publish(subject, f"forged by {user}".encode())
+                await refused(conns[user], "permissions violation for publish", f'"{subject}"')
+            for user in USERS:
+                await settle(ncs[user])
+            assert sorted(got[subject]) == sorted(f"from {u}".encode() for u in senders), subject
+
+        for user in USERS:  # nobody reads another user's replies
+            other = "driver" if user != "driver" else "claims"
+            await ncs[user].subscribe(f"_INBOX_{other}.>")
+            await refused(conns[user], "permissions violation for subscription", f"_inbox_{other}.>")
+    finally:
+        for nc in ncs.values():
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+async def test_no_actor_and_not_the_operator_may_delete_a_stream(secured: dict[str, str]) -> None:
+    """OPS-9: the stream deletion request of every actor kind's user and of the operator is
+    refused by the server, and every stream is still there."""
+    s = Subjects("")
+    conns = {u: Conn() for u in (*ACTOR_NAMES, "operator")}
+    ncs = {u: await c.open(secured[u], u) for u, c in conns.items()}
+    try:
+        op_js = ncs["operator"].jetstream()
+        await ensure_streams(op_js, s, replicas=1)
+        for user, nc in ncs.items():
+            for stream in (s.work_stream, s.events_stream, s.dlq_stream):
+                await nc.publish(f"$JS.API.STREAM.DELETE.{stream}", b"", reply=nc.new_inbox())
+                await refused(conns[user], "permissions violation for publish",
+                              f"$js.api.stream.delete.{stream}".lower())
+        for stream in (s.work_stream, s.events_stream, s.dlq_stream):
+            assert (await op_js.stream_info(stream)).config.name == stream
     finally:
         for nc in ncs.values():
             with contextlib.suppress(Exception):
@@ -106,19 +163,26 @@ async def test_only_driver_and_writer_publish_commits_only_claims_subscribes(sec
 
 
 async def test_a_novel_runs_with_one_nats_user_per_actor(secured: dict[str, str], new_database: Any) -> None:
-    """OPS-3"""
+    """OPS-3, OPS-9: each actor in its own connection with its own user, the operator creating and
+    noticing the novel; it finishes with one commit per unit, and the roles running in the
+    actors' processes (the extractor in the driver's, the detector in the verifier's) publish
+    their events under those users."""
     dsn = await new_database()
     subjects = Subjects("")  # deploy/nats.conf names the production subjects
     async with contextlib.AsyncExitStack() as stack:
         for name in ("claims", "packer", "writer", "verifier", "usage", "driver"):
             await stack.enter_async_context(running(secured[name], dsn, names=(name,), subjects=subjects))
         ctx = await stack.enter_async_context(connected(secured["operator"], dsn, subjects=subjects, name="op"))
-        nf = parse_novel_file(sample_novel_bytes()).model_copy(update={"novelId": None})
+        nf = parse_novel_file(sample_novel_bytes())
+        config = nf.config.model_copy(update={"extractor": "offline", "canonSource": "both", "detector": "offline"})
+        nf = nf.model_copy(update={"novelId": None, "config": config})
         novel_id = await store.create_novel(ctx.pool, nf)
         await publish_notice(ctx, novel_id, reason="test")
         await novel_stopped(ctx.pool, novel_id, 90)
         novel = await store.get_novel(ctx.pool, novel_id)
         assert novel.status == "finished", novel.pause_reason
         assert set((await store.count_commits_per_unit(ctx.pool, novel_id)).values()) == {1}
-        info = await ctx.js.stream_info(subjects.events_stream)
-        assert info.state.messages > 0  # events published under the actors' own users
+        info = await ctx.js.stream_info(subjects.events_stream, subjects_filter=subjects.events_of(novel_id))
+        types = {subject.split(".", 3)[3] for subject in info.state.subjects or {}}
+        for event in (ev.UnitCommitted, ev.CanonExtracted, ev.CandidateDetected, ev.NovelFinished):
+            assert event.__struct_config__.tag in types, (event, sorted(types))
