@@ -122,6 +122,10 @@ FREE_FORM_SETTINGS = {
                          "errors name the server, never its credentials",
     "NOVELBUS_NATS_URL_": "NOVELBUS_NATS_URL_<ACTOR>, an actor's own NATS user under `up`: as NOVELBUS_NATS_URL",
     "NOVELBUS_DATABASE_URL": "checked by connecting, as NOVELBUS_NATS_URL",
+    "NOVELBUS_DATABASE_URL_": "NOVELBUS_DATABASE_URL_<ACTOR>, an actor's own PostgreSQL role under `up` (OPS-9): "
+                              "as NOVELBUS_DATABASE_URL",
+    "NOVELBUS_PG_": "NOVELBUS_PG_<ACTOR>_PASSWORD, a role's password for `db roles --apply`: a secret of any form, "
+                    "sent only as a SCRAM verifier",
     "NOVELBUS_MODEL": "the --model option: the provider factory says what is wrong with it",
     "NOVELBUS_MODEL_BASE_URL": "checked by the openai provider when it is built",
     "NOVELBUS_MODEL_API_KEY": "a secret of any form: never echoed",
