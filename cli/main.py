@@ -39,6 +39,7 @@ from novelbus.cli.common import (
     write_output,
 )
 from novelbus.cli.context_cmd import context_app
+from novelbus.cli.db_cmd import db_app
 from novelbus.cli.delete_cmd import register as register_delete
 from novelbus.cli.deploy_cmd import deploy_app
 from novelbus.cli.dlq_cmd import dlq_app
@@ -85,6 +86,7 @@ app.add_typer(review_app, name="review")
 app.add_typer(context_app, name="context")
 app.add_typer(dlq_app, name="dlq")  # OPS-12
 app.add_typer(deploy_app, name="deploy")  # OPS-9
+app.add_typer(db_app, name="db")  # OPS-9: PostgreSQL roles
 app.command("probe")(probe_command)
 app.command("pack")(pack_command)
 app.command("panel")(panel_command)

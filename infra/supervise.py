@@ -1,7 +1,8 @@
 """A supervisor of actor processes: each actor in its own OS process, restarted whenever it dies.
 
 Every child is `python -m cli.main actor NAME` with NOVELBUS_NATS_URL / NOVELBUS_DATABASE_URL in
-its environment (ARCH-1, REL-1); NOVELBUS_NATS_URL_<ACTOR> gives an actor its own NATS user.
+its environment (ARCH-1, REL-1); NOVELBUS_NATS_URL_<ACTOR> gives an actor its own NATS user,
+NOVELBUS_DATABASE_URL_<ACTOR> its own PostgreSQL role (OPS-9, `novelbus db roles`).
 Claim-manager instances (CLM-5) and the driver get stable `--instance` ids, so a restarted
 process recovers exactly what its previous incarnation held. The supervisor knows when a child
 is ready (it prints `actor NAME ready`), restarts a dead child with a short backoff, and stops
@@ -121,7 +122,7 @@ class Supervisor:
         own = os.environ.get(f"NOVELBUS_NATS_URL_{name.upper()}")
         node = self.node_urls[index % len(self.node_urls)] if self.node_urls else None
         return dict(os.environ, PYTHONUNBUFFERED="1", NOVELBUS_NATS_URL=own or node or self.nats_url,
-                    NOVELBUS_DATABASE_URL=self.database_url)
+                    NOVELBUS_DATABASE_URL=os.environ.get(f"NOVELBUS_DATABASE_URL_{name.upper()}") or self.database_url)
 
     async def start(self) -> None:
         for name in self.names:

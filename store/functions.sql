@@ -15,6 +15,14 @@
 -- Every statement in a function runs after the novel-row lock is held, so it sees what the lock
 -- serialises (READ COMMITTED takes a new snapshot per statement in a VOLATILE function).
 
+-- OPS-9: who may execute a step function (store/grants.py) outlives its re-creation: the grants
+-- are kept for this transaction here and given back at the end of this file.
+SELECT set_config('novelbus.step_grants', coalesce(
+    (SELECT jsonb_agg(DISTINCT jsonb_build_array(p.proname, a.grantee::regrole::text))::text
+     FROM pg_proc p, aclexplode(p.proacl) a
+     WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'nb\_%'
+       AND a.privilege_type = 'EXECUTE' AND a.grantee NOT IN (0, p.proowner)), '[]'), true);
+
 DO $$
 DECLARE
     f regprocedure;
@@ -399,4 +407,31 @@ BEGIN
     INSERT INTO usage_totals (novel_id, mode, samples, totals) VALUES (p_novel, p_mode, 1, p_totals)
     ON CONFLICT (novel_id, mode) DO UPDATE SET samples = usage_totals.samples + 1, totals = EXCLUDED.totals;
     RETURN 'recorded';
+END $$;
+
+-- OPS-9: a step function runs as its owner, the migration role (SECURITY DEFINER): it takes the
+-- novel-row lock and writes what a claim or a commit writes, which its callers' roles may not do
+-- directly; the search path is pinned, and only the roles granted it (store/grants.py) call it.
+DO $$
+DECLARE
+    f regprocedure;
+    g jsonb;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+             WHERE p.pronamespace = current_schema()::regnamespace
+               AND p.proname = ANY (ARRAY['nb_claim_unit', 'nb_prepare_unit', 'nb_prepare_lease_unit',
+                                          'nb_account_turn', 'nb_record_turn_usage', 'nb_commit_body',
+                                          'nb_commit_body_event'])
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp', f, current_schema());
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+    FOR g IN SELECT jsonb_array_elements(coalesce(nullif(current_setting('novelbus.step_grants', true), ''), '[]')::jsonb)
+    LOOP
+        FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+                 WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = g ->> 0
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, g ->> 1);
+        END LOOP;
+    END LOOP;
 END $$;
