@@ -8,6 +8,7 @@ the detector included."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
@@ -19,12 +20,17 @@ import pytest
 from novelbus import store
 from novelbus.actors.runtime import connected, running
 from novelbus.bus.client import connect
+from novelbus.bus.codec import encode
+from novelbus.bus.consumer import DurablePullConsumer
+from novelbus.bus.dead_letters import list_dead_letters, purge_novel, show_dead_letter
+from novelbus.bus.events import EventFollower
 from novelbus.bus.notices import publish_notice
 from novelbus.bus.permissions import USERS, nats_conf
-from novelbus.bus.streams import ensure_streams
+from novelbus.bus.streams import WORK_MAX_DELIVER, driver_consumer_config, ensure_streams
 from novelbus.infra.nats import EmbeddedNats
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import ACTOR_NAMES, Subjects
+from novelbus.messages.work import WorkNotice
 from novelbus.novel.outline import parse_novel_file
 from novelbus.novel.sample import sample_novel_bytes
 from tests.waiting import novel_stopped, wait_until
@@ -157,6 +163,62 @@ async def test_no_actor_and_not_the_operator_may_delete_a_stream(secured: dict[s
         for stream in (s.work_stream, s.events_stream, s.dlq_stream):
             assert (await op_js.stream_info(stream)).config.name == stream
     finally:
+        for nc in ncs.values():
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+
+async def test_the_driver_pulls_and_dead_letters_and_the_operator_reads_and_purges_under_their_users(
+        secured: dict[str, str]) -> None:
+    """OPS-9, OPS-11, OPS-12: the driver's user binds its durable work consumer, pulls and acks a
+    scheduler's notice and dead-letters a malformed one; the operator's user reads the driver's
+    consumer (status), replays the events stream, lists and shows the dead letter and purges the
+    novel's messages (novel delete) — and may not delete the driver's consumer."""
+    s = Subjects("")
+    conns = {u: Conn() for u in ("driver", "scheduler", "operator")}
+    ncs = {u: await c.open(secured[u], u) for u, c in conns.items()}
+    consumer = None
+    try:
+        driver_js, op_js = ncs["driver"].jetstream(), ncs["operator"].jetstream()
+        await ensure_streams(driver_js, s, replicas=1)
+        handled: list[WorkNotice] = []
+
+        async def handle(notice: WorkNotice) -> None:
+            handled.append(notice)
+
+        consumer = DurablePullConsumer(ncs["driver"], driver_js, stream=s.work_stream,
+                                       config=driver_consumer_config(s), message_type=WorkNotice, handle=handle,
+                                       dead_letter_subject=s.dead_letter("work"), max_deliver=WORK_MAX_DELIVER)
+        await consumer.start()
+        sched_js = ncs["scheduler"].jetstream()
+        await sched_js.publish(s.work("n-op"), b"not a notice")
+        data, headers = encode(WorkNotice(novel_id="n-op", notice_id="sched-op", reason="scheduled"))
+        await sched_js.publish(s.work("n-op"), data, headers=headers)
+        data, headers = encode(ev.NovelResumed(novel_id="n-op"))
+        await driver_js.publish(s.event("n-op", "novel.resumed"), data, headers=headers)
+
+        await wait_until(lambda: [n.notice_id for n in handled] == ["sched-op"], 10, lambda: f"handled {handled}")
+        letters = await wait_until(lambda: list_dead_letters(op_js, s), 10, "the malformed notice dead-lettered")
+        assert [(d.subject, d.reason) for d in letters] == [(s.work("n-op"), "bad-message")]
+        assert (await show_dead_letter(op_js, s, letters[0].seq)).seq == letters[0].seq
+        info = await op_js.consumer_info(s.work_stream, driver_consumer_config(s).durable_name or "")
+        assert info.num_waiting >= 1  # `status`: a driver is listening
+        async with EventFollower(ncs["operator"], s, novel_id="n-op", js=op_js, replay=True) as follower:
+            first = await asyncio.wait_for(anext(aiter(follower)), 10)
+        assert isinstance(first, ev.NovelResumed)
+
+        removed = await purge_novel(op_js, s, "n-op")
+        assert removed == {s.events_stream: 1, s.work_stream: 2, s.dlq_stream: 1}, removed
+        assert await list_dead_letters(op_js, s) == []
+
+        await ncs["operator"].publish(f"$JS.API.CONSUMER.DELETE.{s.work_stream}.driver", b"",
+                                      reply=ncs["operator"].new_inbox())
+        await refused(conns["operator"], "permissions violation for publish", "$js.api.consumer.delete")
+        assert (await op_js.consumer_info(s.work_stream, "driver")).name == "driver"
+        assert conns["driver"].errors == [] and conns["scheduler"].errors == []
+    finally:
+        if consumer is not None:
+            await consumer.stop()
         for nc in ncs.values():
             with contextlib.suppress(Exception):
                 await nc.close()
