@@ -58,6 +58,13 @@ def checked_settings() -> dict[str, Callable[[], object]]:
     it and raises ValueError (or ProviderError) naming it when the value is malformed. Imported
     when a command starts, so each module keeps its own reader and its own message."""
     from novelbus.actors.writer import auto_declined_from_env, output_tokens_from_env
+    from novelbus.bus.client import (
+        ENV_NATS_TLS_CA,
+        ENV_NATS_TLS_CERT,
+        ENV_NATS_TLS_KEY,
+        tls_ca_from_env,
+        tls_client_files,
+    )
     from novelbus.bus.logs import (
         ENV_LOG_FORMAT,
         ENV_LOG_LEVEL,
@@ -111,6 +118,9 @@ def checked_settings() -> dict[str, Callable[[], object]]:
         ENV_LOG_FORMAT: log_format,  # OPS-8
         ENV_LOG_LEVEL: log_level,
         ENV_LOG_LEVELS: logger_levels,
+        ENV_NATS_TLS_CA: tls_ca_from_env,  # OPS-9
+        ENV_NATS_TLS_CERT: tls_client_files,
+        ENV_NATS_TLS_KEY: tls_client_files,
     }
 
 

@@ -186,8 +186,10 @@ class EmbeddedPostgres(OwnedServer):
         port: int | None = None,
         database: str = DEFAULT_DATABASE,
         start_timeout: float = 30.0,
+        bin_dir: Path | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve()
+        self.bin_dir = bin_dir  # another PostgreSQL build's bin/ (initdb, postgres); None: the wheel's
         self.pgdata = self.data_dir / "data"
         self.log_path = self.data_dir / "postgres.log"
         self.fast = fast
@@ -234,7 +236,7 @@ class EmbeddedPostgres(OwnedServer):
         """initdb if needed, start the server, create the database; returns its DSN."""
         if self.running:
             return self.dsn
-        bin_dir = _bin_dir()
+        bin_dir = self.bin_dir or _bin_dir()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._password = home_password(self.data_dir)
         self._prepare_user(bin_dir)

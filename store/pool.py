@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -120,7 +121,8 @@ async def connect(dsn: str, *, min_size: int = 1, max_size: int | None = None) -
             connection_class=CountingConnection,
         )
     except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:  # ValueError: a malformed DSN
-        raise DatabaseUnreachable(f"PostgreSQL at {database_name(dsn)}: {type(e).__name__}: {e}") from e
+        tls = "TLS: " if isinstance(e, ssl.SSLError) else ""  # OPS-9: e.g. sslmode=verify-full, a CA that does not sign
+        raise DatabaseUnreachable(f"PostgreSQL at {database_name(dsn)}: {tls}{type(e).__name__}: {e}") from e
     assert pool is not None
     return pool
 

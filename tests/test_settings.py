@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+import certifi
 import pytest
 
 from novelbus.cli.common import FREE_FORM_SETTINGS, check_environment, checked_settings
@@ -51,6 +52,9 @@ MALFORMED = {
     "NOVELBUS_LOG_FORMAT": "xml",
     "NOVELBUS_LOG_LEVEL": "loud",
     "NOVELBUS_LOG_LEVELS": "novelbus.bus:DEBUG",
+    "NOVELBUS_NATS_TLS_CA": str(REPO / "README.md"),  # a file, but no certificate in it
+    "NOVELBUS_NATS_TLS_CERT": "/nonexistent/client.pem",
+    "NOVELBUS_NATS_TLS_KEY": "/nonexistent/client.key",
 }
 WELL_FORMED = {
     "NOVELBUS_DB_POOL_SIZE": "9",
@@ -73,6 +77,10 @@ WELL_FORMED = {
     "NOVELBUS_LOG_FORMAT": "json",
     "NOVELBUS_LOG_LEVEL": "warning",
     "NOVELBUS_LOG_LEVELS": "novelbus.bus=DEBUG,nats=WARNING",
+    "NOVELBUS_NATS_TLS_CA": certifi.where(),  # CA certificates in PEM
+    # Readable files, both set: whether they are a certificate and its key is found when connecting
+    "NOVELBUS_NATS_TLS_CERT": str(REPO / "README.md"),
+    "NOVELBUS_NATS_TLS_KEY": str(REPO / "README.md"),
 }
 
 
