@@ -96,3 +96,15 @@ def test_a_command_subject_nobody_serves_is_refused_by_the_generator(monkeypatch
     monkeypatch.setitem(permissions.SENDS, "archive", ("operator",))
     with pytest.raises(ValueError, match="unknown user.*nobody"):
         grants(WithNewCommand())
+
+
+def test_every_deployment_file_provides_each_users_password() -> None:
+    """OPS-9: a user the generator adds gets its password variable in the example environments
+    and the compose files, and local.sh generates one for it (else nats-server refuses to start)."""
+    users = grants()
+    for name in ("example.env", "compose.yaml", "three-host/example.env", "three-host/compose.yaml"):
+        text = (REPO / "deploy" / name).read_text(encoding="utf-8")
+        assert [g.user for g in users if g.password_variable not in text] == [], name
+    loop = next(line for line in (REPO / "deploy" / "local.sh").read_text(encoding="utf-8").splitlines()
+                if line.startswith("for user in "))
+    assert set(loop.removeprefix("for user in ").split(";")[0].split()) == {g.user.upper() for g in users}
