@@ -97,7 +97,9 @@ def _replay_events(s: Subjects) -> list[str]:
 
 
 def _work_consumer(s: Subjects) -> list[str]:
-    """The driver's durable pull consumer (`bus.consumer`): bind or create it, pull, ack, lag."""
+    """The driver's durable pull consumer (`bus.consumer`): bind or create it, pull, ack, lag. Acks
+    need their own grant: allow_responses lets one reply through, a running unit sends an
+    in-progress ack every few seconds before its ack."""
     config = driver_consumer_config(s)
     durable = config.durable_name or ""
     return [_api("CONSUMER", "INFO", s.work_stream, durable), _api("CONSUMER", "CREATE", s.work_stream, durable),
