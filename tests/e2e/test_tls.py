@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -37,13 +38,15 @@ from novelbus.bus.client import (
     NatsTlsRefused,
     connect,
 )
-from novelbus.infra.nats import EmbeddedNats
+from novelbus.infra.nats import EmbeddedNats, nats_server_binary
 from novelbus.infra.postgres import EmbeddedPostgres, _bin_dir
 from novelbus.messages.subjects import Subjects
 from novelbus.novel.outline import NovelFile
 from tests.e2e.conftest import run_novel
 from tests.waiting import wait_until
 
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+DEPLOY_NATS_CONF = DOCS.parents[1] / "deploy" / "nats.conf"
 REFUSAL_S = 30.0  # a refusal comes within a second or two; past this the client is retrying for ever
 
 
@@ -76,16 +79,40 @@ def pki(server_tracker: Any) -> Pki:
     return pki
 
 
+def documented_nats_tls_conf(pki: Pki) -> str:
+    """The server file of docs/operations.md ("NATS, the server"), with the test's certificates."""
+    text = DOCS.read_text(encoding="utf-8")
+    block = re.search(r"\*\*NATS, the server\.\*\*.*?\n```\n(.*?)```", text, re.S)
+    assert block is not None, f"no NATS server example in {DOCS}"
+    conf = block.group(1)
+    for example, path in (("/etc/nats/tls/server.pem", pki.server_cert), ("/etc/nats/tls/server.key", pki.server_key),
+                          ("/etc/nats/tls/ca.pem", pki.ca)):
+        assert example in conf, f"{example} not in the example of {DOCS}"
+        conf = conf.replace(example, str(path))
+    return conf
+
+
+def test_the_documented_nats_tls_file_with_deploy_nats_conf_is_valid(pki: Pki, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPS-9: `nats-server -t` takes the docs' file beside the generated deploy/nats.conf."""
+    shutil.copyfile(DEPLOY_NATS_CONF, tmp_path / "nats.conf")
+    for name in set(re.findall(r"\$(NOVELBUS_\w+_PASSWORD)", DEPLOY_NATS_CONF.read_text(encoding="utf-8"))):
+        monkeypatch.setenv(name, "test-only")
+    (tmp_path / "nats-tls.conf").write_text(documented_nats_tls_conf(pki), encoding="utf-8")
+    out = subprocess.run([str(nats_server_binary()), "-c", "nats-tls.conf", "-t"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "is valid" in out.stdout + out.stderr, out
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def tls_nats(pki: Pki, server_tracker: Any) -> AsyncIterator[EmbeddedNats]:
-    """An embedded NATS whose clients must speak TLS and show a certificate of the CA (`verify`):
-    the tls block docs/operations.md describes."""
+    """An embedded NATS running the docs' tls block (without deploy/nats.conf's users): clients
+    must speak TLS and show a certificate of the CA (`verify`)."""
     home = server_tracker.home("tls-nats")
     conf = home / "nats-tls.conf"
-    conf.write_text("tls {\n"
-                    f'  cert_file: "{pki.server_cert}"\n  key_file: "{pki.server_key}"\n'
-                    f'  ca_file: "{pki.ca}"\n  verify: true\n  timeout: 2\n'
-                    "}\n", encoding="utf-8")
+    tls_block = re.search(r"^tls \{.*?^\}", documented_nats_tls_conf(pki), re.S | re.M)
+    assert tls_block is not None
+    conf.write_text(tls_block.group(0) + "\n", encoding="utf-8")
     server = EmbeddedNats(home / "nats", config_file=conf)
     await server.start()
     assert server.pid is not None
