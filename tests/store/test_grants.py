@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from novelbus import store
+from novelbus.actors.context import ActorContext
 from novelbus.actors.runtime import Runtime, connected, running
+from novelbus.bus.steering import SteeringClient
 from novelbus.infra.postgres import scram_verifier
 from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
@@ -231,11 +233,7 @@ async def test_the_actors_each_as_its_own_role_write_a_novel_to_its_end(
     await roles.apply()
     caplog.set_level(logging.INFO)
     monkeypatch.setenv("NOVELBUS_MIGRATE", "check")  # the migration role migrates, the actors only check
-    subjects = Subjects(namespace)
-    async with contextlib.AsyncExitStack() as stack:
-        for kind in grants.ACTOR_KINDS:
-            await stack.enter_async_context(running(nats_url, roles.dsn(kind), names=(kind,), subjects=subjects))
-        ctx = await stack.enter_async_context(connected(nats_url, roles.dsn(grants.MIGRATE), subjects=subjects))
+    async with actors_as_their_roles(roles, nats_url, Subjects(namespace)) as ctx:
         driven = await drive(Runtime(ctx=ctx), novel_file(**CONFIGS[config]), timeout=60)
         assert isinstance(driven.final, ev.NovelFinished), driven.final
         counts = await store.count_commits_per_unit(ctx.pool, driven.novel_id)
@@ -248,9 +246,47 @@ async def test_the_actors_each_as_its_own_role_write_a_novel_to_its_end(
                                                 driven.novel_id)
             detected = await ctx.pool.fetchval("SELECT count(*) FROM detections WHERE novel_id = $1", driven.novel_id)
             assert extracted == len(counts) and detected >= len(counts)
-    refused = [r.getMessage() for r in caplog.records if "permission denied" in r.getMessage().lower()
-               or "InsufficientPrivilege" in r.getMessage() + str(r.exc_info)]
-    assert refused == []  # no actor was refused anything on the way, not even once
+    assert refusals(caplog) == []  # no actor was refused anything on the way, not even once
+
+
+@contextlib.asynccontextmanager
+async def actors_as_their_roles(roles: Roles, nats_url: str, subjects: Subjects) -> AsyncIterator[ActorContext]:
+    """The six actors, each in a runtime of its own connected as its kind's role; the operator's
+    context as the migration role."""
+    async with contextlib.AsyncExitStack() as stack:
+        for kind in grants.ACTOR_KINDS:
+            await stack.enter_async_context(running(nats_url, roles.dsn(kind), names=(kind,), subjects=subjects))
+        yield await stack.enter_async_context(connected(nats_url, roles.dsn(grants.MIGRATE), subjects=subjects))
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "permission denied" in r.getMessage().lower()
+            or "InsufficientPrivilege" in r.getMessage() + str(r.exc_info)]
+
+
+async def test_steering_as_the_driver_role_revises_and_configures_and_the_novel_finishes(
+        roles: Roles, nats_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """OPS-9: the driver's steering writes (an outline revision and the scenes it lists, the
+    novel's config) and reads (revisions, requirements, the planning view) under its role."""
+    await roles.apply()
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("NOVELBUS_MIGRATE", "check")
+    async with actors_as_their_roles(roles, nats_url, Subjects(namespace)) as ctx:
+        novel_id = await store.create_novel(ctx.pool, novel_file())
+        steer = SteeringClient(ctx.nc, ctx.subjects)
+        state = await steer.outline(novel_id)
+        revised = await steer.revise(novel_id, {"story": {"premise": "A quieter book."}},
+                                     expected_revision=state.revision, reason="a quieter book")
+        assert revised.revision != state.revision
+        configured = await steer.config(novel_id, {"budgets.maxTurns": 150})
+        assert configured.changed == ["budgets.maxTurns"]
+        assert len((await steer.revisions(novel_id)).revisions) == 2
+        assert (await steer.requirements(novel_id)).requirements == []
+        driven = await drive(Runtime(ctx=ctx), novel_id, timeout=60)
+        assert isinstance(driven.final, ev.NovelFinished), driven.final
+        assert (await steer.planning(novel_id)).novel_id == novel_id
+    assert refusals(caplog) == []
 
 
 async def test_applying_functions_sql_again_keeps_who_may_execute_a_step_function(roles: Roles) -> None:
@@ -341,3 +377,35 @@ def test_a_supervised_actor_gets_its_own_database_url_when_one_is_set(monkeypatc
     sup = Supervisor(nats_url="nats://127.0.0.1:4222", database_url="postgresql://novelbus_migrate:pw@db:5432/novelbus")
     assert sup.env("writer")["NOVELBUS_DATABASE_URL"] == "postgresql://novelbus_writer:pw@db:5432/novelbus"
     assert sup.env("usage")["NOVELBUS_DATABASE_URL"] == "postgresql://novelbus_migrate:pw@db:5432/novelbus"
+
+
+async def test_a_restart_recovers_a_claim_in_flight_under_the_roles(
+        roles: Roles, nats_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """OPS-9, REL-1: a unit leased by driver-0 (as the driver role) and claimed by claims-0 (as the
+    claims role) when both died; started again as their roles, the claim manager recovers its
+    claim and the driver releases its lease (their start-up sweeps, REL-7's reconciliation
+    among them), and the novel finishes with one commit per unit."""
+    await roles.apply()
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("NOVELBUS_MIGRATE", "check")
+    operator = await store.connect(roles.dsn(grants.MIGRATE), max_size=1)
+    driver = await store.connect(roles.dsn("driver"), max_size=1)
+    claims = await store.connect(roles.dsn("claims"), max_size=1)
+    try:
+        novel_id = await store.create_novel(operator, novel_file())
+        unit_id = (await store.prepare_and_lease_unit(
+            driver, novel_id, "ch-a", "s1", fragment=1, continuation_anchor=None, intent_id="in-1", notice_id=None,
+            holder="driver-0", seconds=60)).unit_id
+        await store.claim_unit(claims, novel_id, unit_id, "in-1", mode="inline", claimed_by="claims-0")
+        assert [u.state for u in await store.list_units(operator, novel_id)] == ["claimed"]
+    finally:
+        for pool in (operator, driver, claims):
+            await pool.close()
+    async with actors_as_their_roles(roles, nats_url, Subjects(namespace)) as ctx:
+        driven = await drive(Runtime(ctx=ctx), novel_id, timeout=60)
+        assert isinstance(driven.final, ev.NovelFinished), driven.final
+        counts = await store.count_commits_per_unit(ctx.pool, novel_id)
+        assert counts and set(counts.values()) == {1}
+        await no_unit_in_flight(Runtime(ctx=ctx), novel_id)
+    assert refusals(caplog) == []
