@@ -19,6 +19,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Literal, TypeVar
 
 import msgspec
@@ -292,7 +293,7 @@ class Driver:
         # An unknown novel raises NovelNotFound: a poison notice, dead-lettered after the bound.
         # PERF-2: the novel row (budgets, counters, mode) is read with the snapshot, one statement.
         snapshot, novel = known or await store.load_snapshot_and_novel(pool, notice.novel_id)
-        if removed_scene_units(snapshot) or any(u.state == "superseded" for u in snapshot.units):
+        if removed_scene_units(snapshot) or "superseded" in map(attrgetter("state"), snapshot.units):
             snapshot = await self.supersede_removed(snapshot)
         decision = next_work(snapshot)
         if isinstance(decision, InFlight) and snapshot.novel_id not in self.state.driving:

@@ -7,16 +7,18 @@ later chapter looked finished. Superseded units, and commits of superseded units
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from functools import wraps
+from itertools import compress
 from operator import attrgetter
-from typing import Literal, TypeAlias, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 import msgspec
 
 from novelbus.novel.length import book_band
-from novelbus.novel.outline import Outline, Scene
+from novelbus.novel.outline import Chapter, Outline, Scene
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, NovelStatus, UnitView
 
 
@@ -113,7 +115,59 @@ def per_object(fn: Callable[[A], R], size: int = 64) -> Callable[[A], R]:
     return cached
 
 
-_SEQ = attrgetter("seq")
+_SEQ, _STATE = attrgetter("seq"), attrgetter("state")
+_CHAPTER, _SCENE, _COMPLETED = attrgetter("chapter_id"), attrgetter("scene_id"), attrgetter("scene_completion.completed")
+_CHARS, _UNIT_ID = attrgetter("effective_characters"), attrgetter("unit_id")
+T = TypeVar("T")
+
+
+class PrefixScan(Generic[T]):
+    """`items(key, commit)` of every commit of a list, concatenated in list order, per key (e.g.
+    a novel). SERVE-8 (PERF-2): commit views are immutable and shared between reads, and a book
+    grows at its end, so a scan resumes after the longest run of the same commit objects (by
+    identity) the key's last scan saw instead of visiting every commit of the book again. The
+    last `size` keys are kept; the result is the caller's own list."""
+
+    def __init__(self, items: Callable[[Any, CommitView], Iterable[T]], size: int = 256) -> None:
+        self._items, self._size = items, size
+        # per key: the commits scanned (held, so their ids are not reused), the items, and
+        # len(items) after each commit
+        self._last: OrderedDict[Any, tuple[tuple[CommitView, ...], list[T], list[int]]] = OrderedDict()
+
+    def __call__(self, key: Any, commits: Sequence[CommitView]) -> list[T]:
+        last = self._last.get(key)
+        same = 0
+        if last is not None:
+            seen = last[0]
+            if len(seen) <= len(commits) and all(map(operator.is_, seen, commits)):
+                same = len(seen)
+            else:
+                for a, b in zip(seen, commits, strict=False):
+                    if a is not b:
+                        break
+                    same += 1
+        if last is not None and same == len(last[0]):  # the whole last scan: extended in place
+            found, ends = last[1], last[2]
+        elif last is not None and same:
+            found, ends = last[1][:last[2][same - 1]], last[2][:same]
+        else:
+            found, ends = [], []
+        for commit in commits[same:]:
+            found.extend(self._items(key, commit))
+            ends.append(len(found))
+        self._last[key] = (last[0] if last is not None and same == len(last[0]) == len(commits) else tuple(commits),
+                           found, ends)
+        self._last.move_to_end(key)
+        while len(self._last) > self._size:
+            self._last.popitem(last=False)
+        return list(found)
+
+
+def _foreshadowing_changes(_: str, commit: CommitView) -> list[tuple[str | None, str]]:
+    return [(ch.foreshadowing_id, ch.foreshadowing_status) for ch in commit.canon_changes if ch.kind == "foreshadowing"]
+
+
+_FORESHADOWING = PrefixScan(_foreshadowing_changes)
 
 
 def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
@@ -125,6 +179,8 @@ def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
 def live_commits(snapshot: NovelSnapshot) -> list[CommitView]:
     """Commits in seq order, without commits of superseded units (once per snapshot; the list is
     shared, callers read it and never change it)."""
+    if "superseded" not in map(_STATE, snapshot.units):  # SERVE-8: checked in C, the usual case
+        return sorted(snapshot.commits, key=_SEQ)
     superseded = {u.unit_id for u in snapshot.units if u.state == "superseded"}
     return sorted((c for c in snapshot.commits if c.unit_id not in superseded), key=_SEQ)
 
@@ -146,8 +202,9 @@ def commits_by_scene(snapshot: NovelSnapshot) -> dict[SceneKey, list[CommitView]
 @per_object
 def finished_scenes(snapshot: NovelSnapshot) -> frozenset[SceneKey]:
     """Every (chapterId, sceneId) whose latest live commit claims completion."""
-    return frozenset(key for key, commits in commits_by_scene(snapshot).items()
-                     if commits[-1].scene_completion.completed)
+    live = live_commits(snapshot)  # seq order: the last one per scene wins (SERVE-8: built in C)
+    latest = dict(zip(zip(map(_CHAPTER, live), map(_SCENE, live), strict=False), map(_COMPLETED, live), strict=False))
+    return frozenset(compress(latest, latest.values()))
 
 
 def scene_commits(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> list[CommitView]:
@@ -190,13 +247,18 @@ def completed_chapters(snapshot: NovelSnapshot) -> tuple[str, ...]:
     if outline is None:
         return ()
     finished = finished_scenes(snapshot)
-    scenes = scenes_by_chapter(outline)
-    return tuple(
+    keys = chapter_scene_keys(outline)
+    return tuple(  # SERVE-8: each chapter's scenes checked in C (`issuperset`)
         chapter.chapterId
         for chapter in outline.ordered_chapters()
-        if (own := scenes.get(chapter.chapterId))
-        and all((chapter.chapterId, s.sceneId) in finished for s in own)
+        if (own := keys.get(chapter.chapterId)) and finished.issuperset(own)
     )
+
+
+@per_object
+def chapter_scene_keys(outline: Outline) -> dict[str, tuple[SceneKey, ...]]:
+    """Each chapter's (chapterId, sceneId) keys, from `scenes_by_chapter` (once per outline)."""
+    return {cid: tuple((cid, s.sceneId) for s in scenes) for cid, scenes in scenes_by_chapter(outline).items()}
 
 
 @per_object
@@ -232,11 +294,9 @@ def foreshadowing_status(snapshot: NovelSnapshot) -> dict[str, str]:
     if outline is None:
         return {}
     status: dict[str, str] = {item.id: item.status for item in outline.foreshadowing}
-    for commit in live_commits(snapshot):
-        for change in commit.canon_changes:
-            if change.kind == "foreshadowing" and change.foreshadowing_id in status:
-                if status[change.foreshadowing_id] != "resolved":
-                    status[change.foreshadowing_id] = change.foreshadowing_status
+    for item_id, item_status in _FORESHADOWING(snapshot.novel_id, live_commits(snapshot)):
+        if item_id in status and status[item_id] != "resolved":
+            status[item_id] = item_status
     return status
 
 
@@ -267,15 +327,35 @@ def finish_violations(snapshot: NovelSnapshot) -> list[str]:
             violations.append(f"unit {unit.unit_id} in flight ({unit.state})")
     band = book_band(snapshot.config.length)
     if band is not None:
-        total = sum(c.effective_characters for c in live_commits(snapshot))
+        total = sum(map(_CHARS, live_commits(snapshot)))
         lower, upper = band
         if not lower <= total <= upper:
             violations.append(f"total length {total} outside the band [{lower}, {upper}]")
     return violations
 
 
+class _Walk(msgspec.Struct, frozen=True):
+    keys: tuple[tuple[str, str | None], ...]  # (chapterId, sceneId), or (chapterId, None): no scenes
+    items: tuple[tuple[Chapter, Scene | None], ...]
+
+
+@per_object
+def _walk(outline: Outline) -> _Walk:
+    """Every scene in chapter order then scene order, as `next_work` visits them (once per outline)."""
+    scenes_of = scenes_by_chapter(outline)
+    keys: list[tuple[str, str | None]] = []
+    items: list[tuple[Chapter, Scene | None]] = []
+    for chapter in outline.ordered_chapters():
+        own = scenes_of.get(chapter.chapterId)
+        scenes: list[Scene | None] = list(own) if own else [None]
+        for scene in scenes:
+            keys.append((chapter.chapterId, None if scene is None else scene.sceneId))
+            items.append((chapter, scene))
+    return _Walk(tuple(keys), tuple(items))
+
+
 def _next_fragment(snapshot: NovelSnapshot, commits: list[CommitView]) -> int:
-    units = {u.unit_id: u for u in snapshot.units}
+    units: dict[str, UnitView] = dict(zip(map(_UNIT_ID, snapshot.units), snapshot.units, strict=True))
     fragments = [units[c.unit_id].fragment for c in commits if c.unit_id in units]
     return max([len(commits), *fragments]) + 1
 
@@ -291,10 +371,11 @@ def next_work(snapshot: NovelSnapshot) -> WorkDecision:
     """
     if snapshot.status != "active":
         return Inactive(status=snapshot.status)
-    units = live_units(snapshot)
-    for unit in units:
-        if unit.state == "claimed":
-            return InFlight(unit_id=unit.unit_id)
+    # SERVE-8: the passes over every unit and commit run in C (`map`), not a Python step each;
+    # a claimed unit is never superseded, so the first claimed unit is the first live one
+    states = list(map(_STATE, snapshot.units))
+    if "claimed" in states:
+        return InFlight(unit_id=snapshot.units[states.index("claimed")].unit_id)
     if snapshot.requirements_blocked:
         return RequirementConflict(blocked=snapshot.requirements_blocked)
     if snapshot.requirements_pending:
@@ -305,47 +386,46 @@ def next_work(snapshot: NovelSnapshot) -> WorkDecision:
         return AwaitOutline(reason="no outline", why="no-outline")
     if not outline.chapters:
         return AwaitOutline(reason="outline has no chapters", why="no-chapters")
-    by_scene = commits_by_scene(snapshot)
-    scenes_of = scenes_by_chapter(outline)
-    prepared_by_scene: dict[SceneKey, list[UnitView]] = {}
-    for u in units:
-        if u.state == "prepared":
-            prepared_by_scene.setdefault((u.chapter_id, u.scene_id), []).append(u)
-    for chapter in outline.ordered_chapters():
-        scenes = scenes_of.get(chapter.chapterId, [])
-        if not scenes:
+    walk = _walk(outline)
+    finished = finished_scenes(snapshot)
+    # the first scene in chapter then scene order that is not finished (a chapter without
+    # scenes stands as (chapterId, None), never finished)
+    first = next(compress(range(len(walk.keys)), map(operator.not_, map(finished.__contains__, walk.keys))), None)
+    if first is not None:
+        chapter, scene = walk.items[first]
+        if scene is None:
             return AwaitOutline(reason=f"chapter {chapter.chapterId} has no scenes",
                                 why="chapter-without-scenes", chapter_id=chapter.chapterId)
-        for scene in scenes:
-            commits = by_scene.get((chapter.chapterId, scene.sceneId), [])
-            if commits and commits[-1].scene_completion.completed:
-                continue
-            prepared = prepared_by_scene.get((chapter.chapterId, scene.sceneId))
-            if prepared:
-                unit = prepared[-1]
-                return WriteUnit(
-                    chapter_id=chapter.chapterId,
-                    scene_id=scene.sceneId,
-                    unit_id=unit.unit_id,
-                    fragment=unit.fragment,
-                    continuation_anchor=unit.continuation_anchor,
-                )
-            if not commits:
-                return WriteUnit(
-                    chapter_id=chapter.chapterId,
-                    scene_id=scene.sceneId,
-                    unit_id=None,
-                    fragment=1,
-                    continuation_anchor=scene.continuationAnchor,
-                )
-            # Continuation: keep the previous commit's nextAnchor (the original lost it).
+        key = walk.keys[first]
+        live = live_commits(snapshot)
+        commits = list(compress(live, map(key.__eq__, zip(map(_CHAPTER, live), map(_SCENE, live), strict=False))))
+        prepared = [u for u in compress(snapshot.units, map("prepared".__eq__, states))
+                    if u.chapter_id == key[0] and u.scene_id == key[1]]
+        if prepared:
+            unit = prepared[-1]
+            return WriteUnit(
+                chapter_id=chapter.chapterId,
+                scene_id=scene.sceneId,
+                unit_id=unit.unit_id,
+                fragment=unit.fragment,
+                continuation_anchor=unit.continuation_anchor,
+            )
+        if not commits:
             return WriteUnit(
                 chapter_id=chapter.chapterId,
                 scene_id=scene.sceneId,
                 unit_id=None,
-                fragment=_next_fragment(snapshot, commits),
-                continuation_anchor=commits[-1].scene_completion.next_anchor,
+                fragment=1,
+                continuation_anchor=scene.continuationAnchor,
             )
+        # Continuation: keep the previous commit's nextAnchor (the original lost it).
+        return WriteUnit(
+            chapter_id=chapter.chapterId,
+            scene_id=scene.sceneId,
+            unit_id=None,
+            fragment=_next_fragment(snapshot, commits),
+            continuation_anchor=commits[-1].scene_completion.next_anchor,
+        )
     planned = snapshot.config.plannedChapters
     if planned is not None and len(outline.chapters) < planned:
         return AwaitOutline(reason=f"{len(outline.chapters)} of {planned} planned chapters outlined",

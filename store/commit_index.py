@@ -33,11 +33,11 @@ seq cannot serve as the mark here.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Generic, TypeVar
 
 from novelbus.novel.body import CanonChange
@@ -52,6 +52,7 @@ NOVEL_MARK_SQL = "(floor(extract(epoch FROM n.created_at) * 1000000)::bigint::te
 MAX_UNITS = 50_000
 MAX_EXTRACTED = 100_000  # facts over all novels (a few hundred bytes each)
 _CREATED = itemgetter(0)  # a unit row's created_seq
+_SEQ = attrgetter("seq")
 K = TypeVar("K")
 
 
@@ -80,8 +81,10 @@ def merge(known: Known, after: int, new: list[CommitView], up_to: int | None) ->
         raise ValueError(f"the statement read after seq {after}, the caller knew up to {known.after}")
     if new and new[0].seq <= after:
         raise ValueError(f"a commit at seq {new[0].seq} was read again after seq {after}")
-    kept = list(known.commits) if up_to is None or up_to >= after else [c for c in known.commits if c.seq <= up_to]
-    return kept + new
+    if up_to is None or up_to >= after:
+        return [*known.commits, *new]
+    # SERVE-8: the known commits are in seq order, so those at or before `up_to` are a prefix
+    return [*known.commits[:bisect_right(known.commits, up_to, key=_SEQ)], *new]
 
 
 class _PerNovel(Generic[K]):

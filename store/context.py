@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from operator import attrgetter, itemgetter
 
 import msgspec
 
@@ -72,6 +73,8 @@ _KNOWN_AFTER = known_after("$4::int", "$5::text")
 _INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of", after=_KNOWN_AFTER)
 CANON_KIND_SET = frozenset(CANON_KINDS)  # the extractor's facts a context selects
 _unit_rows = msgspec.json.Decoder(list[tuple[int, UnitView]])
+# SERVE-8: the passes over every commit and unit of a read run in C (`map`), not a Python step each
+_UNIT, _COMMIT_ID, _PARAGRAPHS = itemgetter(1), attrgetter("commit_id"), attrgetter("paragraph_count")
 _commits = msgspec.json.Decoder(list[CommitView])
 
 
@@ -180,7 +183,7 @@ async def read_context_sources(
         # Read with the novel (one round trip): the units written since those this process knows.
         unit_rows = UNITS.read(novel_id, known_units, novel["units_known"], _unit_rows.decode(novel["unit_rows"]),
                                novel["units_snapshot"], novel["novel_mark"])
-        units = [u for _, u in unit_rows]
+        units = list(map(_UNIT, unit_rows))
         latest, own = int(novel["latest"]), novel["own"]
         if as_of is None:
             as_of = own - 1 if own is not None else latest
@@ -253,7 +256,7 @@ async def read_context_sources(
         index=index,
         prose={b["commit_id"]: list(b["paragraphs"]) for b in bodies},
         # PERF-2: kept in the commit index (`CommitView.paragraph_count`), not counted per read.
-        paragraph_counts={c.commit_id: c.paragraph_count for c in commits},
+        paragraph_counts=dict(zip(map(_COMMIT_ID, commits), map(_PARAGRAPHS, commits), strict=False)),
         readback=readback,
         watermark=seen,
         references_on=seen.references_on,

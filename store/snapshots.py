@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -261,23 +264,49 @@ def merged_view(c: CommitView, extracted: Sequence[CanonChange], source: str,
     return msgspec.structs.replace(c, canon_changes=merge_canon(c.canon_changes, chosen, source))
 
 
+def _merged_once(novel_id: str, c: CommitView, extracted: tuple[CanonChange, ...], source: str,
+                 kinds: frozenset[str] | None) -> CommitView:
+    key = (novel_id, c.commit_id, source, kinds)
+    hit = _MERGED.get(key)
+    if hit is not None and hit[0] is c and hit[1] is extracted:
+        return hit[2]
+    merged = merged_view(c, extracted, source, kinds)
+    _MERGED[key] = (c, extracted, merged)
+    if len(_MERGED) > MERGED_KEPT:
+        _MERGED.popitem(last=False)
+    return merged
+
+
+# SERVE-8: the last `with_extracted` per (novel, canonSource, kinds): its commits, their facts and
+# what it returned. The next call compares commits and facts with those by identity in C (`map`)
+# and merges only the positions that differ, so a read costs no Python step per commit of the book.
+_LAST_MERGE: OrderedDict[tuple[str, str, frozenset[str] | None],
+                         tuple[list[CommitView], list[tuple[CanonChange, ...]], list[CommitView]]] = OrderedDict()
+LAST_MERGES_KEPT = 256
+_COMMIT_ID = attrgetter("commit_id")
+
+
 def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, source: str,
                    kinds: frozenset[str] | None = None) -> list[CommitView]:
     """`merged_view` of every commit with its facts, each pair merged once (`_MERGED`)."""
-    out = []
-    for c in commits:
-        extracted = facts.get(c.commit_id, ())
-        key = (novel_id, c.commit_id, source, kinds)
-        hit = _MERGED.get(key)
-        if hit is not None and hit[0] is c and hit[1] is extracted:
-            out.append(hit[2])
-            continue
-        merged = merged_view(c, extracted, source, kinds)
-        _MERGED[key] = (c, extracted, merged)
-        if len(_MERGED) > MERGED_KEPT:
-            _MERGED.popitem(last=False)
-        out.append(merged)
-    return out
+    got: list[tuple[CanonChange, ...]] = list(map(facts.get, map(_COMMIT_ID, commits), repeat(())))
+    key = (novel_id, source, kinds)
+    last = _LAST_MERGE.get(key)
+    if last is None:
+        out = [_merged_once(novel_id, c, e, source, kinds) for c, e in zip(commits, got, strict=True)]
+    else:
+        seen, seen_got, seen_out = last
+        n = min(len(seen), len(commits))
+        out = seen_out[:n]
+        for i in compress(range(n), map(operator.or_, map(operator.is_not, seen, commits),
+                                        map(operator.is_not, seen_got, got))):
+            out[i] = _merged_once(novel_id, commits[i], got[i], source, kinds)
+        out += [_merged_once(novel_id, c, e, source, kinds) for c, e in zip(commits[n:], got[n:], strict=True)]
+    _LAST_MERGE[key] = (list(commits), got, out)
+    _LAST_MERGE.move_to_end(key)
+    while len(_LAST_MERGE) > LAST_MERGES_KEPT:
+        _LAST_MERGE.popitem(last=False)
+    return list(out)
 
 
 # Without prose: the commits' paragraphs are empty (next_work and the finish guards need none),
@@ -324,7 +353,7 @@ def _index(novel_id: str, row: SnapshotRow, known: Known, up_to: int | None,
     units = row.units
     if known_units is not None and row.units_snapshot is not None and row.novel_mark is not None:
         rows = UNITS.read(novel_id, known_units, row.units_known, row.unit_rows, row.units_snapshot, row.novel_mark)
-        units = [u for _, u in rows]
+        units = list(map(itemgetter(1), rows))
     return msgspec.structs.replace(row, commits=commits, commits_after=0, units=units, unit_rows=[])
 
 
@@ -369,8 +398,10 @@ async def load_tool_snapshot(
     snapshot, row = await _read_only(read_pool, novel_id, _SNAPSHOT_TOOLS, unit_id, known.after, known.mark,
                                      units.snapshot, units.mark, known=known, known_units=units)
     prose = _prose_decoder.decode(row["snap_prose"])  # the unit's chapter's, by commit id
-    commits = [msgspec.structs.replace(c, paragraphs=prose[c.commit_id]) if c.commit_id in prose else c
-               for c in snapshot.commits]
+    commits = list(snapshot.commits)
+    # SERVE-8: the chapter's commits found in C (`map`), not by a Python step per commit of the book
+    for i in compress(range(len(commits)), map(prose.__contains__, map(_COMMIT_ID, commits))):
+        commits[i] = msgspec.structs.replace(commits[i], paragraphs=prose[commits[i].commit_id])
     return msgspec.structs.replace(snapshot, commits=commits), frozenset(prose)
 
 

@@ -24,6 +24,8 @@ import json
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -228,6 +230,7 @@ def cap_text(text: str, cap: int = BODY_READ_CAP) -> tuple[str, bool]:
 
 
 STATUS_CHAPTER_WINDOW = 2  # chapters shown on each side of the current one
+_CHAPTER, _CHARS = attrgetter("chapter_id"), attrgetter("effective_characters")
 
 
 def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
@@ -246,14 +249,16 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
         finished_chapters = sum(1 for c in ordered if c.chapterId in done)
         finished = finished_scenes(snapshot)
         scenes_of = scenes_by_chapter(outline)
-        characters: dict[str, int] = {}  # committed characters per chapter
-        for c in commits:
-            characters[c.chapter_id] = characters.get(c.chapter_id, 0) + c.effective_characters
         # A fixed-size window around the current chapter (shifted at the book's ends), so the
         # result stays the same size however long the book grows and wherever the unit is.
         size = 2 * STATUS_CHAPTER_WINDOW + 1
         lo = max(0, min(at - STATUS_CHAPTER_WINDOW, len(ordered) - size))
         hi = lo + size
+        shown = {ch.chapterId for ch in ordered[lo:hi]}
+        characters: dict[str, int] = {}  # committed characters per shown chapter
+        # SERVE-8: the book's other commits are skipped in C (`map`), not visited in Python
+        for c in compress(commits, map(shown.__contains__, map(_CHAPTER, commits))):
+            characters[c.chapter_id] = characters.get(c.chapter_id, 0) + c.effective_characters
         for ch in ordered[lo:hi]:
             scenes = scenes_of.get(ch.chapterId, [])
             chapters.append(
@@ -272,7 +277,7 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
         "title": snapshot.title,
         "status": snapshot.status,
         "pauseReason": snapshot.pause_reason,
-        "committedCharacters": sum(c.effective_characters for c in commits),
+        "committedCharacters": sum(map(_CHARS, commits)),
         "commitCount": len(commits),
         "lengthTarget": length.targetCharacters if length.kind == "target" else None,
         "currentChapterId": current,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -85,11 +87,14 @@ def length_contract(
     )
 
 
+_CHAPTER, _SCENE, _COMPLETED = attrgetter("chapter_id"), attrgetter("scene_id"), attrgetter("scene_completion.completed")
+_CHARS, _COMMIT_ID, _SEQ = attrgetter("effective_characters"), attrgetter("commit_id"), attrgetter("seq")
+
+
 def _remaining_scenes(outline: Outline, live: list[CommitView]) -> int:
     """``novel.next_work.remaining_scenes`` in one pass over the live commits (same result)."""
-    latest: dict[tuple[str, str], bool] = {}
-    for c in live:  # seq order: the last one per scene wins
-        latest[(c.chapter_id, c.scene_id)] = c.scene_completion.completed
+    # seq order: the last one per scene wins (SERVE-8: built in C, no Python step per commit)
+    latest = dict(zip(zip(map(_CHAPTER, live), map(_SCENE, live), strict=False), map(_COMPLETED, live), strict=False))
     return sum(1 for key in outlined_scenes(outline) if not latest.get(key, False))
 
 
@@ -134,7 +139,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
 
     # L0 — the current task.
     live = live_commits(index)
-    committed = sum(c.effective_characters for c in live)
+    committed = sum(map(_CHARS, live))
     status = foreshadowing_status(index)
     anchor, goals = continuation_context(index, unit, scene)
     due = [
@@ -172,15 +177,14 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
     # (live is index.commits less those of superseded units: the same length when there are none)
     superseded = ({c.commit_id for c in index.commits} - {c.commit_id for c in live}
                   if len(live) != len(index.commits) else set())
-    for old in sorted((c for c in index.commits if c.commit_id in superseded), key=lambda c: c.seq):
+    for old in sorted((c for c in index.commits if c.commit_id in superseded), key=lambda c: c.seq) if superseded else ():
         if old.chapter_id in plan.baseline_chapters:
             ledger.omit(
                 Candidate("prose", "L1", 0, old.seq, old.commit_id, 0, 0), "superseded-unit"
             )
     per_chapter: dict[str, list[CommitView]] = {cid: [] for cid in plan.baseline_chapters}
-    for c in live:
-        if c.chapter_id in per_chapter:
-            per_chapter[c.chapter_id].append(c)
+    for c in compress(live, map(per_chapter.__contains__, map(_CHAPTER, live))):  # the baseline's only
+        per_chapter[c.chapter_id].append(c)
     earlier: list[ProseExcerpt] = []
     for chapter_id in plan.baseline_chapters[:-1]:
         commits = per_chapter[chapter_id]
@@ -219,8 +223,8 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         )
 
     # L2 — cards: identity, state and pointers.
-    counts = dict(sources.paragraph_counts)
-    seqs = {c.commit_id: c.seq for c in index.commits}
+    counts = sources.paragraph_counts  # read only
+    seqs = dict(zip(map(_COMMIT_ID, index.commits), map(_SEQ, index.commits), strict=False))
     characters = select_characters(outline, plan, ledger)
     lore = select_lore(outline, plan, ledger)
     canon = select_canon_cards(plan, live, counts, seqs, ledger)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import functools
+import operator
 import re
 from collections.abc import Iterable
+from itertools import compress
 from typing import Any
 
 import msgspec
 
 from novelbus.novel.body import CanonChange
 from novelbus.novel.context._errors import ContextInputError, WriterPackError
-from novelbus.novel.next_work import live_commits, per_object
+from novelbus.novel.next_work import PrefixScan, live_commits, per_object
 from novelbus.novel.outline import (
     ID_PATTERN,
     Outline,
@@ -20,6 +22,10 @@ from novelbus.novel.outline import (
 )
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.novel.text import keywords
+
+_UNIT_ID, _COMMIT_ID = operator.attrgetter("unit_id"), operator.attrgetter("commit_id")
+_SEQ, _CHAPTER = operator.attrgetter("seq"), operator.attrgetter("chapter_id")
+_INDEX = operator.itemgetter(1)
 
 SCENARIOS: tuple[str, ...] = ("generation", "extraction", "planning", "detection")
 
@@ -189,7 +195,12 @@ def _fail(request: ContextRequest, missing: list[str], reason: str) -> WriterPac
 
 
 def find_unit(units: Iterable[UnitView], unit_id: str) -> UnitView | None:
-    return next((u for u in units if u.unit_id == unit_id), None)
+    """The first unit of `units` with this id (SERVE-8: the ids compared in C, `list.index`)."""
+    listed = units if isinstance(units, list) else list(units)
+    try:
+        return listed[list(map(_UNIT_ID, listed)).index(unit_id)]
+    except ValueError:
+        return None
 
 
 def plan_retrieval(
@@ -284,17 +295,35 @@ def parse_pointer(source: str) -> tuple[str, int | None] | None:
     return m.group(1), (int(m.group(2)) if m.group(2) is not None else None)
 
 
-def participant_facts(
-    plan: RetrievalPlan, commits: list[CommitView]
-) -> list[tuple[CommitView, int, CanonChange]]:
-    wanted = set(plan.participants)
-    kinds = set(plan.canon_kinds)
-    return [
-        (commit, index, change)
-        for commit in commits
-        for index, change in enumerate(commit.canon_changes)
-        if change.kind in kinds and wanted.intersection(change.character_ids)
-    ]
+Fact = tuple[CommitView, int, CanonChange]
+
+
+def _wanted_facts(key: tuple[str, frozenset[str], frozenset[str]], commit: CommitView) -> list[Fact]:
+    _, wanted, kinds = key
+    return [(commit, index, change) for index, change in enumerate(commit.canon_changes)
+            if change.kind in kinds and not wanted.isdisjoint(change.character_ids)]
+
+
+# PERF-2, SERVE-8: per (novel, participants, kinds), resumed after the commits the last scan saw
+# (`PrefixScan`), so a unit does not visit every canon fact of the book.
+_FACTS: PrefixScan[Fact] = PrefixScan(_wanted_facts)
+
+
+def participant_facts(plan: RetrievalPlan, commits: list[CommitView]) -> list[Fact]:
+    """The canon facts of `commits` (in their order, then fact order) of the plan's kinds that
+    name a participant; the caller's own list."""
+    return _FACTS((plan.request.novel_id, frozenset(plan.participants), frozenset(plan.canon_kinds)), commits)
+
+
+def newest_facts(plan: RetrievalPlan, commits: list[CommitView]) -> list[Fact]:
+    """`participant_facts` of seq-ordered `commits`, newest first by score (1000 × seq + index,
+    CTX-5); the caller's own list. Those facts are in score order already unless one has an
+    index of 1000 or more (then two commits' scores can meet): reversed, they are newest first."""
+    facts = participant_facts(plan, commits)
+    if max(map(_INDEX, facts), default=-1) < 1000:
+        facts.reverse()
+        return facts
+    return sorted(facts, key=lambda f: -(f[0].seq * 1000 + f[1]))
 
 
 def resolve_pointers(plan: RetrievalPlan, index: NovelSnapshot) -> list[str]:
@@ -303,15 +332,16 @@ def resolve_pointers(plan: RetrievalPlan, index: NovelSnapshot) -> list[str]:
     The continuity baseline (live commits of the baseline chapters) and, when the profile
     recalls, the commits that participants' canon facts point at.
     """
-    live = [c for c in live_commits(index) if c.seq <= plan.request.as_of]
+    every = live_commits(index)  # SERVE-8: the passes over every commit run in C (`map`)
+    live = list(compress(every, map(plan.request.as_of.__ge__, map(_SEQ, every))))
     baseline = set(plan.baseline_chapters)
-    wanted = {c.commit_id for c in live if c.chapter_id in baseline}
+    wanted = set(map(_COMMIT_ID, compress(live, map(baseline.__contains__, map(_CHAPTER, live)))))
     if plan.recall:
-        known = {c.commit_id for c in live}
+        known = set(map(_COMMIT_ID, live))
         for _, _, change in participant_facts(plan, live):
             for source in change.sources:
                 parsed = parse_pointer(source)
                 if parsed is not None and parsed[0] in known:
                     wanted.add(parsed[0])
-    seqs = {c.commit_id: c.seq for c in live}
-    return sorted(wanted, key=lambda cid: seqs[cid])
+    seqs = dict(zip(map(_COMMIT_ID, live), map(_SEQ, live), strict=False))
+    return sorted(wanted, key=seqs.__getitem__)

@@ -16,6 +16,7 @@ from novelbus.novel.context._request import (
     LORE_CONTENT_MIN_HITS,
     RetrievalPlan,
     keyword_set,
+    newest_facts,
     parse_pointer,
     participant_facts,
 )
@@ -104,10 +105,9 @@ def select_canon_cards(
     ledger: Ledger,
 ) -> list[CanonCard]:
     as_of = plan.request.as_of
-    facts = participant_facts(plan, live)
     # score = recency (1000 × seq + index): ordering by the CTX-5 key is newest first.
     # (scores are unique, so the score alone decides; the full key would give the same order)
-    facts.sort(key=lambda f: -(f[0].seq * 1000 + f[1]))
+    facts = newest_facts(plan, live)
 
     def candidate(commit: CommitView, index: int, change: CanonChange) -> Candidate:
         size = len(change.summary) + len(change.detail or "")

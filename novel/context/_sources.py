@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import attrgetter
 
 import msgspec
 
@@ -135,11 +136,12 @@ def _prove_sources(sources: ContextSources) -> int:
         raise leak("sources were not read in a read-only transaction")
     if sources.readback.isolation not in ("repeatable read", "in-memory snapshot"):
         raise leak(f"sources were read at isolation {sources.readback.isolation!r}")
-    by_id: dict[str, CommitView] = {}
-    for commit in sources.index.commits:
-        if commit.seq > as_of:
-            raise leak(f"{commit.commit_id} (seq {commit.seq}) is after asOf {as_of}")
-        by_id[commit.commit_id] = commit
+    commits = sources.index.commits
+    # SERVE-8: the passes over every commit run in C (`map`), not a Python step per commit
+    if commits and max(map(_SEQ, commits)) > as_of:
+        commit = next(c for c in commits if c.seq > as_of)
+        raise leak(f"{commit.commit_id} (seq {commit.seq}) is after asOf {as_of}")
+    by_id = set(map(_COMMIT_ID, commits))
     for commit_id in sources.prose:
         if commit_id not in by_id:
             raise leak(f"prose of {commit_id} has no index entry at or before asOf {as_of}")
@@ -148,9 +150,10 @@ def _prove_sources(sources: ContextSources) -> int:
     ]
     if unread:
         raise leak(f"planned sources not read back: {', '.join(unread[:5])}")
-    facts = sum(len(c.canon_changes) for c in sources.index.commits)
+    facts = sum(map(len, map(_CANON, commits)))
     return len(by_id) + len(sources.prose) + facts
 
 
+_SEQ, _COMMIT_ID, _CANON = attrgetter("seq"), attrgetter("commit_id"), attrgetter("canon_changes")
 # Four objects at most: a pack's sources hold its prose.
 prove_sources = per_object(_prove_sources, size=4)

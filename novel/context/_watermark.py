@@ -18,6 +18,7 @@ and a superseded unit's prose leaves the continuity baseline.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import TypeVar
 
 import msgspec
@@ -25,6 +26,8 @@ import msgspec
 from novelbus.novel.snapshot import CommitView, UnitView
 
 T = TypeVar("T")
+_COMMIT_ID, _SEQ = attrgetter("commit_id"), attrgetter("seq")
+_UNIT_ID, _STATE = attrgetter("unit_id"), attrgetter("state")
 
 
 class Watermark(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
@@ -39,8 +42,11 @@ class Watermark(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True)
 
 def seq_ranges(seqs: Iterable[int]) -> tuple[tuple[int, int], ...]:
     """Sorted seqs as inclusive ranges: ``[1, 2, 3, 5]`` → ``((1, 3), (5, 5))``."""
+    ordered = sorted(set(seqs))
+    if ordered and ordered[-1] - ordered[0] + 1 == len(ordered):  # one run, the usual case: no loop
+        return ((ordered[0], ordered[-1]),)
     out: list[tuple[int, int]] = []
-    for s in sorted(set(seqs)):
+    for s in ordered:
         if out and out[-1][1] + 1 == s:
             out[-1] = (out[-1][0], s)
         else:
@@ -61,16 +67,17 @@ def watermark_of(
 ) -> Watermark:
     """The watermark of one read: ``commits`` are those at or before asOf, ``extracted`` the
     extraction rows the read saw by commit id (None: the canon does not use them)."""
-    seqs = {c.commit_id: c.seq for c in commits}
-    read = (
-        ()
-        if extracted is None or canon_source == "writer"
-        else seq_ranges(seqs[cid] for cid in extracted if cid in seqs)
-    )
-    with_commits = {c.unit_id for c in commits}
-    superseded = tuple(
-        sorted(u.unit_id for u in units if u.state == "superseded" and u.unit_id in with_commits)
-    )
+    # SERVE-8: the passes over every commit and unit run in C (`map`), not a Python step each
+    read: tuple[tuple[int, int], ...] = ()
+    if extracted is not None and canon_source != "writer":
+        seqs = dict(zip(map(_COMMIT_ID, commits), map(_SEQ, commits), strict=False))
+        read = seq_ranges(map(seqs.__getitem__, filter(seqs.__contains__, extracted)))
+    superseded: tuple[str, ...] = ()
+    if "superseded" in map(_STATE, units):
+        with_commits = set(map(_UNIT_ID, commits))
+        superseded = tuple(
+            sorted(u.unit_id for u in units if u.state == "superseded" and u.unit_id in with_commits)
+        )
     return Watermark(canon_source=canon_source, extracted=read, superseded=superseded, references_on=references_on)
 
 
