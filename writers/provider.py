@@ -134,6 +134,13 @@ async def measured_tool_tokens(
     return value if isinstance(value, int) else None
 
 
+async def tools_need_forcing(provider: ModelProvider) -> bool:
+    """MODEL-3: the provider knows its model calls no tool unless forced (SERVE-6: the embedded
+    server with a chat template that renders no tools), so a W2 run forces from its first call."""
+    known = getattr(provider, "tools_need_forcing", None)
+    return bool(await known()) if known is not None else False
+
+
 class ProviderWrapper:
     """A provider wrapped for ONE run (sampling, recording, timing): it speaks for the provider
     it wraps — name, label, window (MODEL-5), structured mode (MODEL-2), tool-token measure —
@@ -158,6 +165,9 @@ class ProviderWrapper:
 
     async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
         return await measured_tool_tokens(self.inner, tools)
+
+    async def tools_need_forcing(self) -> bool:
+        return await tools_need_forcing(self.inner)
 
 
 def forced_tool_choice(name: str) -> dict[str, Any]:

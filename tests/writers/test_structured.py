@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import msgspec
 import pytest
@@ -75,15 +73,3 @@ def test_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
     assert msgspec.json.decode(json.dumps(draft), type=CommitBody).paragraphs == ["The bell rang."]
 
 
-@pytest.mark.local_model
-def test_the_grammar_llama_cpp_builds_stays_inside_its_rule_limit() -> None:
-    """MODEL-2: With the local extra installed: the GBNF llama-cpp-python builds from the largest forced
-    commit schema has fewer than 2,000 rules' worth of nested optionals."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        if os.environ.get("NOVELBUS_REQUIRE_LOCAL_MODEL") == "1":
-            pytest.fail("llama-cpp-python is not installed (make test installs it)")
-        pytest.skip("llama-cpp-python is not installed (pip install -e '.[local]')")
-    from llama_cpp import llama_grammar
-
-    gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(commit_schema("u-1", target_max=10**6)))
-    assert gbnf.count("(char") < 1_500
