@@ -17,7 +17,9 @@ and then validated strictly against the commit schema (`novel.commitcheck.parse_
 from __future__ import annotations
 
 import os
+import re
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from novelbus.novel.commitcheck import BodyError, parse_draft_lenient
@@ -42,7 +44,8 @@ ID_CHARS = 64  # characterIds, foreshadowingId: outline ids (novel.outline.ID_PA
 MAX_CANON_CHANGES = 3  # a scene may pay off two foreshadowing items beside one fact
 # Digits bounded: a grammar-constrained small model may otherwise write digits until the reply's cap.
 SOURCE_PATTERN = "^(inline(#[0-9]{1,4})?|commit-[1-9][0-9]{0,8}(#[0-9]{1,4})?)$"
-INLINE_SOURCE_PATTERN = "^inline(#[0-9]{1,4})?$"  # PACK-1: the W2 protocol's sources
+INLINE_SOURCE_PATTERN = "^inline(#[0-9]{1,4})?$"
+_COMMIT_ID = re.compile(r"\bcommit-[1-9][0-9]{0,8}\b")
 
 
 def unit_target_max(pack_text: str) -> int | None:
@@ -113,17 +116,28 @@ def bounded(schema: dict[str, Any], *, target_max: int | None = None,
     return schema
 
 
-def draft_schema(*, target_max: int | None = None, max_paragraphs: int | None = None) -> dict[str, Any]:
-    """The W1 draft's JSON Schema (MODEL-2, QUAL-1): the commit body's, bounded for the unit."""
-    return bounded(body_schema(), target_max=target_max, max_paragraphs=max_paragraphs)
+def draft_schema(*, target_max: int | None = None, max_paragraphs: int | None = None,
+                 shown_commits: Sequence[str] | None = None) -> dict[str, Any]:
+    """The W1 draft's JSON Schema (MODEL-2, QUAL-1): the commit body's, bounded for the unit.
+    With `shown_commits` (the commit ids the pack shows, `pack_commit_ids`), a canon source is
+    this unit's own paragraphs or one of those: the store knows no other (STORE-3)."""
+    schema = bounded(body_schema(), target_max=target_max, max_paragraphs=max_paragraphs)
+    if shown_commits is not None:
+        names = "|".join(sorted(set(shown_commits)))
+        pattern = f"^(inline|{names})(#[0-9]{{1,4}})?$" if names else INLINE_SOURCE_PATTERN
+        schema["properties"]["canonChanges"]["items"]["properties"]["sources"]["items"]["pattern"] = pattern
+    return schema
+
+
+def pack_commit_ids(pack_text: str) -> list[str]:
+    """The commit ids a pack shows (its canon facts name the commit each came from), in order."""
+    return list(dict.fromkeys(_COMMIT_ID.findall(pack_text)))
 
 
 def commit_schema(unit_id: str, *, target_max: int | None = None) -> dict[str, Any]:
     """MODEL-3: the parameters of a forced `novel_body_commit`: the draft schema with `unitId`
     pinned to the delegated unit (the host still refuses any other unit, RUN-3)."""
-    schema = draft_schema(target_max=target_max)
-    # the W2 protocol asks for this unit's own paragraphs as sources (PROTOCOL_W2)
-    schema["properties"]["canonChanges"]["items"]["properties"]["sources"]["items"]["pattern"] = INLINE_SOURCE_PATTERN
+    schema = draft_schema(target_max=target_max, shown_commits=())  # PROTOCOL_W2: sources are inline
     schema["properties"] = {"unitId": {"type": "string", "enum": [unit_id]}, **schema["properties"]}
     schema["required"] = ["unitId", *schema["required"]]
     return schema

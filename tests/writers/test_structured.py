@@ -73,3 +73,24 @@ def test_a_draft_valid_under_the_schema_is_a_commit_body() -> None:
     assert msgspec.json.decode(json.dumps(draft), type=CommitBody).paragraphs == ["The bell rang."]
 
 
+
+
+def test_a_draft_cites_only_its_own_paragraphs_or_the_commits_its_pack_shows() -> None:
+    """MODEL-2, STORE-3: the grammar holds canon sources to what the store can resolve."""
+    import re
+
+    from novelbus.writers.structured import pack_commit_ids
+
+    pack = ("[[canon]]\n- commit-3 relation [Mara]: the bell\n- commit-12 lore []: the quay\n"
+            "- commit-3 character-state [Mara]: tired\n")
+    assert pack_commit_ids(pack) == ["commit-3", "commit-12"]
+    def pattern(schema: dict) -> str:
+        return schema["properties"]["canonChanges"]["items"]["properties"]["sources"]["items"]["pattern"]
+    shown = pattern(draft_schema(target_max=900, shown_commits=pack_commit_ids(pack)))
+    assert [s for s in ("inline", "inline#2", "commit-3", "commit-12#1", "commit-1", "commit-123", "commit-99")
+            if re.match(shown, s)] == ["inline", "inline#2", "commit-3", "commit-12#1"]
+    none_shown = pattern(draft_schema(target_max=900, shown_commits=[]))
+    assert re.match(none_shown, "inline#0") and not re.match(none_shown, "commit-1")
+    assert not re.match(pattern(commit_schema("u-1", target_max=900)), "commit-3")
+    unbounded = pattern(draft_schema(target_max=900))  # no pack: any well-formed source, digits bounded
+    assert re.match(unbounded, "commit-7#2") and not re.match(unbounded, "commit-" + "9" * 12)

@@ -78,12 +78,12 @@ async def run_w1(
     reason (`quality:<code>`, `verify:guard`, `commit:<code>`). Without `commit` the parsed
     draft ends the run (the loop's own tests).
     """
-    from novelbus.writers.structured import draft_schema, response_format
+    from novelbus.writers.structured import draft_schema, pack_commit_ids, response_format
 
     window = window if window is not None else context_window(provider)
     messages = [system_message(pack_text), user_message(W1_INSTRUCTION)]
     target_max = unit_target_max(pack_text)
-    fmt = response_format(mechanism, draft_schema(target_max=target_max))
+    fmt = response_format(mechanism, draft_schema(target_max=target_max, shown_commits=pack_commit_ids(pack_text)))
     reserve = expected_output_tokens(target_max, pack_text)  # QUAL-4: room for the whole unit
     meter = Meter()
 
