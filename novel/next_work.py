@@ -121,46 +121,69 @@ _CHARS, _UNIT_ID = attrgetter("effective_characters"), attrgetter("unit_id")
 T = TypeVar("T")
 
 
+class _Scan(Generic[T]):
+    """One scan: the commits it saw (held, so their ids are not reused), their items, and
+    len(items) after each commit."""
+
+    __slots__ = ("commits", "items", "ends")
+
+    def __init__(self, commits: tuple[CommitView, ...], items: list[T], ends: list[int]) -> None:
+        self.commits, self.items, self.ends = commits, items, ends
+
+    def same(self, commits: Sequence[CommitView]) -> int:
+        """How many commits `commits` starts with that this scan saw (the same objects)."""
+        seen = self.commits
+        if len(seen) <= len(commits) and all(map(operator.is_, seen, commits)):
+            return len(seen)
+        n = 0
+        for a, b in zip(seen, commits, strict=False):
+            if a is not b:
+                break
+            n += 1
+        return n
+
+
 class PrefixScan(Generic[T]):
     """`items(key, commit)` of every commit of a list, concatenated in list order, per key (e.g.
     a novel). SERVE-8 (PERF-2): commit views are immutable and shared between reads, and a book
     grows at its end, so a scan resumes after the longest run of the same commit objects (by
-    identity) the key's last scan saw instead of visiting every commit of the book again. The
-    last `size` keys are kept; the result is the caller's own list."""
+    identity) one of the key's last `per_key` scans saw (a read with the extractor's facts
+    merged and one without hold different objects for the same commits), instead of visiting
+    every commit of the book again. The last `size` keys are kept; the result is the caller's own
+    list."""
 
-    def __init__(self, items: Callable[[Any, CommitView], Iterable[T]], size: int = 256) -> None:
-        self._items, self._size = items, size
-        # per key: the commits scanned (held, so their ids are not reused), the items, and
-        # len(items) after each commit
-        self._last: OrderedDict[Any, tuple[tuple[CommitView, ...], list[T], list[int]]] = OrderedDict()
+    def __init__(self, items: Callable[[Any, CommitView], Iterable[T]], size: int = 256, per_key: int = 3) -> None:
+        self._items, self._size, self._per_key = items, size, per_key
+        self._last: OrderedDict[Any, list[_Scan[T]]] = OrderedDict()
 
     def __call__(self, key: Any, commits: Sequence[CommitView]) -> list[T]:
-        last = self._last.get(key)
-        same = 0
-        if last is not None:
-            seen = last[0]
-            if len(seen) <= len(commits) and all(map(operator.is_, seen, commits)):
-                same = len(seen)
-            else:
-                for a, b in zip(seen, commits, strict=False):
-                    if a is not b:
-                        break
-                    same += 1
-        if last is not None and same == len(last[0]):  # the whole last scan: extended in place
-            found, ends = last[1], last[2]
-        elif last is not None and same:
-            found, ends = last[1][:last[2][same - 1]], last[2][:same]
-        else:
-            found, ends = [], []
+        scans = self._last.get(key)
+        if scans is None:
+            scans = self._last[key] = []
+        best, same = None, 0
+        for scan in scans:
+            n = scan.same(commits)
+            if best is None or n > same:
+                best, same = scan, n
+        if best is not None and same == len(best.commits):  # all of that scan: extended in place
+            scans.remove(best)
+            if same < len(commits):
+                best.commits = tuple(commits)
+            scan = best
+        elif best is not None and same:  # a new list that starts as that scan's: it replaces it
+            scans.remove(best)
+            scan = _Scan(tuple(commits), best.items[:best.ends[same - 1]], best.ends[:same])
+        else:  # another list (other objects for the same commits): kept beside the others
+            scan = _Scan(tuple(commits), [], [])
         for commit in commits[same:]:
-            found.extend(self._items(key, commit))
-            ends.append(len(found))
-        self._last[key] = (last[0] if last is not None and same == len(last[0]) == len(commits) else tuple(commits),
-                           found, ends)
+            scan.items.extend(self._items(key, commit))
+            scan.ends.append(len(scan.items))
+        scans.insert(0, scan)  # the most recent first; the least recent dropped
+        del scans[self._per_key:]
         self._last.move_to_end(key)
         while len(self._last) > self._size:
             self._last.popitem(last=False)
-        return list(found)
+        return list(scan.items)
 
 
 def _foreshadowing_changes(_: str, commit: CommitView) -> list[tuple[str | None, str]]:
@@ -168,6 +191,19 @@ def _foreshadowing_changes(_: str, commit: CommitView) -> list[tuple[str | None,
 
 
 _FORESHADOWING = PrefixScan(_foreshadowing_changes)
+
+
+def _scene_completion(_: str, commit: CommitView) -> tuple[tuple[SceneKey, bool]]:
+    return (((commit.chapter_id, commit.scene_id), commit.scene_completion.completed),)
+
+
+_COMPLETIONS = PrefixScan(_scene_completion)
+
+
+def latest_completion(novel_id: str, live: Sequence[CommitView]) -> dict[SceneKey, bool]:
+    """Whether each scene's latest commit of seq-ordered `live` claims completion (the caller's
+    own dict; SERVE-8: from a resumed scan, no object made per commit of the book)."""
+    return dict(_COMPLETIONS(novel_id, live))
 
 
 def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
@@ -202,16 +238,15 @@ def commits_by_scene(snapshot: NovelSnapshot) -> dict[SceneKey, list[CommitView]
 @per_object
 def finished_scenes(snapshot: NovelSnapshot) -> frozenset[SceneKey]:
     """Every (chapterId, sceneId) whose latest live commit claims completion."""
-    live = live_commits(snapshot)  # seq order: the last one per scene wins (SERVE-8: built in C)
-    latest = dict(zip(zip(map(_CHAPTER, live), map(_SCENE, live), strict=False), map(_COMPLETED, live), strict=False))
+    latest = latest_completion(snapshot.novel_id, live_commits(snapshot))
     return frozenset(compress(latest, latest.values()))
 
 
 def scene_commits(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> list[CommitView]:
     """Live commits of one scene, in seq order (one scene; for all scenes: `commits_by_scene`)."""
-    return [
-        c for c in live_commits(snapshot) if c.chapter_id == chapter_id and c.scene_id == scene_id
-    ]
+    live = live_commits(snapshot)  # SERVE-8: compared in C (`map`), not a Python step per commit
+    return list(compress(live, map((chapter_id, scene_id).__eq__, zip(map(_CHAPTER, live), map(_SCENE, live),
+                                                                       strict=True))))
 
 
 def latest_scene_commit(
@@ -397,8 +432,7 @@ def next_work(snapshot: NovelSnapshot) -> WorkDecision:
             return AwaitOutline(reason=f"chapter {chapter.chapterId} has no scenes",
                                 why="chapter-without-scenes", chapter_id=chapter.chapterId)
         key = walk.keys[first]
-        live = live_commits(snapshot)
-        commits = list(compress(live, map(key.__eq__, zip(map(_CHAPTER, live), map(_SCENE, live), strict=False))))
+        commits = scene_commits(snapshot, chapter.chapterId, scene.sceneId)
         prepared = [u for u in compress(snapshot.units, map("prepared".__eq__, states))
                     if u.chapter_id == key[0] and u.scene_id == key[1]]
         if prepared:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any
 
@@ -38,8 +38,10 @@ from novelbus.novel.context._structs import (
 from novelbus.novel.length import narrative_stage, remaining_book_characters, unit_target_range
 from novelbus.novel.next_work import (
     foreshadowing_status,
+    latest_completion,
     live_commits,
     outlined_scenes,
+    per_object,
     scene_commits,
 )
 from novelbus.novel.outline import (
@@ -87,15 +89,24 @@ def length_contract(
     )
 
 
-_CHAPTER, _SCENE, _COMPLETED = attrgetter("chapter_id"), attrgetter("scene_id"), attrgetter("scene_completion.completed")
+_CHAPTER = attrgetter("chapter_id")
 _CHARS, _COMMIT_ID, _SEQ = attrgetter("effective_characters"), attrgetter("commit_id"), attrgetter("seq")
 
 
-def _remaining_scenes(outline: Outline, live: list[CommitView]) -> int:
-    """``novel.next_work.remaining_scenes`` in one pass over the live commits (same result)."""
-    # seq order: the last one per scene wins (SERVE-8: built in C, no Python step per commit)
-    latest = dict(zip(zip(map(_CHAPTER, live), map(_SCENE, live), strict=False), map(_COMPLETED, live), strict=False))
-    return sum(1 for key in outlined_scenes(outline) if not latest.get(key, False))
+def _remaining_scenes(novel_id: str, outline: Outline, live: list[CommitView]) -> int:
+    """``novel.next_work.remaining_scenes`` over the live commits (same result)."""
+    latest = latest_completion(novel_id, live)  # seq order: the last one per scene wins
+    keys = outlined_scenes(outline)
+    return len(keys) - sum(map(latest.get, keys, repeat(False)))
+
+
+@per_object
+def _book_state(index: NovelSnapshot) -> tuple[int, dict[str, str], int]:
+    """The book so far, once per index (the packer's context and the detector's re-freeze of it
+    share one): committed characters, foreshadowing status (read only), outline scenes left."""
+    assert index.outline is not None
+    live = live_commits(index)
+    return sum(map(_CHARS, live)), foreshadowing_status(index), _remaining_scenes(index.novel_id, index.outline, live)
 
 
 def _l0_text(l0: TaskLayer) -> str:
@@ -139,8 +150,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
 
     # L0 — the current task.
     live = live_commits(index)
-    committed = sum(map(_CHARS, live))
-    status = foreshadowing_status(index)
+    committed, status, remaining = _book_state(index)
     anchor, goals = continuation_context(index, unit, scene)
     due = [
         item
@@ -160,7 +170,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
         length=length_contract(
             index.config.length, committed,
             # PLAN-2: chapters planned but not outlined yet still share the remaining book.
-            _remaining_scenes(outline, live) + unoutlined_scenes(index.config, outline),
+            remaining + unoutlined_scenes(index.config, outline),
             bool(live),
         ),
     )

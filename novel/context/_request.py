@@ -23,7 +23,7 @@ from novelbus.novel.outline import (
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.novel.text import keywords
 
-_UNIT_ID, _COMMIT_ID = operator.attrgetter("unit_id"), operator.attrgetter("commit_id")
+_COMMIT_ID = operator.attrgetter("commit_id")
 _SEQ, _CHAPTER = operator.attrgetter("seq"), operator.attrgetter("chapter_id")
 _INDEX = operator.itemgetter(1)
 
@@ -195,12 +195,10 @@ def _fail(request: ContextRequest, missing: list[str], reason: str) -> WriterPac
 
 
 def find_unit(units: Iterable[UnitView], unit_id: str) -> UnitView | None:
-    """The first unit of `units` with this id (SERVE-8: the ids compared in C, `list.index`)."""
+    """The unit of `units` with this id (unit ids are unique). SERVE-8: looked for from the end,
+    where the unit a context is assembled for is (the newest), not through every unit."""
     listed = units if isinstance(units, list) else list(units)
-    try:
-        return listed[list(map(_UNIT_ID, listed)).index(unit_id)]
-    except ValueError:
-        return None
+    return next((u for u in reversed(listed) if u.unit_id == unit_id), None)
 
 
 def plan_retrieval(
@@ -332,8 +330,14 @@ def resolve_pointers(plan: RetrievalPlan, index: NovelSnapshot) -> list[str]:
     The continuity baseline (live commits of the baseline chapters) and, when the profile
     recalls, the commits that participants' canon facts point at.
     """
+    key = (plan.request.novel_id, plan.request.as_of, tuple(plan.baseline_chapters), plan.recall,
+           tuple(plan.participants), tuple(plan.canon_kinds))
+    hit = _POINTERS.get(id(index))
+    if hit is not None and hit[0] is index and hit[1] == key:  # the read's and its proof's question
+        return list(hit[2])
     every = live_commits(index)  # SERVE-8: the passes over every commit run in C (`map`)
-    live = list(compress(every, map(plan.request.as_of.__ge__, map(_SEQ, every))))
+    as_of = plan.request.as_of
+    live = every if not every or every[-1].seq <= as_of else list(compress(every, map(as_of.__ge__, map(_SEQ, every))))
     baseline = set(plan.baseline_chapters)
     wanted = set(map(_COMMIT_ID, compress(live, map(baseline.__contains__, map(_CHAPTER, live)))))
     if plan.recall:
@@ -343,5 +347,12 @@ def resolve_pointers(plan: RetrievalPlan, index: NovelSnapshot) -> list[str]:
                 parsed = parse_pointer(source)
                 if parsed is not None and parsed[0] in known:
                     wanted.add(parsed[0])
-    seqs = dict(zip(map(_COMMIT_ID, live), map(_SEQ, live), strict=False))
-    return sorted(wanted, key=seqs.__getitem__)
+    # every wanted id is a live commit's, and `live` is in seq order
+    pointers = list(compress(map(_COMMIT_ID, live), map(wanted.__contains__, map(_COMMIT_ID, live))))
+    _POINTERS[id(index)] = (index, key, pointers)  # the index is held, so its id is not reused
+    while len(_POINTERS) > 8:
+        del _POINTERS[next(iter(_POINTERS))]
+    return list(pointers)
+
+
+_POINTERS: dict[int, tuple[NovelSnapshot, tuple[Any, ...], list[str]]] = {}

@@ -137,11 +137,10 @@ def _prove_sources(sources: ContextSources) -> int:
     if sources.readback.isolation not in ("repeatable read", "in-memory snapshot"):
         raise leak(f"sources were read at isolation {sources.readback.isolation!r}")
     commits = sources.index.commits
-    # SERVE-8: the passes over every commit run in C (`map`), not a Python step per commit
-    if commits and max(map(_SEQ, commits)) > as_of:
+    last, by_id, facts = _index_facts(sources.index)
+    if last > as_of:
         commit = next(c for c in commits if c.seq > as_of)
         raise leak(f"{commit.commit_id} (seq {commit.seq}) is after asOf {as_of}")
-    by_id = set(map(_COMMIT_ID, commits))
     for commit_id in sources.prose:
         if commit_id not in by_id:
             raise leak(f"prose of {commit_id} has no index entry at or before asOf {as_of}")
@@ -150,8 +149,16 @@ def _prove_sources(sources: ContextSources) -> int:
     ]
     if unread:
         raise leak(f"planned sources not read back: {', '.join(unread[:5])}")
-    facts = sum(map(len, map(_CANON, commits)))
     return len(by_id) + len(sources.prose) + facts
+
+
+@per_object
+def _index_facts(index: NovelSnapshot) -> tuple[int, frozenset[str], int]:
+    """The index's highest seq (0: none), its commit ids and its canon facts counted, once per
+    index (SERVE-8: in C, `map`; a context and its re-freezes share the index)."""
+    commits = index.commits
+    return (max(map(_SEQ, commits), default=0), frozenset(map(_COMMIT_ID, commits)),
+            sum(map(len, map(_CANON, commits))))
 
 
 _SEQ, _COMMIT_ID, _CANON = attrgetter("seq"), attrgetter("commit_id"), attrgetter("canon_changes")

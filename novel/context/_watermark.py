@@ -18,6 +18,7 @@ and a superseded unit's prose leaves the continuity baseline.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import compress
 from operator import attrgetter
 from typing import TypeVar
 
@@ -70,8 +71,7 @@ def watermark_of(
     # SERVE-8: the passes over every commit and unit run in C (`map`), not a Python step each
     read: tuple[tuple[int, int], ...] = ()
     if extracted is not None and canon_source != "writer":
-        seqs = dict(zip(map(_COMMIT_ID, commits), map(_SEQ, commits), strict=False))
-        read = seq_ranges(map(seqs.__getitem__, filter(seqs.__contains__, extracted)))
+        read = seq_ranges(compress(map(_SEQ, commits), map(extracted.__contains__, map(_COMMIT_ID, commits))))
     superseded: tuple[str, ...] = ()
     if "superseded" in map(_STATE, units):
         with_commits = set(map(_UNIT_ID, commits))

@@ -121,3 +121,22 @@ def test_with_extracted_equals_merging_every_commit(
         commits = book[:n]
         got = with_extracted(f"n-{novel}", commits, facts, source)
         assert got == [merged_view(c, facts.get(c.commit_id, ()), source) for c in commits]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(changes, max_size=3), min_size=12, max_size=12), reads, reads,
+       st.lists(st.booleans(), min_size=1, max_size=16))
+def test_prefix_scan_equals_a_full_scan_when_reads_of_other_objects_interleave(
+        canon: list[list[CanonChange]], first: list[tuple[int, list[int], list[CanonChange]]],
+        second: list[tuple[int, list[int], list[CanonChange]]], order: list[bool]) -> None:
+    """SERVE-8: reads that hold other objects for the same commits (merged views beside raw
+    ones) interleave under one key, and each still gets every commit's items in list order."""
+    base = [_commit(i + 1, c) for i, c in enumerate(canon)]
+    books = (_books(first, base), _books(second, [msgspec.structs.replace(c) for c in base]))
+    scan = PrefixScan(lambda _, c: [(c.seq, ch.summary) for ch in c.canon_changes])
+    at = [0, 0]
+    for which in order:
+        book = books[which]
+        commits = book[at[which] % len(book)]
+        at[which] += 1
+        assert scan("novel", commits) == [(c.seq, ch.summary) for c in commits for ch in c.canon_changes]
