@@ -211,12 +211,38 @@ def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
     return [u for u in snapshot.units if u.state != "superseded"]
 
 
+# SERVE-8: the last seq-ordered lists per novel (a few: reads with and without the extractor's
+# facts merged hold different objects). A list that starts with one of them (the same objects)
+# and goes on in seq order is in seq order: only its new commits are looked at, not every one.
+_ORDERED: OrderedDict[str, list[list[CommitView]]] = OrderedDict()
+
+
+def _in_seq_order(novel_id: str, commits: list[CommitView]) -> list[CommitView]:
+    """`sorted(commits, key=seq)` (a new list)."""
+    kept = _ORDERED.setdefault(novel_id, [])
+    _ORDERED.move_to_end(novel_id)
+    for i, done in enumerate(kept):
+        k = len(done)
+        if k and k <= len(commits) and all(map(operator.is_, done, commits)):
+            tail = [c.seq for c in commits[k - 1:]]
+            if all(map(operator.lt, tail, tail[1:])):
+                out = list(commits)
+                kept[i] = out
+                return out
+    out = sorted(commits, key=_SEQ)
+    kept.insert(0, out)
+    del kept[3:]
+    while len(_ORDERED) > 256:
+        _ORDERED.popitem(last=False)
+    return out
+
+
 @per_object
 def live_commits(snapshot: NovelSnapshot) -> list[CommitView]:
     """Commits in seq order, without commits of superseded units (once per snapshot; the list is
     shared, callers read it and never change it)."""
     if "superseded" not in map(_STATE, snapshot.units):  # SERVE-8: checked in C, the usual case
-        return sorted(snapshot.commits, key=_SEQ)
+        return _in_seq_order(snapshot.novel_id, snapshot.commits)
     superseded = {u.unit_id for u in snapshot.units if u.state == "superseded"}
     return sorted((c for c in snapshot.commits if c.unit_id not in superseded), key=_SEQ)
 

@@ -281,7 +281,7 @@ def _merged_once(novel_id: str, c: CommitView, extracted: tuple[CanonChange, ...
 # what it returned. The next call compares commits and facts with those by identity in C (`map`)
 # and merges only the positions that differ, so a read costs no Python step per commit of the book.
 _LAST_MERGE: OrderedDict[tuple[str, str, frozenset[str] | None],
-                         tuple[list[CommitView], list[tuple[CanonChange, ...]], list[CommitView]]] = OrderedDict()
+                         tuple[list[CommitView], list[str], list[tuple[CanonChange, ...]], list[CommitView]]] = OrderedDict()
 LAST_MERGES_KEPT = 256
 _COMMIT_ID = attrgetter("commit_id")
 
@@ -289,20 +289,26 @@ _COMMIT_ID = attrgetter("commit_id")
 def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, source: str,
                    kinds: frozenset[str] | None = None) -> list[CommitView]:
     """`merged_view` of every commit with its facts, each pair merged once (`_MERGED`)."""
-    got: list[tuple[CanonChange, ...]] = list(map(facts.get, map(_COMMIT_ID, commits), repeat(())))
     key = (novel_id, source, kinds)
     last = _LAST_MERGE.get(key)
     if last is None:
+        ids = list(map(_COMMIT_ID, commits))
+        got: list[tuple[CanonChange, ...]] = list(map(facts.get, ids, repeat(())))
         out = [_merged_once(novel_id, c, e, source, kinds) for c, e in zip(commits, got, strict=True)]
     else:
-        seen, seen_got, seen_out = last
+        seen, seen_ids, seen_got, seen_out = last
         n = min(len(seen), len(commits))
+        ids = seen_ids[:n]  # the same commit objects have the same ids: only the others are read
+        for i in compress(range(n), map(operator.is_not, seen, commits)):
+            ids[i] = commits[i].commit_id
+        ids += map(_COMMIT_ID, commits[n:])
+        got = list(map(facts.get, ids, repeat(())))
         out = seen_out[:n]
         for i in compress(range(n), map(operator.or_, map(operator.is_not, seen, commits),
                                         map(operator.is_not, seen_got, got))):
             out[i] = _merged_once(novel_id, commits[i], got[i], source, kinds)
         out += [_merged_once(novel_id, c, e, source, kinds) for c, e in zip(commits[n:], got[n:], strict=True)]
-    _LAST_MERGE[key] = (list(commits), got, out)
+    _LAST_MERGE[key] = (list(commits), ids, got, out)
     _LAST_MERGE.move_to_end(key)
     while len(_LAST_MERGE) > LAST_MERGES_KEPT:
         _LAST_MERGE.popitem(last=False)
