@@ -213,7 +213,8 @@ def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
 
 # SERVE-8: the last seq-ordered lists per novel (a few: reads with and without the extractor's
 # facts merged hold different objects). A list that starts with one of them (the same objects)
-# and goes on in seq order is in seq order: only its new commits are looked at, not every one.
+# and goes on in seq order, or that one starts with, is in seq order: only its new commits are
+# looked at, not every one.
 _ORDERED: OrderedDict[str, list[list[CommitView]]] = OrderedDict()
 
 
@@ -229,9 +230,11 @@ def _in_seq_order(novel_id: str, commits: list[CommitView]) -> list[CommitView]:
                 out = list(commits)
                 kept[i] = out
                 return out
+        elif len(commits) < k and all(map(operator.is_, commits, done)):  # a read at an earlier asOf
+            return list(commits)
     out = sorted(commits, key=_SEQ)
     kept.insert(0, out)
-    del kept[3:]
+    del kept[4:]
     while len(_ORDERED) > 256:
         _ORDERED.popitem(last=False)
     return out

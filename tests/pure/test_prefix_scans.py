@@ -140,3 +140,26 @@ def test_prefix_scan_equals_a_full_scan_when_reads_of_other_objects_interleave(
         commits = book[at[which] % len(book)]
         at[which] += 1
         assert scan("novel", commits) == [(c.seq, ch.summary) for c in commits for ch in c.canon_changes]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(changes, max_size=1), min_size=12, max_size=12), reads,
+       st.lists(st.tuples(st.booleans(), st.randoms(use_true_random=False)), min_size=1, max_size=8),
+       st.integers(0, 10**9))
+def test_seq_order_of_any_reads_equals_sorting(
+        canon: list[list[CanonChange]], draw_reads: list[tuple[int, list[int], list[CanonChange]]],
+        shuffles: list[tuple[bool, Any]], novel: int) -> None:
+    """SERVE-8: the seq order of a read (longer, shorter, other objects, out of order) is the
+    sort's, however it relates to the lists ordered before it."""
+    from novelbus.novel.next_work import _in_seq_order
+
+    books = _books(draw_reads, [_commit(i + 1, c) for i, c in enumerate(canon)])
+    for i, (shuffle, rng) in enumerate(shuffles):
+        commits = list(books[i % len(books)])
+        if shuffle:  # a read that starts as an ordered one and goes on out of order
+            cut = rng.randrange(len(commits) + 1)
+            tail = commits[cut:]
+            rng.shuffle(tail)
+            commits[cut:] = tail
+        got = _in_seq_order(f"n-{novel}", commits)
+        assert got == sorted(commits, key=lambda c: c.seq) and got is not commits
