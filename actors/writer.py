@@ -45,7 +45,7 @@ from novelbus.writers.runner import (
     run_w1,
     run_w2,
 )
-from novelbus.writers.sampling import SampledProvider, capped_output_tokens
+from novelbus.writers.sampling import SampledProvider, capped_output_tokens, for_dispatch
 from novelbus.writers.structured import mechanism_override, probe_structured
 from novelbus.writers.timing import TimedProvider
 from novelbus.writers.tools import (
@@ -127,7 +127,7 @@ class WriterRunner(ServiceActor):
 
             provider = RecordedProvider(provider, record)
         if req.sampling is not None:
-            provider = SampledProvider(provider, req.sampling)
+            provider = SampledProvider(provider, for_dispatch(req.sampling, req.dispatch))
         return provider
 
     async def on_run(self, req: m.RunWriter) -> m.WriterResult:

@@ -294,12 +294,15 @@ async def bench(*, counts: list[int], units: int, slots: int, compare: bool, see
                 home: Path | None, nats_url: str | None, database_url: str | None, live: bool) -> list[Phase]:
     phases: list[Phase] = []
     async with servers(home, nats_url, database_url) as ep, scratch_database(ep.database_url) as dsn:
-        for i, n in enumerate(counts):
-            phases.append(await phase((ep.nats_url, dsn), n, units, slots, True, seed + 100 * i, timeout, live))
+        runs = [(n, True, seed + 100 * i) for i, n in enumerate(counts)]
         if compare:
-            n = max(counts)
-            phases.append(await phase((ep.nats_url, dsn), n, units, slots, False, seed + 100 * len(counts),
-                                      timeout, live))
+            runs.append((max(counts), False, seed + 100 * len(counts)))
+        for n, affinity, novel_seed in runs:
+            done = await phase((ep.nats_url, dsn), n, units, slots, affinity, novel_seed, timeout, live)
+            phases.append(done)
+            err_console.print(f"[dim]N={n} affinity {'on' if affinity else 'off'}: {done.units} units in "
+                              f"{done.seconds:.0f} s, {done.units_per_min:.2f} units/min, "
+                              f"cached share {done.cached_share:.2f}[/]")
     return phases
 
 

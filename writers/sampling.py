@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from novelbus.messages.runs import Sampling
 from novelbus.novel.outline import SamplingConfig
 from novelbus.writers.chat import user_message
@@ -42,6 +44,18 @@ def sampling_of(config: SamplingConfig) -> Sampling | None:
     if not config.is_set():
         return None
     return Sampling(**{attr: getattr(config, name) for name, attr in CONFIG_FIELDS.items()})
+
+
+SEED_SPACE = 1 << 32  # seeds are 0–4,294,967,295 (config.model.sampling.seed)
+
+
+def for_dispatch(sampling: Sampling | None, dispatch: int) -> Sampling | None:
+    """QUAL-4: the sampling of a unit's `dispatch`-th writer run. A fixed seed draws the first run
+    as set and each re-dispatch with the next seed: the same pack with the same seed would replay
+    the reply that failed. Still one seed per (novel seed, dispatch): a rerun is reproducible."""
+    if sampling is None or sampling.seed is None or dispatch <= 1:
+        return sampling
+    return msgspec.structs.replace(sampling, seed=(sampling.seed + dispatch - 1) % SEED_SPACE)
 
 
 def capped_output_tokens(max_output_tokens: int, sampling: Sampling | None) -> int:

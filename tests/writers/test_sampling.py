@@ -248,3 +248,17 @@ def test_the_sampling_block_round_trips_through_json() -> None:
     text = msgspec.json.encode(SAMPLING)
     assert json.loads(text)["topP"] == 0.9
     assert msgspec.json.decode(text, type=Sampling) == SAMPLING
+
+
+def test_a_redispatch_draws_with_the_next_seed_and_the_first_dispatch_with_the_novels() -> None:
+    """QUAL-4: the same pack with the same seed would replay the reply that failed."""
+    from novelbus.messages.runs import Sampling
+    from novelbus.writers.sampling import for_dispatch
+
+    base = Sampling(temperature=0.7, seed=7, max_output_tokens=64)
+    assert for_dispatch(base, 1) is base
+    assert [for_dispatch(base, d).seed for d in (2, 3)] == [8, 9]  # type: ignore[union-attr]
+    assert for_dispatch(base, 3) == Sampling(temperature=0.7, seed=9, max_output_tokens=64)
+    assert for_dispatch(Sampling(seed=4_294_967_295), 2).seed == 0  # type: ignore[union-attr]
+    unseeded = Sampling(temperature=0.2)
+    assert for_dispatch(unseeded, 5) is unseeded and for_dispatch(None, 2) is None
