@@ -118,7 +118,8 @@ ssl-postgres:
 	  echo "make test needs Debian's postgresql (built with SSL): run 'apt-get install postgresql' as root" >&2; exit 1; fi; \
 	  if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then \
 	  $$SUDO mkdir -p /etc/postgresql-common && echo 'create_main_cluster = false' | $$SUDO tee /etc/postgresql-common/createcluster.conf >/dev/null; \
-	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; fi
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold postgresql >/dev/null; fi
 
 # The docs site (MkDocs, material theme) into site/: strict, so a broken link, a page missing from
 # the nav or a nav entry without its page fails. The CLI, configuration and novel-file references
