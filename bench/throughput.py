@@ -62,7 +62,7 @@ import math
 import secrets
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -294,8 +294,10 @@ def trace_breakdown(traced: dict[str, list[Span]], novel_id: str) -> dict[str, A
 
 
 async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout: float,
-                     label: str, live: bool = False) -> tuple[list[str], float]:
-    """Create novels, publish their first notices together, wait until all finished."""
+                     label: str, live: bool = False,
+                     written: Callable[[ev.NovelPaused], bool] | None = None) -> tuple[list[str], float]:
+    """Create novels, publish their first notices together, wait until all finished (or paused
+    in a way `written` accepts as written through)."""
     ids = [await store.create_novel(ctx.pool, parse_novel_file(json.dumps(data))) for data in datas]
     pending = set(ids)
     done = asyncio.Event()
@@ -305,7 +307,7 @@ async def write_many(ctx: ActorContext, datas: list[dict[str, Any]], *, timeout:
         if e.novel_id in pending:
             pending.discard(e.novel_id)
             bar.update(len(ids) - len(pending))
-            if isinstance(e, ev.NovelPaused):
+            if isinstance(e, ev.NovelPaused) and not (written is not None and written(e)):
                 failed.append(": ".join(filter(None, (e.novel_id, e.reason, e.detail))))
             if not pending:
                 done.set()

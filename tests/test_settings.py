@@ -11,14 +11,23 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import tempfile
 from pathlib import Path
 
-import certifi
 import pytest
+import trustme
 
 from novelbus.cli.common import FREE_FORM_SETTINGS, check_environment, checked_settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _ca_file() -> str:
+    """A CA certificate in PEM, made for this run (trustme, the TLS test's CA maker)."""
+    path = Path(tempfile.mkdtemp(prefix="novelbus-ca-")) / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(path))
+    return str(path)
+
 PACKAGE_DIRS = sorted(p.name for p in (REPO / "novelbus").iterdir() if p.is_symlink())
 NAME = re.compile(r"NOVELBUS_[A-Z0-9_]*[A-Z0-9_]")
 # Names in the sources that are not settings.
@@ -77,7 +86,7 @@ WELL_FORMED = {
     "NOVELBUS_LOG_FORMAT": "json",
     "NOVELBUS_LOG_LEVEL": "warning",
     "NOVELBUS_LOG_LEVELS": "novelbus.bus=DEBUG,nats=WARNING",
-    "NOVELBUS_NATS_TLS_CA": certifi.where(),  # CA certificates in PEM
+    "NOVELBUS_NATS_TLS_CA": _ca_file(),  # a CA certificate in PEM
     # Readable files, both set: whether they are a certificate and its key is found when connecting
     "NOVELBUS_NATS_TLS_CERT": str(REPO / "README.md"),
     "NOVELBUS_NATS_TLS_KEY": str(REPO / "README.md"),
