@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO
@@ -54,11 +55,18 @@ CLIENT_USER = "novelbus"
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a file only its owner may read (0600, also when it existed with wider modes)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
+    """Write a file only its owner may read (0600, also when it existed with wider modes), whole:
+    the text goes to a private file beside it, renamed over it, so a reader never sees it half
+    written (another command reads endpoints.json while `up` writes it)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mkstemp: 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def home_credentials(data_dir: Path) -> tuple[str, str]:
