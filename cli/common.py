@@ -5,7 +5,9 @@ the commands."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +37,20 @@ from novelbus.app.terminal import (  # noqa: F401 - the commands import these fr
 from novelbus.infra import home_dir  # noqa: F401 - as the commands import it
 
 T = TypeVar("T")
+
+
+@contextlib.asynccontextmanager
+async def database_only(home: Path | None, database_url: str | None) -> AsyncIterator[str]:
+    """The database's DSN for a command that needs no NATS (`migrate`, `db roles`): the flag or
+    NOVELBUS_DATABASE_URL as given, else a running `up` under home, else an embedded PostgreSQL
+    for this command's run."""
+    database_url = database_url or os.environ.get("NOVELBUS_DATABASE_URL")
+    if database_url:
+        check_server_urls(None, database_url)
+        yield database_url
+        return
+    async with servers(home, None, None, announce=False) as ep:
+        yield ep.database_url
 
 
 def read_input(file: Path) -> bytes:

@@ -6,16 +6,14 @@ NOVELBUS_PG_<KIND>_PASSWORD and sent only as SCRAM verifiers."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from novelbus import store
-from novelbus.cli.common import check_server_urls, console, err_console, fail, run, servers
+from novelbus.cli.common import console, database_only, err_console, fail, run
 from novelbus.infra.postgres import scram_verifier
 from novelbus.store import grants
 
@@ -24,19 +22,6 @@ db_app = typer.Typer(no_args_is_help=True, help="The database's roles and grants
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="Data directory (env NOVELBUS_HOME, default ./.novelbus)")]
 DbOpt = Annotated[str | None, typer.Option(
     "--database-url", help="Existing PostgreSQL, as a role that may create roles (env NOVELBUS_DATABASE_URL)")]
-
-
-@contextlib.asynccontextmanager
-async def _database(home: Path | None, database_url: str | None) -> AsyncIterator[str]:
-    """The flag or NOVELBUS_DATABASE_URL (no NATS needed), else a running `up` under home, else an
-    embedded PostgreSQL for this command's run (as `novelbus migrate`)."""
-    database_url = database_url or os.environ.get("NOVELBUS_DATABASE_URL")
-    if database_url:
-        check_server_urls(None, database_url)
-        yield database_url
-        return
-    async with servers(home, None, None, announce=False) as ep:
-        yield ep.database_url
 
 
 def _verifiers() -> dict[str, str]:
@@ -76,7 +61,7 @@ def roles(
         fail(str(e), code=2)
 
     async def main() -> int:
-        async with _database(home, database_url) as dsn:
+        async with database_only(home, database_url) as dsn:
             try:
                 pool = await store.connect(dsn, max_size=1)
             except store.DatabaseUnreachable as e:

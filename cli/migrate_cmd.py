@@ -4,30 +4,14 @@ transaction, and changes nothing; the rule for rolling upgrades is `store.schema
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from novelbus import store
-from novelbus.cli.common import check_server_urls, console, err_console, fail, run, servers
+from novelbus.cli.common import console, database_only, err_console, fail, run
 from novelbus.store import schema
-
-
-@contextlib.asynccontextmanager
-async def _database(home: Path | None, database_url: str | None) -> AsyncIterator[str]:
-    """The database's DSN: the flag or NOVELBUS_DATABASE_URL as given (no NATS needed), else a
-    running `up` under home, else an embedded PostgreSQL for this command's run."""
-    database_url = database_url or os.environ.get("NOVELBUS_DATABASE_URL")
-    if database_url:
-        check_server_urls(None, database_url)
-        yield database_url
-        return
-    async with servers(home, None, None, announce=False) as ep:
-        yield ep.database_url
 
 
 def migrate(
@@ -41,7 +25,7 @@ def migrate(
     """Bring the database's schema to this release's version (or --to VERSION)."""
 
     async def main() -> None:
-        async with _database(home, database_url) as dsn:
+        async with database_only(home, database_url) as dsn:
             try:
                 pool = await store.connect(dsn, max_size=1)
             except store.DatabaseUnreachable as e:
