@@ -143,20 +143,28 @@ class _LocalClient(OpenAIProvider):
         return msgspec.structs.replace(reply, text=None, tool_calls=[call], stop_reason="tool_calls")
 
 
-async def renders_tools(client: OpenAIProvider) -> bool:
-    """Whether the server's chat template puts offered tools in the prompt: the prompt tokens of a
-    one-token call with a tool against one without (unknown counts: assume it does)."""
+PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "A probe.",
+                                                "parameters": {"type": "object", "properties": {}}}}
+
+
+async def added_prompt_tokens(client: OpenAIProvider, tools: list[dict[str, Any]]) -> int | None:
+    """Prompt tokens the server adds for `tools`: the reported prompt tokens of a one-token call
+    with them against one without (None: the server did not say)."""
     probe = [user_message("Hi")]
-    tool = {"type": "function", "function": {"name": "probe", "description": "A probe.",
-                                              "parameters": {"type": "object", "properties": {}}}}
     try:
         bare = await client.complete(probe, None, max_output_tokens=1)
-        full = await client.complete(probe, [tool], max_output_tokens=1)
+        full = await client.complete(probe, tools, max_output_tokens=1)
     except ProviderError:
-        return True
+        return None
     if bare.usage is None or full.usage is None or bare.usage.input_tokens is None or full.usage.input_tokens is None:
-        return True
-    return full.usage.input_tokens > bare.usage.input_tokens
+        return None
+    return max(0, full.usage.input_tokens - bare.usage.input_tokens)
+
+
+async def renders_tools(client: OpenAIProvider) -> bool:
+    """Whether the server's chat template puts offered tools in the prompt (unknown: assume it does)."""
+    added = await added_prompt_tokens(client, [PROBE_TOOL])
+    return added is None or added > 0
 
 
 class LocalProvider:
@@ -220,21 +228,17 @@ class LocalProvider:
                                     sampling=sampling)
 
     async def measure_tool_tokens(self, tools: list[dict[str, Any]]) -> int | None:
-        """Prompt tokens the server adds for `tools` (its chat template may render them or not):
-        the reported prompt tokens of a tiny request with and without them. Cached per tool set."""
+        """Prompt tokens the server adds for `tools` (its chat template may render them or not;
+        none when it renders no tools at all). Cached per tool set."""
+        inner = await self.start()
+        if not inner.native_tools:
+            return 0
         key = json.dumps([t.get("function", {}).get("name") for t in tools])
         if key not in self._tool_tokens:
-            probe = [user_message("Hi")]
-            try:
-                bare = await self.complete(probe, None, max_output_tokens=1)
-                full = await self.complete(probe, tools, max_output_tokens=1)
-            except ProviderError:
+            added = await added_prompt_tokens(inner, tools)
+            if added is None:
                 return None
-            if bare.usage is None or full.usage is None:
-                return None
-            if bare.usage.input_tokens is None or full.usage.input_tokens is None:
-                return None
-            self._tool_tokens[key] = max(0, full.usage.input_tokens - bare.usage.input_tokens)
+            self._tool_tokens[key] = added
         return self._tool_tokens[key]
 
     async def aclose(self) -> None:
