@@ -11,7 +11,7 @@ import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from functools import wraps
-from itertools import compress
+from itertools import compress, count
 from operator import attrgetter
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -186,6 +186,115 @@ class PrefixScan(Generic[T]):
         return list(scan.items)
 
 
+class CommitTotals:
+    """What the reads of one commit list ask of it, read only (SERVE-8): seq, paragraph count and
+    view by commit id, each chapter's commits in list order, each scene's completion claim (its
+    last commit's in list order), the highest seq, the effective characters and the canon facts
+    of all of them. Built by `commit_totals`; its dicts are never changed once returned."""
+
+    __slots__ = ("commits", "seqs", "counts", "by_id", "by_chapter", "completion", "max_seq", "chars", "canon",
+                 "_done")
+
+    def __init__(self) -> None:
+        self.commits: tuple[CommitView, ...] = ()
+        self.seqs: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        self.by_id: dict[str, CommitView] = {}
+        self.by_chapter: dict[str, tuple[CommitView, ...]] = {}
+        self.completion: dict[SceneKey, bool] = {}
+        self.max_seq, self.chars, self.canon = 0, 0, 0
+        self._done: frozenset[SceneKey] | None = None
+
+    @property
+    def done(self) -> frozenset[SceneKey]:
+        """The scenes whose claim is completion (once per totals)."""
+        if self._done is None:
+            self._done = frozenset(compress(self.completion, self.completion.values()))
+        return self._done
+
+    def _copy(self) -> CommitTotals:
+        out = CommitTotals()  # the dicts copied in C: a few microseconds for a long book
+        out.commits = self.commits
+        out.seqs, out.counts, out.by_id = self.seqs.copy(), self.counts.copy(), self.by_id.copy()
+        out.by_chapter, out.completion = self.by_chapter.copy(), self.completion.copy()
+        out.max_seq, out.chars, out.canon = self.max_seq, self.chars, self.canon
+        return out
+
+    def rebased(self, same: int, commits: Sequence[CommitView]) -> CommitTotals:
+        """The totals of `commits`, which start with this list's first `same` commits (the same
+        objects): those after them are taken off these totals, and the rest of `commits` added."""
+        out = self._copy()
+        gone = self.commits[same:]
+        for c in reversed(gone):  # each is the last of its chapter's commits left
+            del out.seqs[c.commit_id], out.counts[c.commit_id], out.by_id[c.commit_id]
+            left = out.by_chapter[c.chapter_id][:-1]
+            if left:
+                out.by_chapter[c.chapter_id] = left
+            else:
+                del out.by_chapter[c.chapter_id]
+            out.chars -= c.effective_characters
+            out.canon -= len(c.canon_changes)
+        for chapter_id, scene_id in {(c.chapter_id, c.scene_id) for c in gone}:  # the claims left
+            claims = [c.scene_completion.completed for c in out.by_chapter.get(chapter_id, ()) if c.scene_id == scene_id]
+            if claims:
+                out.completion[(chapter_id, scene_id)] = claims[-1]
+            else:
+                del out.completion[(chapter_id, scene_id)]
+        if gone and max(c.seq for c in gone) >= out.max_seq:
+            out.max_seq = max(out.seqs.values(), default=0)
+        out.commits = self.commits[:same]
+        for c in commits[same:]:
+            out.seqs[c.commit_id] = c.seq
+            out.counts[c.commit_id] = c.paragraph_count
+            out.by_id[c.commit_id] = c
+            out.by_chapter[c.chapter_id] = (*out.by_chapter.get(c.chapter_id, ()), c)
+            out.completion[(c.chapter_id, c.scene_id)] = c.scene_completion.completed
+            out.max_seq = max(out.max_seq, c.seq)
+            out.chars += c.effective_characters
+            out.canon += len(c.canon_changes)
+        out.commits = tuple(commits)
+        return out
+
+
+_NO_TOTALS = CommitTotals()
+# SERVE-8: the last totals per key (a novel): a few lists, the most recent first — the driver's
+# snapshot, a context read with the extractor's facts merged and a read tool's snapshot with its
+# chapter's prose hold different objects for the same book (a list of other objects differs at
+# its first commit: comparing it costs one step).
+_TOTALS: OrderedDict[Any, list[CommitTotals]] = OrderedDict()
+TOTALS_KEPT, TOTALS_PER_KEY = 256, 8
+
+
+def commit_totals(key: Any, commits: Sequence[CommitView]) -> CommitTotals:
+    """`CommitTotals` of `commits` (`key`: whose list, e.g. the novel id). SERVE-8: a book grows
+    at its end and commit views are immutable and shared between reads, so the kept totals whose
+    list starts with the most of `commits` (the same objects: the first that differs is found in
+    C) are rebased on it — the commits after that prefix taken off, those of `commits` added —
+    not computed again over the whole book. The same list again: the same totals."""
+    kept = _TOTALS.get(key)
+    if kept is None:
+        kept = _TOTALS[key] = []
+    _TOTALS.move_to_end(key)
+    n = len(commits)
+    best, same, cost = _NO_TOTALS, 0, n  # cost: commits taken off and added (from nothing: n)
+    for i, totals in enumerate(kept):
+        seen = totals.commits
+        m = next(compress(count(), map(operator.is_not, seen, commits)), min(len(seen), n))
+        if m == len(seen) == n:
+            kept.insert(0, kept.pop(i))
+            return totals
+        if len(seen) - m + n - m < cost:
+            best, same, cost = totals, m, len(seen) - m + n - m
+            if m == len(seen):  # all of it: only the commits after it to add
+                break
+    out = best.rebased(same, commits)
+    kept.insert(0, out)
+    del kept[TOTALS_PER_KEY:]
+    while len(_TOTALS) > TOTALS_KEPT:
+        _TOTALS.popitem(last=False)
+    return out
+
+
 def _foreshadowing_changes(_: str, commit: CommitView) -> list[tuple[str | None, str]]:
     return [(ch.foreshadowing_id, ch.foreshadowing_status) for ch in commit.canon_changes if ch.kind == "foreshadowing"]
 
@@ -193,17 +302,10 @@ def _foreshadowing_changes(_: str, commit: CommitView) -> list[tuple[str | None,
 _FORESHADOWING = PrefixScan(_foreshadowing_changes)
 
 
-def _scene_completion(_: str, commit: CommitView) -> tuple[tuple[SceneKey, bool]]:
-    return (((commit.chapter_id, commit.scene_id), commit.scene_completion.completed),)
-
-
-_COMPLETIONS = PrefixScan(_scene_completion)
-
-
 def latest_completion(novel_id: str, live: Sequence[CommitView]) -> dict[SceneKey, bool]:
-    """Whether each scene's latest commit of seq-ordered `live` claims completion (the caller's
-    own dict; SERVE-8: from a resumed scan, no object made per commit of the book)."""
-    return dict(_COMPLETIONS(novel_id, live))
+    """Whether each scene's latest commit of seq-ordered `live` claims completion (read only;
+    SERVE-8: extended from the totals of a list `live` starts with, `commit_totals`)."""
+    return commit_totals(novel_id, live).completion
 
 
 def live_units(snapshot: NovelSnapshot) -> list[UnitView]:
@@ -267,15 +369,14 @@ def commits_by_scene(snapshot: NovelSnapshot) -> dict[SceneKey, list[CommitView]
 @per_object
 def finished_scenes(snapshot: NovelSnapshot) -> frozenset[SceneKey]:
     """Every (chapterId, sceneId) whose latest live commit claims completion."""
-    latest = latest_completion(snapshot.novel_id, live_commits(snapshot))
-    return frozenset(compress(latest, latest.values()))
+    return commit_totals(snapshot.novel_id, live_commits(snapshot)).done
 
 
 def scene_commits(snapshot: NovelSnapshot, chapter_id: str, scene_id: str) -> list[CommitView]:
     """Live commits of one scene, in seq order (one scene; for all scenes: `commits_by_scene`)."""
-    live = live_commits(snapshot)  # SERVE-8: compared in C (`map`), not a Python step per commit
-    return list(compress(live, map((chapter_id, scene_id).__eq__, zip(map(_CHAPTER, live), map(_SCENE, live),
-                                                                       strict=True))))
+    # SERVE-8: among the chapter's commits (`commit_totals`, in seq order), not every commit of the book
+    chapter = commit_totals(snapshot.novel_id, live_commits(snapshot)).by_chapter.get(chapter_id, ())
+    return [c for c in chapter if c.scene_id == scene_id]
 
 
 def latest_scene_commit(
@@ -418,6 +519,30 @@ def _walk(outline: Outline) -> _Walk:
     return _Walk(tuple(keys), tuple(items))
 
 
+# SERVE-8: per novel, the last walk, finished set and first unfinished position it gave. A book is
+# written in walk order, so the next question's finished set usually holds the last one's (checked
+# in C): every scene before that position is still finished, and the walk resumes there.
+_FIRST: OrderedDict[str, tuple[_Walk, frozenset[SceneKey], int]] = OrderedDict()
+
+
+def _first_unfinished(novel_id: str, walk: _Walk, finished: frozenset[SceneKey]) -> int | None:
+    """The first position of `walk` whose scene `finished` does not hold (None: every one)."""
+    start = 0
+    last = _FIRST.get(novel_id)
+    if last is not None and last[0] is walk and last[1] <= finished:
+        start = last[2]
+    keys, first = walk.keys, None
+    for i in range(start, len(keys)):  # usually a step or two
+        if keys[i] not in finished:
+            first = i
+            break
+    _FIRST[novel_id] = (walk, finished, len(keys) if first is None else first)
+    _FIRST.move_to_end(novel_id)
+    while len(_FIRST) > 256:
+        _FIRST.popitem(last=False)
+    return first
+
+
 def _next_fragment(snapshot: NovelSnapshot, commits: list[CommitView]) -> int:
     units: dict[str, UnitView] = dict(zip(map(_UNIT_ID, snapshot.units), snapshot.units, strict=True))
     fragments = [units[c.unit_id].fragment for c in commits if c.unit_id in units]
@@ -454,7 +579,7 @@ def next_work(snapshot: NovelSnapshot) -> WorkDecision:
     finished = finished_scenes(snapshot)
     # the first scene in chapter then scene order that is not finished (a chapter without
     # scenes stands as (chapterId, None), never finished)
-    first = next(compress(range(len(walk.keys)), map(operator.not_, map(finished.__contains__, walk.keys))), None)
+    first = _first_unfinished(snapshot.novel_id, walk, finished)
     if first is not None:
         chapter, scene = walk.items[first]
         if scene is None:

@@ -197,16 +197,10 @@ class Outline(_Model):
         return sorted((s for s in self.scenes if s.chapterId == chapter_id), key=lambda s: s.order)
 
     def chapter(self, chapter_id: str) -> Chapter:
-        for c in self.chapters:
-            if c.chapterId == chapter_id:
-                return c
-        raise KeyError(chapter_id)
+        return _by_id(self)[0][chapter_id]
 
     def scene(self, scene_id: str) -> Scene:
-        for s in self.scenes:
-            if s.sceneId == scene_id:
-                return s
-        raise KeyError(scene_id)
+        return _by_id(self)[1][scene_id]
 
     def character(self, character_id: str) -> Character:
         for c in self.characters:
@@ -367,6 +361,30 @@ class NovelFile(_Model):
         if not v.strip():
             raise ValueError("title must not be blank")
         return v.strip()
+
+
+# SERVE-8: each outline's chapters and scenes by id, built once per outline object (by identity;
+# the last few), so looking up a unit's scene does not walk every scene of the book before it. An
+# outline is frozen, and a parsed revision is shared by every read of it.
+_BY_ID: dict[int, tuple[Outline, tuple[dict[str, Chapter], dict[str, Scene]]]] = {}
+BY_ID_KEPT = 64
+
+
+def _by_id(outline: Outline) -> tuple[dict[str, Chapter], dict[str, Scene]]:
+    hit = _BY_ID.get(id(outline))
+    if hit is not None and hit[0] is outline:
+        return hit[1]
+    chapters: dict[str, Chapter] = {}
+    scenes: dict[str, Scene] = {}
+    for c in outline.chapters:
+        chapters.setdefault(c.chapterId, c)  # the first of an id, as a walk from the start finds
+    for sc in outline.scenes:
+        scenes.setdefault(sc.sceneId, sc)
+    _BY_ID.pop(id(outline), None)
+    _BY_ID[id(outline)] = (outline, (chapters, scenes))  # held, so its id is not reused meanwhile
+    while len(_BY_ID) > BY_ID_KEPT:
+        del _BY_ID[next(iter(_BY_ID))]
+    return chapters, scenes
 
 
 class OutlineError(ValueError):

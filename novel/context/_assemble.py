@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-from itertools import compress, repeat
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -37,9 +35,10 @@ from novelbus.novel.context._structs import (
 )
 from novelbus.novel.length import narrative_stage, remaining_book_characters, unit_target_range
 from novelbus.novel.next_work import (
+    commit_totals,
     foreshadowing_status,
-    latest_completion,
     live_commits,
+    outlined_scene_set,
     outlined_scenes,
     per_object,
     scene_commits,
@@ -89,15 +88,13 @@ def length_contract(
     )
 
 
-_CHAPTER = attrgetter("chapter_id")
-_CHARS, _COMMIT_ID, _SEQ = attrgetter("effective_characters"), attrgetter("commit_id"), attrgetter("seq")
 
 
 def _remaining_scenes(novel_id: str, outline: Outline, live: list[CommitView]) -> int:
-    """``novel.next_work.remaining_scenes`` over the live commits (same result)."""
-    latest = latest_completion(novel_id, live)  # seq order: the last one per scene wins
-    keys = outlined_scenes(outline)
-    return len(keys) - sum(map(latest.get, keys, repeat(False)))
+    """``novel.next_work.remaining_scenes`` over the live commits (same result: scene ids are
+    unique in an outline). SERVE-8: the finished scenes of the totals, met in C."""
+    done = commit_totals(novel_id, live).done  # seq order: each scene's last commit's claim
+    return len(outlined_scenes(outline)) - len(outlined_scene_set(outline) & done)
 
 
 @per_object
@@ -106,7 +103,8 @@ def _book_state(index: NovelSnapshot) -> tuple[int, dict[str, str], int]:
     share one): committed characters, foreshadowing status (read only), outline scenes left."""
     assert index.outline is not None
     live = live_commits(index)
-    return sum(map(_CHARS, live)), foreshadowing_status(index), _remaining_scenes(index.novel_id, index.outline, live)
+    chars = commit_totals(index.novel_id, live).chars  # SERVE-8: extended, not summed over the book
+    return chars, foreshadowing_status(index), _remaining_scenes(index.novel_id, index.outline, live)
 
 
 def _l0_text(l0: TaskLayer) -> str:
@@ -192,9 +190,9 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
             ledger.omit(
                 Candidate("prose", "L1", 0, old.seq, old.commit_id, 0, 0), "superseded-unit"
             )
-    per_chapter: dict[str, list[CommitView]] = {cid: [] for cid in plan.baseline_chapters}
-    for c in compress(live, map(per_chapter.__contains__, map(_CHAPTER, live))):  # the baseline's only
-        per_chapter[c.chapter_id].append(c)
+    # SERVE-8: the baseline chapters' commits from the totals (in seq order), not a pass over the book
+    live_by_chapter = commit_totals(request.novel_id, live).by_chapter
+    per_chapter = {cid: list(live_by_chapter.get(cid, ())) for cid in plan.baseline_chapters}
     earlier: list[ProseExcerpt] = []
     for chapter_id in plan.baseline_chapters[:-1]:
         commits = per_chapter[chapter_id]
@@ -234,7 +232,7 @@ def assemble_context(sources: ContextSources) -> FrozenContext:
 
     # L2 — cards: identity, state and pointers.
     counts = sources.paragraph_counts  # read only
-    seqs = dict(zip(map(_COMMIT_ID, index.commits), map(_SEQ, index.commits), strict=False))
+    seqs = commit_totals(request.novel_id, index.commits).seqs  # read only
     characters = select_characters(outline, plan, ledger)
     lore = select_lore(outline, plan, ledger)
     canon = select_canon_cards(plan, live, counts, seqs, ledger)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import heapq
 from typing import Any
 
 import msgspec
@@ -108,11 +109,15 @@ def content_digest(text: str) -> str:
 def select_ranked(
     candidates: list[Candidate], cap: int, ledger: Ledger, reason: str
 ) -> list[Candidate]:
-    """Order by CTX-5, keep the first ``cap``, record the rest as omitted."""
-    ordered = sorted(candidates, key=Candidate.key)
-    for c in ordered[cap:]:
+    """Order by CTX-5, keep the first ``cap``, record the rest as omitted (as `Ledger.omit` of
+    each in order would: SERVE-8, past the ones it can list, the rest is one count, so a book's
+    growing number of candidates costs no call each)."""
+    head = heapq.nsmallest(cap + OMISSIONS_LISTED + 1, candidates, key=Candidate.key)  # = sorted(...)[:n]
+    for c in head[cap:]:
         ledger.omit(c, reason)
-    kept = ordered[:cap]
+    if len(candidates) > len(head):  # at most OMISSIONS_LISTED are listed: the last of head was folded
+        ledger.omit(head[-1], reason, count=len(candidates) - len(head))
+    kept = head[:cap]
     for c in kept:
         ledger.take(c)
     return kept

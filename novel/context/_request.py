@@ -13,7 +13,7 @@ import msgspec
 
 from novelbus.novel.body import CanonChange
 from novelbus.novel.context._errors import ContextInputError, WriterPackError
-from novelbus.novel.next_work import PrefixScan, live_commits, per_object
+from novelbus.novel.next_work import PrefixScan, commit_totals, live_commits, per_object
 from novelbus.novel.outline import (
     ID_PATTERN,
     Outline,
@@ -23,8 +23,7 @@ from novelbus.novel.outline import (
 from novelbus.novel.snapshot import CommitView, NovelSnapshot, UnitView
 from novelbus.novel.text import keywords
 
-_COMMIT_ID = operator.attrgetter("commit_id")
-_SEQ, _CHAPTER = operator.attrgetter("seq"), operator.attrgetter("chapter_id")
+_SEQ = operator.attrgetter("seq")
 _INDEX = operator.itemgetter(1)
 
 SCENARIOS: tuple[str, ...] = ("generation", "extraction", "planning", "detection")
@@ -338,17 +337,19 @@ def resolve_pointers(plan: RetrievalPlan, index: NovelSnapshot) -> list[str]:
     every = live_commits(index)  # SERVE-8: the passes over every commit run in C (`map`)
     as_of = plan.request.as_of
     live = every if not every or every[-1].seq <= as_of else list(compress(every, map(as_of.__ge__, map(_SEQ, every))))
-    baseline = set(plan.baseline_chapters)
-    wanted = set(map(_COMMIT_ID, compress(live, map(baseline.__contains__, map(_CHAPTER, live)))))
+    # SERVE-8: the baseline chapters' commits and the ids of all from the totals of the book so
+    # far, extended by the commits since (`commit_totals`), not passes over every commit
+    totals = commit_totals(plan.request.novel_id, live)
+    wanted = {c.commit_id for cid in plan.baseline_chapters for c in totals.by_chapter.get(cid, ())}
     if plan.recall:
-        known = set(map(_COMMIT_ID, live))
+        known = totals.seqs
         for _, _, change in participant_facts(plan, live):
             for source in change.sources:
                 parsed = parse_pointer(source)
                 if parsed is not None and parsed[0] in known:
                     wanted.add(parsed[0])
-    # every wanted id is a live commit's, and `live` is in seq order
-    pointers = list(compress(map(_COMMIT_ID, live), map(wanted.__contains__, map(_COMMIT_ID, live))))
+    # every wanted id is a live commit's; in seq order, as `live` is
+    pointers = sorted(wanted, key=totals.seqs.__getitem__)
     _POINTERS[id(index)] = (index, key, pointers)  # the index is held, so its id is not reused
     while len(_POINTERS) > 8:
         del _POINTERS[next(iter(_POINTERS))]

@@ -21,6 +21,7 @@ from novelbus.novel.context._request import (
     participant_facts,
 )
 from novelbus.novel.context._structs import CanonCard, ForeshadowingCard, ProseExcerpt
+from novelbus.novel.next_work import commit_totals
 from novelbus.novel.outline import (
     Chapter,
     Character,
@@ -225,7 +226,7 @@ def select_recall(
 ) -> list[ProseExcerpt]:
     """Prose recalled through participants' canon-card pointers, deduplicated by immutable
     source (commit id + paragraph index), never repeating the continuity baseline."""
-    by_id = {c.commit_id: c for c in live}
+    by_id = commit_totals(plan.request.novel_id, live).by_id  # read only (SERVE-8)
     found: dict[tuple[str, int], tuple[set[str], bool]] = {}
     for _, _, change in participant_facts(plan, live):
         named = set(change.character_ids).intersection(plan.participants)

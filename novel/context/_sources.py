@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from operator import attrgetter
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
@@ -18,7 +17,7 @@ from novelbus.novel.context._request import (
     validate_request,
 )
 from novelbus.novel.context._watermark import Watermark
-from novelbus.novel.next_work import per_object
+from novelbus.novel.next_work import commit_totals, per_object
 from novelbus.novel.snapshot import CommitView, NovelSnapshot
 
 
@@ -153,14 +152,13 @@ def _prove_sources(sources: ContextSources) -> int:
 
 
 @per_object
-def _index_facts(index: NovelSnapshot) -> tuple[int, frozenset[str], int]:
-    """The index's highest seq (0: none), its commit ids and its canon facts counted, once per
-    index (SERVE-8: in C, `map`; a context and its re-freezes share the index)."""
-    commits = index.commits
-    return (max(map(_SEQ, commits), default=0), frozenset(map(_COMMIT_ID, commits)),
-            sum(map(len, map(_CANON, commits))))
+def _index_facts(index: NovelSnapshot) -> tuple[int, Mapping[str, int], int]:
+    """The index's highest seq (0: none), its commit ids (as keys) and its canon facts counted,
+    once per index (SERVE-8: from the totals of the book so far, rebased on the commits since,
+    `commit_totals`; a context and its re-freezes share the index)."""
+    totals = commit_totals(index.novel_id, index.commits)
+    return totals.max_seq, totals.seqs, totals.canon
 
 
-_SEQ, _COMMIT_ID, _CANON = attrgetter("seq"), attrgetter("commit_id"), attrgetter("canon_changes")
 # Four objects at most: a pack's sources hold its prose.
 prove_sources = per_object(_prove_sources, size=4)

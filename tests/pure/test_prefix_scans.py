@@ -163,3 +163,77 @@ def test_seq_order_of_any_reads_equals_sorting(
             commits[cut:] = tail
         got = _in_seq_order(f"n-{novel}", commits)
         assert got == sorted(commits, key=lambda c: c.seq) and got is not commits
+
+
+def _placed(commit: CommitView, place: tuple[int, int, bool, int, int]) -> CommitView:
+    """`commit` in one of two chapters and two scenes, with its own completion claim, paragraph
+    count and length."""
+    chapter, scene, completed, paragraphs, chars = place
+    return msgspec.structs.replace(commit, chapter_id=f"k{chapter}", scene_id=f"s{scene}",
+                                   scene_completion=SceneCompletion(completed=completed, basis="why"),
+                                   paragraph_count=paragraphs, effective_characters=chars)
+
+
+places = st.lists(st.tuples(st.integers(1, 2), st.integers(1, 2), st.booleans(), st.integers(0, 4),
+                            st.integers(0, 50)), min_size=12, max_size=12)
+
+
+def _expected_totals(commits: list[CommitView]) -> dict[str, Any]:
+    by_chapter: dict[str, list[str]] = {}
+    completion: dict[tuple[str, str], bool] = {}
+    for c in commits:
+        by_chapter.setdefault(c.chapter_id, []).append(c.commit_id)
+        completion[(c.chapter_id, c.scene_id)] = c.scene_completion.completed
+    return {"seqs": {c.commit_id: c.seq for c in commits}, "counts": {c.commit_id: c.paragraph_count for c in commits},
+            "by_chapter": by_chapter, "completion": completion, "max_seq": max((c.seq for c in commits), default=0),
+            "chars": sum(c.effective_characters for c in commits),
+            "canon": sum(len(c.canon_changes) for c in commits)}
+
+
+def _got_totals(totals: Any, commits: list[CommitView]) -> dict[str, Any]:
+    assert totals.commits == tuple(commits)
+    assert all(totals.by_id[c.commit_id] is c for c in commits) and len(totals.by_id) == len(commits)
+    return {"seqs": totals.seqs, "counts": totals.counts, "completion": totals.completion,
+            "by_chapter": {k: [c.commit_id for c in v] for k, v in totals.by_chapter.items()},
+            "max_seq": totals.max_seq, "chars": totals.chars, "canon": totals.canon}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(changes, max_size=3), min_size=12, max_size=12), places, reads, reads,
+       st.lists(st.booleans(), min_size=1, max_size=16), st.integers(0, 10**9))
+def test_commit_totals_equal_a_full_pass_whatever_the_reads_before(
+        canon: list[list[CanonChange]], placed: list[tuple[int, int, bool, int, int]],
+        first: list[tuple[int, list[int], list[CanonChange]]], second: list[tuple[int, list[int], list[CanonChange]]],
+        order: list[bool], novel: int) -> None:
+    """SERVE-8: the totals of a read (rebased on those of a list it shares a first part with:
+    longer, shorter, new objects for some commits, another family of objects interleaved) equal
+    a pass over the whole list; and the totals returned before are never changed by later reads."""
+    from novelbus.novel.next_work import commit_totals
+
+    base = [_placed(_commit(i + 1, c), p) for i, (c, p) in enumerate(zip(canon, placed, strict=True))]
+    books = (_books(first, base), _books(second, [msgspec.structs.replace(c) for c in base]))
+    at, returned = [0, 0], []
+    for which in order:
+        book = books[which]
+        commits = book[at[which] % len(book)]
+        at[which] += 1
+        totals = commit_totals(f"n-{novel}", commits)
+        assert _got_totals(totals, commits) == _expected_totals(commits)
+        returned.append((totals, commits, _expected_totals(commits)))
+    for totals, commits, expected in returned:
+        assert _got_totals(totals, commits) == expected
+
+
+def test_commit_totals_of_a_shorter_read_take_the_claim_of_the_last_commit_left() -> None:
+    """SERVE-8: a read that ends before the last one's last commit (the extractor's, at the
+    commit before) gets each scene's claim from the last commit it holds, not from a commit
+    taken off, nor from the scene's first."""
+    from novelbus.novel.next_work import commit_totals
+
+    claims = (True, False, False, True)
+    book = [_placed(_commit(i + 1, []), (1, 1, done, 1, 10)) for i, done in enumerate(claims)]
+    assert commit_totals("n-shorter", book).completion == {("k1", "s1"): True}
+    shorter = commit_totals("n-shorter", book[:3])
+    assert shorter.completion == {("k1", "s1"): False}
+    assert (shorter.max_seq, shorter.chars, list(shorter.seqs)) == (3, 30, ["commit-1", "commit-2", "commit-3"])
+    assert commit_totals("n-shorter", book[:1]).completion == {("k1", "s1"): True}
