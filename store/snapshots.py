@@ -277,11 +277,14 @@ def _merged_once(novel_id: str, c: CommitView, extracted: tuple[CanonChange, ...
     return merged
 
 
-# SERVE-8: the last `with_extracted` per (novel, canonSource, kinds): its commits, their facts and
-# what it returned. The next call compares commits and facts with those by identity in C (`map`)
-# and merges only the positions that differ, so a read costs no Python step per commit of the book.
+# SERVE-8: the last `with_extracted` per (novel, canonSource, kinds): its commits, their facts, the
+# facts mapping and what it returned. The next call with the same facts mapping (nothing extracted
+# since) and a list that goes on from those commits merges only the commits after them; any other
+# call compares commits and facts with those by identity in C (`map`) and merges only the positions
+# that differ, so a read costs no Python step per commit of the book.
 _LAST_MERGE: OrderedDict[tuple[str, str, frozenset[str] | None],
-                         tuple[list[CommitView], list[str], list[tuple[CanonChange, ...]], list[CommitView]]] = OrderedDict()
+                         tuple[list[CommitView], list[str], list[tuple[CanonChange, ...]], list[CommitView], Facts]
+                         ] = OrderedDict()
 LAST_MERGES_KEPT = 256
 _COMMIT_ID = attrgetter("commit_id")
 
@@ -295,8 +298,16 @@ def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, sourc
         ids = list(map(_COMMIT_ID, commits))
         got: list[tuple[CanonChange, ...]] = list(map(facts.get, ids, repeat(())))
         out = [_merged_once(novel_id, c, e, source, kinds) for c, e in zip(commits, got, strict=True)]
+    elif facts is last[4] and len(last[0]) <= len(commits) and all(map(operator.is_, last[0], commits)):
+        seen, seen_ids, seen_got, seen_out, _ = last  # the same facts, the same commits and more
+        k = len(seen)
+        new_ids = list(map(_COMMIT_ID, commits[k:]))
+        new_got: list[tuple[CanonChange, ...]] = list(map(facts.get, new_ids, repeat(())))
+        ids, got = seen_ids + new_ids, seen_got + new_got
+        out = seen_out + [_merged_once(novel_id, c, e, source, kinds)
+                          for c, e in zip(commits[k:], new_got, strict=True)]
     else:
-        seen, seen_ids, seen_got, seen_out = last
+        seen, seen_ids, seen_got, seen_out, _ = last
         n = min(len(seen), len(commits))
         ids = seen_ids[:n]  # the same commit objects have the same ids: only the others are read
         for i in compress(range(n), map(operator.is_not, seen, commits)):
@@ -308,7 +319,7 @@ def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, sourc
                                         map(operator.is_not, seen_got, got))):
             out[i] = _merged_once(novel_id, commits[i], got[i], source, kinds)
         out += [_merged_once(novel_id, c, e, source, kinds) for c, e in zip(commits[n:], got[n:], strict=True)]
-    _LAST_MERGE[key] = (list(commits), ids, got, out)
+    _LAST_MERGE[key] = (list(commits), ids, got, out, facts)
     _LAST_MERGE.move_to_end(key)
     while len(_LAST_MERGE) > LAST_MERGES_KEPT:
         _LAST_MERGE.popitem(last=False)
