@@ -84,6 +84,7 @@ from novelbus.bench.common import (
     percentile,
     scratch_database,
 )
+from novelbus.bench.flatness import Paired, paired_phase
 from novelbus.bench.roles import role_figures
 from novelbus.bus import tally
 from novelbus.bus.client import BusUnavailable
@@ -528,6 +529,9 @@ class Counts:
     # calibration loop's CPU ms timed in the same run
     cpu_ms_by_quarter: list[float] | None = None
     calibration_ms: float | None = None
+    # SERVE-8, guarded: a book's last quarter against another's first, in alternating blocks
+    # (`bench.flatness`); None with --processes
+    paired: Paired | None = None
 
 
 def nats_messages(ctx: ActorContext) -> dict[str, int]:
@@ -555,8 +559,12 @@ class Guard:
         return {"value": None if self.value is None else round(self.value, 3), "limit": self.limit, "ok": self.ok}
 
 
-def flatness(cpu_by_quarter: list[float] | None) -> float | None:
-    """CPU per unit in the last quarter over the first (None: no quarters, or no CPU in the first)."""
+def flatness(cpu_by_quarter: list[float] | None, paired: Paired | None = None) -> float | None:
+    """CPU per unit in a book's last quarter over a book's first: the pair's when measured (the
+    guarded figure, `bench.flatness`), else the latency novel's quarters' (None: neither, or no
+    CPU in the first)."""
+    if paired is not None:
+        return paired.ratio
     if not cpu_by_quarter or len(cpu_by_quarter) != 4:
         return None
     first, last = cpu_by_quarter[0], cpu_by_quarter[-1]
@@ -567,7 +575,7 @@ def flatness(cpu_by_quarter: list[float] | None) -> float | None:
 
 def guard_decision(per_unit: dict[str, dict[str, float]] | None, cpu_by_quarter: list[float] | None, *,
                    deployment: str = "one-process", limits: dict[str, float] | None = None,
-                   flatness_limit: float = FLATNESS_LIMIT) -> dict[str, Guard]:
+                   flatness_limit: float = FLATNESS_LIMIT, paired: Paired | None = None) -> dict[str, Guard]:
     """SERVE-8: the guards from the measurements alone (pure): each counted figure per unit no more
     than its limit, and flatness. A figure that was not measured is a failed guard, never a pass;
     with `--processes` nothing is counted here, so nothing is guarded."""
@@ -578,7 +586,7 @@ def guard_decision(per_unit: dict[str, dict[str, float]] | None, cpu_by_quarter:
     for key, limit in limits.items():
         value = (per_unit or {}).get(key, {}).get("total")
         out[f"{key}_per_unit"] = Guard(value if value is not None and math.isfinite(value) else None, limit)
-    out["cpu_flatness"] = Guard(flatness(cpu_by_quarter), flatness_limit)
+    out["cpu_flatness"] = Guard(flatness(cpu_by_quarter, paired), flatness_limit)
     return out
 
 
@@ -618,7 +626,7 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
     target_ups = TARGET_UNITS_PER_S[deploy]
     p50, p99 = latency.overhead(50), latency.overhead(99)
     floor_ms = floor.unit_ms
-    guarded = guard_decision(counts.per_unit, counts.cpu_ms_by_quarter, deployment=deploy)
+    guarded = guard_decision(counts.per_unit, counts.cpu_ms_by_quarter, deployment=deploy, paired=counts.paired)
     console.print(f"{'':44} {'figure':>10}   target / guard")
     console.print(f"{'units per second (' + str(load.novels) + ' novels at once)':44} "
                   f"{load.units_per_s:>10.1f}   ≥ {target_ups:.0f} {_mark(load.units_per_s >= target_ups)} "
@@ -626,7 +634,7 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
     labels = {"request_reply_per_unit": "request/reply hops per unit",
               "transactions_per_unit": "store transactions per unit",
               "publish_waits_per_unit": "waited publishes per unit",
-              "cpu_flatness": f"CPU per unit, last / first quarter of {latency.units}"}
+              "cpu_flatness": f"CPU per unit, last / first quarter of {latency.units} (pairs)"}
     for name, g in guarded.items():  # SERVE-8: what the code moves, not the machine
         shown = "n/a" if g.value is None else f"{g.value:.2f}"
         console.print(f"{labels.get(name, name):44} {shown:>10}   ≤ {g.limit:g} {_mark(g.ok)} guard")
@@ -635,9 +643,15 @@ def print_report(deploy: str, latency: PhaseResult, load: PhaseResult, floor: Fl
     ratio = p50 / floor_ms if floor_ms > 0 else math.nan
     console.print(f"{'overhead per unit p50 / p99 (one novel), ms':44} {p50:>10.2f} / {p99:.2f}   "
                   f"= {ratio:.2f} × / {p99 / floor_ms if floor_ms > 0 else math.nan:.2f} × the floor (not guarded)")
+    if counts.paired is not None:
+        pr = counts.paired
+        console.print(f"CPU of this process per unit, a book's last quarter / another's first, in {pr.blocks} "
+                      f"alternating blocks: {pr.late_ms:.2f} / {pr.early_ms:.2f} ms ({pr.late_units} / "
+                      f"{pr.early_units} units) — the guarded flatness")
     if counts.cpu_ms_by_quarter is not None:
         console.print("CPU of this process per unit by quarter of the one novel, ms: "
-                      + " → ".join(f"{q:.2f}" for q in counts.cpu_ms_by_quarter))
+                      + " → ".join(f"{q:.2f}" for q in counts.cpu_ms_by_quarter)
+                      + f" (last / first {flatness(counts.cpu_ms_by_quarter):.2f}, one after the other: not guarded)")
     if counts.calibration_ms and counts.cpu_ms_per_unit is not None:
         console.print(f"CPU per unit over the calibration loop ({CALIBRATION_STEPS:,} pure-Python steps, "
                       f"{counts.calibration_ms:.2f} ms in this run): "
@@ -784,6 +798,14 @@ async def bench(*, novels: int, chapters: int, scenes: int, unit_chars: int, lat
                     counts.nats_messages_per_unit = {
                         "latency": {k: round((nats1[k] - nats0[k]) / latency.units, 2) for k in nats0},
                         "load": {k: round((nats3[k] - nats2[k]) / load.units, 2) for k in nats0}}
+                if not processes:  # SERVE-8: the guarded flatness, in pairs (CPU of this process)
+                    pair = tuple(novel_dict(lat_chapters, scenes, seed=seed + 3000 + i, unit_chars=unit_chars,
+                                            cjk=False, mode="subagent", label=f"bench throughput flatness {i + 1}")
+                                 for i in range(2))
+                    for data in pair:
+                        data.setdefault("config", {}).update(ROLES_ON if roles else ROLES_OFF)
+                    counts.paired = await paired_phase(ctx, (pair[0], pair[1]), units=lat_chapters * scenes,
+                                                       timeout=timeout)
                 if keeper is not None:
                     counts.maintenance = len(keeper.runs)
                 # ROLE-5: the detector's and the extractor's calls and usage per unit, both phases
@@ -838,7 +860,7 @@ def bench_throughput(
                                           warmup_units=warmup_units, autovacuum=autovacuum, roles=roles))
     except (RuntimeError, ValueError, TimeoutError) as e:
         fail(str(e))
-    guarded = guard_decision(counts.per_unit, counts.cpu_ms_by_quarter, deployment=deploy)
+    guarded = guard_decision(counts.per_unit, counts.cpu_ms_by_quarter, deployment=deploy, paired=counts.paired)
     if not as_json:
         print_report(deploy, latency, load, floor, counts, warmup)
         _exit_on_failed_guards(guarded)
@@ -866,7 +888,8 @@ def bench_throughput(
         "per_unit": counts.per_unit,
         "stream_messages_per_unit": counts.stream_messages_per_unit,
         "cpu_ms_per_unit": counts.cpu_ms_per_unit,
-        "cpu_ms_per_unit_by_quarter": counts.cpu_ms_by_quarter,  # SERVE-8: flatness, same run
+        "cpu_ms_per_unit_by_quarter": counts.cpu_ms_by_quarter,  # SERVE-8: one after the other
+        "cpu_flatness_paired": None if counts.paired is None else counts.paired.as_json(),  # guarded
         "calibration_ms": counts.calibration_ms,  # the fixed pure-Python loop, this run
         "cpu_per_unit_over_calibration": round(counts.cpu_ms_per_unit / counts.calibration_ms, 3)
         if counts.cpu_ms_per_unit is not None and counts.calibration_ms else None,

@@ -116,7 +116,6 @@ def per_object(fn: Callable[[A], R], size: int = 64) -> Callable[[A], R]:
 
 
 _SEQ, _STATE = attrgetter("seq"), attrgetter("state")
-_CHAPTER, _SCENE, _COMPLETED = attrgetter("chapter_id"), attrgetter("scene_id"), attrgetter("scene_completion.completed")
 _CHARS, _UNIT_ID = attrgetter("effective_characters"), attrgetter("unit_id")
 T = TypeVar("T")
 
@@ -192,11 +191,12 @@ class CommitTotals:
     last commit's in list order), the highest seq, the effective characters and the canon facts
     of all of them. Built by `commit_totals`; its dicts are never changed once returned."""
 
-    __slots__ = ("commits", "seqs", "counts", "by_id", "by_chapter", "completion", "max_seq", "chars", "canon",
-                 "_done")
+    __slots__ = ("commits", "source", "seqs", "counts", "by_id", "by_chapter", "completion", "max_seq", "chars",
+                 "canon", "_done")
 
     def __init__(self) -> None:
         self.commits: tuple[CommitView, ...] = ()
+        self.source: Sequence[CommitView] | None = None  # the list these totals were asked for
         self.seqs: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.by_id: dict[str, CommitView] = {}
@@ -234,7 +234,8 @@ class CommitTotals:
                 del out.by_chapter[c.chapter_id]
             out.chars -= c.effective_characters
             out.canon -= len(c.canon_changes)
-        for chapter_id, scene_id in {(c.chapter_id, c.scene_id) for c in gone}:  # the claims left
+        touched = {(c.chapter_id, c.scene_id) for c in gone}
+        for chapter_id, scene_id in touched:  # the claims left
             claims = [c.scene_completion.completed for c in out.by_chapter.get(chapter_id, ()) if c.scene_id == scene_id]
             if claims:
                 out.completion[(chapter_id, scene_id)] = claims[-1]
@@ -252,7 +253,10 @@ class CommitTotals:
             out.max_seq = max(out.max_seq, c.seq)
             out.chars += c.effective_characters
             out.canon += len(c.canon_changes)
-        out.commits = tuple(commits)
+        out.commits, out.source = tuple(commits), commits
+        if self._done is not None:  # the finished scenes, from these (copied in C, hashes kept)
+            touched.update((c.chapter_id, c.scene_id) for c in commits[same:])
+            out._done = (self._done - touched) | {k for k in touched if out.completion.get(k)}
         return out
 
 
@@ -276,12 +280,15 @@ def commit_totals(key: Any, commits: Sequence[CommitView]) -> CommitTotals:
         kept = _TOTALS[key] = []
     _TOTALS.move_to_end(key)
     n = len(commits)
+    if kept and kept[0].source is commits and len(kept[0].commits) == n:  # the same list again
+        return kept[0]
     best, same, cost = _NO_TOTALS, 0, n  # cost: commits taken off and added (from nothing: n)
     for i, totals in enumerate(kept):
         seen = totals.commits
         m = next(compress(count(), map(operator.is_not, seen, commits)), min(len(seen), n))
         if m == len(seen) == n:
             kept.insert(0, kept.pop(i))
+            totals.source = commits  # the same commits: this list finds them at once next time
             return totals
         if len(seen) - m + n - m < cost:
             best, same, cost = totals, m, len(seen) - m + n - m
@@ -321,19 +328,21 @@ _ORDERED: OrderedDict[str, list[list[CommitView]]] = OrderedDict()
 
 
 def _in_seq_order(novel_id: str, commits: list[CommitView]) -> list[CommitView]:
-    """`sorted(commits, key=seq)` (a new list)."""
+    """`sorted(commits, key=seq)`: `commits` itself when it is in seq order (read only, as every
+    index list), else a new list."""
     kept = _ORDERED.setdefault(novel_id, [])
     _ORDERED.move_to_end(novel_id)
     for i, done in enumerate(kept):
+        if done is commits:  # the same list again (SERVE-8: a read that found nothing new)
+            return commits
         k = len(done)
         if k and k <= len(commits) and all(map(operator.is_, done, commits)):
             tail = [c.seq for c in commits[k - 1:]]
             if all(map(operator.lt, tail, tail[1:])):
-                out = list(commits)
-                kept[i] = out
-                return out
+                kept[i] = commits
+                return commits
         elif len(commits) < k and all(map(operator.is_, commits, done)):  # a read at an earlier asOf
-            return list(commits)
+            return commits
     out = sorted(commits, key=_SEQ)
     kept.insert(0, out)
     del kept[4:]
@@ -413,11 +422,30 @@ def completed_chapters(snapshot: NovelSnapshot) -> tuple[str, ...]:
         return ()
     finished = finished_scenes(snapshot)
     keys = chapter_scene_keys(outline)
-    return tuple(  # SERVE-8: each chapter's scenes checked in C (`issuperset`)
+    # SERVE-8: the chapters the last answer for this novel found complete stay complete while the
+    # finished scenes hold the last ones (checked in C); only the others are checked again
+    last = _COMPLETE_CHAPTERS.get(snapshot.novel_id)
+    known = last[2] if last is not None and last[0] is outline and last[1] <= finished else frozenset()
+    done = tuple(
         chapter.chapterId
-        for chapter in outline.ordered_chapters()
-        if (own := keys.get(chapter.chapterId)) and finished.issuperset(own)
+        for chapter in _ordered_chapters(outline)
+        if chapter.chapterId in known or ((own := keys.get(chapter.chapterId)) and finished.issuperset(own))
     )
+    _COMPLETE_CHAPTERS[snapshot.novel_id] = (outline, finished, frozenset(done))
+    _COMPLETE_CHAPTERS.move_to_end(snapshot.novel_id)
+    while len(_COMPLETE_CHAPTERS) > 256:
+        _COMPLETE_CHAPTERS.popitem(last=False)
+    return done
+
+
+# per novel: the outline, the finished scenes and the chapters complete in the last answer
+_COMPLETE_CHAPTERS: OrderedDict[str, tuple[Outline, frozenset[SceneKey], frozenset[str]]] = OrderedDict()
+
+
+@per_object
+def _ordered_chapters(outline: Outline) -> tuple[Chapter, ...]:
+    """`Outline.ordered_chapters` once per outline."""
+    return tuple(outline.ordered_chapters())
 
 
 @per_object

@@ -36,7 +36,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Generic, TypeVar
 
@@ -51,7 +51,7 @@ MARK_SQL = "(floor(extract(epoch FROM {t}.created_at) * 1000000)::bigint::text |
 NOVEL_MARK_SQL = "(floor(extract(epoch FROM n.created_at) * 1000000)::bigint::text)"  # `n`: the novel row
 MAX_UNITS = 50_000
 MAX_EXTRACTED = 100_000  # facts over all novels (a few hundred bytes each)
-_CREATED = itemgetter(0)  # a unit row's created_seq
+_CREATED, _UNIT = itemgetter(0), itemgetter(1)  # a unit row's created_seq, and the unit
 _SEQ = attrgetter("seq")
 K = TypeVar("K")
 
@@ -62,6 +62,9 @@ class Known:
 
     commits: tuple[CommitView, ...] = ()
     mark: str | None = None
+    # SERVE-8: the list the read that made this returned: a read that finds nothing new returns it
+    # again (read only, as every index list), so what callers keep per list object hits again
+    listed: list[CommitView] | None = field(default=None, compare=False, repr=False)
 
     @property
     def after(self) -> int:
@@ -143,11 +146,17 @@ class CommitIndexCache:
         if after != 0 and len(commits) <= len(self._novels.get(novel_id).commits):
             self._novels.touch(novel_id)
             return
-        self._novels.put(novel_id, Known(tuple(commits), mark))
+        self._novels.put(novel_id, Known(tuple(commits), mark, commits))
 
     def read(self, novel_id: str, known: Known, after: int, new: list[CommitView], up_to: int | None,
              mark: str | None) -> list[CommitView]:
-        """The whole index a statement sent with `known` returned (`merge`), kept for the next read."""
+        """The whole index a statement sent with `known` returned (`merge`), kept for the next read.
+        Read only: a read that finds nothing after what is known gets the list of the read before."""
+        if (after and not new and after == known.after and (up_to is None or up_to >= after)
+                and known.listed is not None and mark == known.mark):
+            self.partial_reads += 1
+            self._novels.touch(novel_id)
+            return known.listed
         commits = merge(known, after, new, up_to)
         self.remember(novel_id, after, commits, mark)
         return commits
@@ -170,6 +179,9 @@ class KnownUnits:
     units: tuple[UnitRow, ...] = ()
     snapshot: str | None = None
     mark: str | None = None
+    # SERVE-8: the units alone, as the read that made this returned them: a read that finds no
+    # unit written since gets them again (read only), not a list made anew
+    views: list[UnitView] | None = field(default=None, compare=False, repr=False)
 
 
 NO_UNITS = KnownUnits()
@@ -226,12 +238,13 @@ class UnitsCache:
     def known(self, novel_id: str) -> KnownUnits:
         return self._novels.get(novel_id)
 
-    def remember(self, novel_id: str, known_ok: bool, units: list[UnitRow], snapshot: str, mark: str) -> None:
+    def remember(self, novel_id: str, known_ok: bool, units: list[UnitRow], snapshot: str, mark: str,
+                 views: list[UnitView] | None = None) -> None:
         if known_ok:
             self.partial_reads += 1
         else:
             self.full_reads += 1
-        self._novels.put(novel_id, KnownUnits(tuple(units), snapshot, mark))
+        self._novels.put(novel_id, KnownUnits(tuple(units), snapshot, mark, views))
 
     def read(self, novel_id: str, known: KnownUnits, known_ok: bool, rows: list[UnitRow], snapshot: str,
              mark: str) -> list[UnitRow]:
@@ -240,6 +253,19 @@ class UnitsCache:
         units = merge_units(known, known_ok, rows)
         self.remember(novel_id, known_ok, units, snapshot, mark)
         return units
+
+    def read_views(self, novel_id: str, known: KnownUnits, known_ok: bool, rows: list[UnitRow], snapshot: str,
+                   mark: str) -> list[UnitView]:
+        """`read`'s units alone, in creation order (read only). SERVE-8: no unit written since the
+        known ones (the usual read between two units' changes) gives the list the last read gave."""
+        if known_ok and not rows and known.views is not None and known.mark == mark:
+            self._novels.put(novel_id, KnownUnits(known.units, snapshot, mark, known.views))
+            self.partial_reads += 1
+            return known.views
+        units = merge_units(known, known_ok, rows)
+        views = list(map(_UNIT, units))
+        self.remember(novel_id, known_ok, units, snapshot, mark, views)
+        return views
 
     def clear(self) -> None:
         self._novels.clear()

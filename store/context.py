@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from operator import itemgetter
 
 import msgspec
 
@@ -74,8 +73,6 @@ _KNOWN_AFTER = known_after("$4::int", "$5::text")
 _INDEX_COMMITS = commits_json("'[]'::json", up_to="a.as_of", after=_KNOWN_AFTER)
 CANON_KIND_SET = frozenset(CANON_KINDS)  # the extractor's facts a context selects
 _unit_rows = msgspec.json.Decoder(list[tuple[int, UnitView]])
-# SERVE-8: the units of a read taken from their rows in C (`map`), not by a Python step each
-_UNIT = itemgetter(1)
 _commits = msgspec.json.Decoder(list[CommitView])
 
 
@@ -182,9 +179,8 @@ async def read_context_sources(
         revision = outline_revision or novel["outline_revision"]
         outline = await _outline(conn, novel_id, revision)
         # Read with the novel (one round trip): the units written since those this process knows.
-        unit_rows = UNITS.read(novel_id, known_units, novel["units_known"], _unit_rows.decode(novel["unit_rows"]),
-                               novel["units_snapshot"], novel["novel_mark"])
-        units = list(map(_UNIT, unit_rows))
+        units = UNITS.read_views(novel_id, known_units, novel["units_known"], _unit_rows.decode(novel["unit_rows"]),
+                                 novel["units_snapshot"], novel["novel_mark"])
         latest, own = int(novel["latest"]), novel["own"]
         if as_of is None:
             as_of = own - 1 if own is not None else latest

@@ -6,7 +6,7 @@ import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -291,9 +291,13 @@ _COMMIT_ID = attrgetter("commit_id")
 
 def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, source: str,
                    kinds: frozenset[str] | None = None) -> list[CommitView]:
-    """`merged_view` of every commit with its facts, each pair merged once (`_MERGED`)."""
+    """`merged_view` of every commit with its facts, each pair merged once (`_MERGED`). Read only:
+    the same list and facts mapping as the last call get the list that call returned."""
     key = (novel_id, source, kinds)
     last = _LAST_MERGE.get(key)
+    if last is not None and commits is last[0] and facts is last[4]:
+        _LAST_MERGE.move_to_end(key)
+        return last[3]
     if last is None:
         ids = list(map(_COMMIT_ID, commits))
         got: list[tuple[CanonChange, ...]] = list(map(facts.get, ids, repeat(())))
@@ -319,11 +323,11 @@ def with_extracted(novel_id: str, commits: list[CommitView], facts: Facts, sourc
                                         map(operator.is_not, seen_got, got))):
             out[i] = _merged_once(novel_id, commits[i], got[i], source, kinds)
         out += [_merged_once(novel_id, c, e, source, kinds) for c, e in zip(commits[n:], got[n:], strict=True)]
-    _LAST_MERGE[key] = (list(commits), ids, got, out, facts)
+    _LAST_MERGE[key] = (commits, ids, got, out, facts)  # index lists are read only: kept as they are
     _LAST_MERGE.move_to_end(key)
     while len(_LAST_MERGE) > LAST_MERGES_KEPT:
         _LAST_MERGE.popitem(last=False)
-    return list(out)
+    return out
 
 
 # Without prose: the commits' paragraphs are empty (next_work and the finish guards need none),
@@ -369,8 +373,8 @@ def _index(novel_id: str, row: SnapshotRow, known: Known, up_to: int | None,
     commits = CACHE.read(novel_id, known, row.commits_after, row.commits, up_to, row.mark)
     units = row.units
     if known_units is not None and row.units_snapshot is not None and row.novel_mark is not None:
-        rows = UNITS.read(novel_id, known_units, row.units_known, row.unit_rows, row.units_snapshot, row.novel_mark)
-        units = list(map(itemgetter(1), rows))
+        units = UNITS.read_views(novel_id, known_units, row.units_known, row.unit_rows, row.units_snapshot,
+                                 row.novel_mark)
     return msgspec.structs.replace(row, commits=commits, commits_after=0, units=units, unit_rows=[])
 
 

@@ -24,8 +24,6 @@ import json
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import compress
-from operator import attrgetter
 from typing import Any, Literal
 
 import msgspec
@@ -34,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from novelbus.novel.body import CommitArgs, CommitBody
 from novelbus.novel.context import select_references, validate_request
 from novelbus.novel.next_work import (
+    commit_totals,
     completed_chapters,
     finished_scenes,
     live_commits,
@@ -230,7 +229,6 @@ def cap_text(text: str, cap: int = BODY_READ_CAP) -> tuple[str, bool]:
 
 
 STATUS_CHAPTER_WINDOW = 2  # chapters shown on each side of the current one
-_CHAPTER, _CHARS = attrgetter("chapter_id"), attrgetter("effective_characters")
 
 
 def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
@@ -255,10 +253,9 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
         lo = max(0, min(at - STATUS_CHAPTER_WINDOW, len(ordered) - size))
         hi = lo + size
         shown = {ch.chapterId for ch in ordered[lo:hi]}
-        characters: dict[str, int] = {}  # committed characters per shown chapter
-        # SERVE-8: the book's other commits are skipped in C (`map`), not visited in Python
-        for c in compress(commits, map(shown.__contains__, map(_CHAPTER, commits))):
-            characters[c.chapter_id] = characters.get(c.chapter_id, 0) + c.effective_characters
+        # committed characters per shown chapter (SERVE-8: the shown chapters' commits only)
+        by_chapter = commit_totals(snapshot.novel_id, commits).by_chapter
+        characters = {cid: sum(c.effective_characters for c in by_chapter.get(cid, ())) for cid in shown}
         for ch in ordered[lo:hi]:
             scenes = scenes_of.get(ch.chapterId, [])
             chapters.append(
@@ -277,7 +274,7 @@ def novel_status_read(snapshot: NovelSnapshot, _: NoParams) -> dict[str, Any]:
         "title": snapshot.title,
         "status": snapshot.status,
         "pauseReason": snapshot.pause_reason,
-        "committedCharacters": sum(map(_CHARS, commits)),
+        "committedCharacters": commit_totals(snapshot.novel_id, commits).chars,
         "commitCount": len(commits),
         "lengthTarget": length.targetCharacters if length.kind == "target" else None,
         "currentChapterId": current,
@@ -354,11 +351,9 @@ def novel_lore_search(snapshot: NovelSnapshot, p: SearchParams) -> dict[str, Any
 
 def novel_body_read(snapshot: NovelSnapshot, p: BodyReadParams) -> dict[str, Any]:
     _chapter_or_error(snapshot, p.chapterId)
-    commits = [
-        c
-        for c in live_commits(snapshot)
-        if c.chapter_id == p.chapterId and (p.sceneId is None or c.scene_id == p.sceneId)
-    ]
+    # SERVE-8: the chapter's live commits in seq order (`commit_totals`), not a pass over the book
+    chapter = commit_totals(snapshot.novel_id, live_commits(snapshot)).by_chapter.get(p.chapterId, ())
+    commits = [c for c in chapter if p.sceneId is None or c.scene_id == p.sceneId]
     # Each paragraph carries its citable source so canon changes can point at it.
     full = "\n\n".join(
         f"[{c.commit_id}#{i}] {para}" for c in commits for i, para in enumerate(c.paragraphs)
@@ -376,11 +371,8 @@ def novel_body_read(snapshot: NovelSnapshot, p: BodyReadParams) -> dict[str, Any
 
 def _body_read_prose(snapshot: NovelSnapshot, p: BodyReadParams) -> list[str]:
     """The commits `novel_body_read` may quote: the chapter's (the scene's), superseded or not."""
-    return [
-        c.commit_id
-        for c in snapshot.commits
-        if c.chapter_id == p.chapterId and (p.sceneId is None or c.scene_id == p.sceneId)
-    ]
+    chapter = commit_totals(snapshot.novel_id, snapshot.commits).by_chapter.get(p.chapterId, ())
+    return [c.commit_id for c in chapter if p.sceneId is None or c.scene_id == p.sceneId]
 
 
 def _all_prose(snapshot: NovelSnapshot, _: Any) -> list[str]:
@@ -640,7 +632,10 @@ def prose_to_read(
         return []
     _, params = _read_call(name, args)
     wanted = set(spec.prose(snapshot, params)).difference(loaded)
-    return [c.commit_id for c in snapshot.commits if c.commit_id in wanted]
+    if not wanted:
+        return []
+    seqs = commit_totals(snapshot.novel_id, snapshot.commits).seqs  # SERVE-8: no pass over the book
+    return sorted((cid for cid in wanted if cid in seqs), key=seqs.__getitem__)
 
 
 def with_prose(snapshot: NovelSnapshot, prose: Mapping[str, list[str]]) -> NovelSnapshot:

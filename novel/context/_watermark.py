@@ -67,7 +67,31 @@ def watermark_of(
     references_on: str | None = None,
 ) -> Watermark:
     """The watermark of one read: ``commits`` are those at or before asOf, ``extracted`` the
-    extraction rows the read saw by commit id (None: the canon does not use them)."""
+    extraction rows the read saw by commit id (None: the canon does not use them). SERVE-8: the
+    same lists and mapping as a recent read (read only, shared by reads that found nothing new)
+    give that read's watermark again, without a pass over the book."""
+    key = (id(commits), id(extracted), id(units), canon_source, references_on)
+    hit = _RECENT.get(key)
+    if hit is not None and hit[0] is commits and hit[1] is extracted and hit[2] is units:
+        return hit[3]
+    mark = _watermark_of(commits, extracted, canon_source, units, references_on)
+    _RECENT[key] = (commits, extracted, units, mark)  # held, so their ids are not reused meanwhile
+    while len(_RECENT) > 16:
+        del _RECENT[next(iter(_RECENT))]
+    return mark
+
+
+_RECENT: dict[tuple[int, int, int, str, str | None],
+              tuple[list[CommitView], Mapping[str, object] | None, list[UnitView], Watermark]] = {}
+
+
+def _watermark_of(
+    commits: list[CommitView],
+    extracted: Mapping[str, object] | None,
+    canon_source: str,
+    units: list[UnitView],
+    references_on: str | None,
+) -> Watermark:
     # SERVE-8: the passes over every commit and unit run in C (`map`), not a Python step each
     read: tuple[tuple[int, int], ...] = ()
     if extracted is not None and canon_source != "writer":

@@ -145,6 +145,7 @@ async def test_bench_throughput_json_reports_units_per_second_and_the_hop_split(
                                                "ok": value <= limit}
     assert guards["cpu_flatness"] == {"value": None, "limit": 1.25, "ok": False}
     assert report["cpu_ms_per_unit_by_quarter"] is None and report["calibration_ms"] > 0
+    assert report["cpu_flatness_paired"] is None  # a quarter of one unit: no unit after another in a block
     assert report["cpu_per_unit_over_calibration"] == pytest.approx(
         report["cpu_ms_per_unit"] / report["calibration_ms"], rel=0.01)
     assert ("guard failed" in out.stderr) == (out.returncode == 1)
@@ -230,6 +231,14 @@ async def test_bench_throughput_measures_a_novel_longer_than_the_usage_ring(
     assert report["latency_units_measured"] == 59  # every unit but the last, past the ring's 50
     quarters = report["overhead_p50_by_quarter_ms"]
     assert len(quarters) == 4 and all(q > 0 for q in quarters)
+    # SERVE-8: the guarded flatness, in pairs: the last 15 units of one 60-unit book and the first
+    # 15 of another, in blocks of 5 (the first unit of each block, after the resume, not counted)
+    pair = report["cpu_flatness_paired"]
+    assert (pair["blocks"], pair["late_units"], pair["early_units"]) == (6, 12, 12)
+    assert pair["late_ms"] > 0 and pair["early_ms"] > 0
+    assert pair["ratio"] == pytest.approx(pair["late_ms"] / pair["early_ms"], abs=0.002)
+    assert report["guards"]["cpu_flatness"]["value"] == pytest.approx(pair["ratio"], abs=0.002)
+    assert len(report["cpu_ms_per_unit_by_quarter"]) == 4  # one after the other: printed, not guarded
     # The benchmark wrote its novels into a scratch database of that server, dropped after it:
     # nothing in the database it was given, no scratch database left behind.
     conn = await asyncpg.connect(dsn)

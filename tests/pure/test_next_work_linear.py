@@ -11,7 +11,7 @@ prepared units of one scene.
 from __future__ import annotations
 
 import msgspec
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from novelbus.novel.body import SceneCompletion
@@ -216,3 +216,15 @@ def test_decision_equals_the_per_scene_reference(s: NovelSnapshot) -> None:
     for paragraph in ref_export_paragraphs(s):
         assert f"\n\n{paragraph}\n" in exported
     assert exported.count("Paragraph ") == len(ref_export_paragraphs(s))
+
+
+@given(messy_snapshots(), st.lists(st.integers(0, 16), min_size=2, max_size=8))
+@settings(parent=PURE, max_examples=400)
+def test_decisions_over_reads_of_one_book_equal_the_reference(s: NovelSnapshot, cuts: list[int]) -> None:
+    """DRV-1, DRV-5, SERVE-8: the answers that resume from the last ones for the same novel
+    (the first unfinished scene, the complete chapters) equal the reference read after read, as
+    the same outline's book grows or a read ends earlier (finished scenes gained and lost)."""
+    for cut in cuts:
+        read = msgspec.structs.replace(s, commits=s.commits[:cut], as_of_seq=min(cut, len(s.commits)))
+        assert list(completed_chapters(read)) == ref_completed_chapters(read)
+        assert next_work(read) == ref_next_work(read)

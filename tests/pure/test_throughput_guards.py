@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from novelbus.bench.flatness import Mark, paired_cpu, trimmed_mean
 from novelbus.bench.throughput import (
     COUNT_LIMITS,
     FLATNESS_LIMIT,
@@ -84,3 +85,38 @@ def test_cpu_by_quarter_is_the_mean_cpu_per_commit_of_each_quarter() -> None:
     assert cpu_by_quarter(marks, 10.0) == pytest.approx([1.0, 1.0, 3.0, 3.0])
     assert flatness(cpu_by_quarter(marks, 10.0)) == pytest.approx(3.0)
     assert cpu_by_quarter(marks[:7], 10.0) is None  # under 8 units: no quarters
+
+
+def _marks(plan: list[tuple[str, int, float]]) -> list[Mark]:
+    """Commits one after another: (book, block, CPU ms since the commit before)."""
+    out, t = [], 100.0
+    for novel_id, block, ms in plan:
+        t += ms / 1000
+        out.append(Mark(t, novel_id, block))
+    return out
+
+
+def test_the_pair_counts_a_unit_only_after_its_own_book_s_commit_in_the_same_block() -> None:
+    """SERVE-8: the first unit of a block (the resume in it) and a unit after the other book's
+    commit are not counted; the long book's prefix (block 0) is not either."""
+    marks = _marks([("late", 0, 5.0), ("late", 0, 5.0),  # alone, before the pairs: not counted
+                    ("early", 1, 50.0), ("early", 1, 2.0), ("early", 1, 2.0),
+                    ("late", 2, 50.0), ("late", 2, 3.0), ("early", 2, 40.0), ("late", 2, 40.0), ("late", 2, 3.0),
+                    ("late", 3, 60.0), ("late", 3, 3.0)])  # the next block of the same book: its resume
+    pair = paired_cpu(marks, "late", "early")
+    assert pair is not None
+    assert (pair.late_units, pair.early_units, pair.blocks) == (3, 2, 3)
+    assert (pair.late_ms, pair.early_ms) == (pytest.approx(3.0), pytest.approx(2.0))
+    assert pair.ratio == pytest.approx(1.5)
+    guards = guard_decision(per_unit(), FLAT, paired=pair)  # the pair decides, not the quarters
+    assert not guards["cpu_flatness"].ok and guards["cpu_flatness"].value == pytest.approx(1.5)
+    assert paired_cpu(marks[:5], "late", "early") is None  # no unit of the long book in a block
+
+
+def test_a_collector_s_pause_in_one_unit_does_not_decide_the_pair() -> None:
+    """SERVE-8: the highest and lowest tenth of each book's units are left out of its figure."""
+    plan = [("early", 1, 0.0)] + [("early", 1, 10.0)] * 10 + [("late", 2, 0.0)] + [("late", 2, 10.0)] * 9
+    marks = _marks([*plan, ("late", 2, 300.0)])  # one unit of the long book waited on a full collection
+    pair = paired_cpu(marks, "late", "early")
+    assert pair is not None and pair.ratio == pytest.approx(1.0)
+    assert trimmed_mean([1.0, 2.0, 3.0]) == pytest.approx(2.0)  # too few to cut: the plain mean

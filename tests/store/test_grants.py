@@ -29,7 +29,7 @@ from novelbus.messages import events as ev
 from novelbus.messages.subjects import Subjects
 from novelbus.store import grants
 from tests.store.helpers import novel_file
-from tests.waiting import drive, no_unit_in_flight
+from tests.waiting import drive, no_unit_in_flight, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -241,11 +241,15 @@ async def test_the_actors_each_as_its_own_role_write_a_novel_to_its_end(
         await no_unit_in_flight(Runtime(ctx=ctx), driven.novel_id)  # every turn's usage recorded
         sampled = await ctx.pool.fetchval("SELECT sum(samples) FROM usage_totals WHERE novel_id = $1", driven.novel_id)
         assert sampled is not None and sampled >= len(counts)  # each turn's, and the roles' calls
-        if config == "roles":
-            extracted = await ctx.pool.fetchval("SELECT count(*) FROM extracted_commits WHERE novel_id = $1",
-                                                driven.novel_id)
+        if config == "roles":  # the extractor reads each commit after it lands, off the unit's path
+            async def all_extracted() -> bool:
+                extracted = await ctx.pool.fetchval("SELECT count(*) FROM extracted_commits WHERE novel_id = $1",
+                                                    driven.novel_id)
+                return bool(extracted == len(counts))
+
+            await wait_until(all_extracted, 30, "every commit extracted, as its own role")
             detected = await ctx.pool.fetchval("SELECT count(*) FROM detections WHERE novel_id = $1", driven.novel_id)
-            assert extracted == len(counts) and detected >= len(counts)
+            assert detected >= len(counts)
     assert refusals(caplog) == []  # no actor was refused anything on the way, not even once
 
 
