@@ -314,6 +314,13 @@ async def report(ctx: Any, study_id: str) -> dict[str, Any]:
     return result
 
 
+async def judge_usage_novel(ctx: Any, study_id: str) -> str | None:
+    """The novel a model judge's calls are recorded against, under the mode `judge`: the study's
+    test arm (None before that arm has a novel). Its writers' modes stay apart from it."""
+    row, study = await _study(ctx, study_id)
+    return row.arms.get(study.test_arm)
+
+
 async def judge(ctx: Any, study_id: str, verdicts: Judge, *, name: str) -> dict[str, Any]:
     """STUDY-4: a model judge (`verdicts`: the blind projection in, a letter per criterion out)
     run on every reviewable pair in both orders, as one more reviewer (`judge-N`); a pair it
@@ -492,5 +499,6 @@ async def vote(ctx: Any, study_id: str, pair_id: str, token: str, *, criterion: 
 
 __all__ = [
     "DEFAULT_PANEL_URL", "Judge", "adopt", "authenticate", "create", "create_arm", "decide", "default_writer_mode", "invite",
-    "judge", "next_pair", "redeem_invite", "refresh_pairs", "report", "start", "status", "token_hash", "vote",
+    "judge", "judge_usage_novel", "next_pair", "redeem_invite", "refresh_pairs", "report", "start", "status",
+    "token_hash", "vote",
 ]

@@ -212,12 +212,19 @@ def judge(study_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
         from novelbus.writers.factory import make_provider
 
         provider = make_provider(spec, local_server=open_local_server)
+        novel_id = await studies.judge_usage_novel(ctx, study_id)
 
-        async def record(sample: dict[str, Any]) -> None:
-            return None  # the judge's usage of a study is not a novel's (`bench ab` records its own)
+        async def record(sample: dict[str, Any]) -> None:  # each call, as `bench ab` records its judge's
+            if novel_id is not None:
+                await store.record_usage(ctx.pool, novel_id, ab_quality.JUDGE_MODE,
+                                         {k: v for k, v in sample.items() if v is not None})
 
         try:
-            return await studies.judge(ctx, study_id, ab_quality.ModelJudge(provider, record), name=spec)
+            out = await studies.judge(ctx, study_id, ab_quality.ModelJudge(provider, record), name=spec)
+            if novel_id is not None:
+                out["usage"] = (await store.usage_totals(ctx.pool, novel_id)).get(ab_quality.JUDGE_MODE, {})
+                out["usageNovelId"] = novel_id
+            return out
         finally:
             close = getattr(provider, "aclose", None)
             if close is not None:
@@ -228,6 +235,11 @@ def judge(study_id: str, home: HomeOpt = None, nats_url: NatsOpt = None, databas
         print_json(out)
     else:
         console.print(f"{out['judge']}: {out['votes']} votes, {out['failedPairs']} failed judgments")
+        if "usage" in out:
+            use = out["usage"]
+            console.print(f"its usage, under the mode judge of novel {out['usageNovelId']} (all its runs so far): "
+                          f"{use.get('calls', 0)} calls, {use.get('inputTokens', 'unknown')} input tokens, "
+                          f"{use.get('outputTokens', 'unknown')} output tokens")
 
 
 def _print_report(r: dict[str, Any]) -> None:

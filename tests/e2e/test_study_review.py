@@ -21,9 +21,11 @@ from novelbus.app import studies
 from novelbus.bus.events import EventFollower
 from novelbus.messages import events as ev
 from novelbus.novel import w3
+from novelbus.novel.roles.judge import CRITERIA as JUDGE_CRITERIA
 from novelbus.novel.sample import sample_novel_bytes
 from novelbus.novel.study import parse_study_file
 from novelbus.store import studies as db
+from tests.writers.chat_server import ChatServer, Response, completion
 
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 STUDY: dict[str, Any] = {
@@ -81,7 +83,7 @@ def kappa(x: list[str], y: list[str]) -> float:
 
 
 async def test_two_reviewers_review_a_study_blind_and_its_decision_becomes_the_default(
-        stack: Runtime, nats_url: str, tmp_path: Path) -> None:
+        stack: Runtime, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """STUDY-1, STUDY-3, STUDY-4, STUDY-6: create → arms written → undecided before any vote →
     two invited reviewers vote on every pair through `novelbus review` (one always A) → the
     report's position bias, κ and intervals → `decide` follows the rule → `adopt` changes what
@@ -216,6 +218,27 @@ async def test_two_reviewers_review_a_study_blind_and_its_decision_becomes_the_d
     quality_ok = all(report["criteria"][c]["low"] >= 0.4 for c in STUDY["criteria"])
     expected = "subagent" if quality_ok and cost["ratio"] <= 0.40 else "inline"
     assert report["verdict"] == expected
+
+    # STUDY-4: a model judge behind the OpenAI wire format: every pair in both orders, each call's
+    # usage recorded under the mode `judge` of the test arm's novel (always a tie: it agrees with
+    # nobody, so it is not counted and the verdict below stays the people's)
+    calls: list[dict[str, Any]] = []
+
+    def tie(request: dict[str, Any]) -> Response:
+        calls.append(request)
+        return completion(content=json.dumps(dict.fromkeys(JUDGE_CRITERIA, "tie")),  # the judge's own criteria
+                          usage={"prompt_tokens": 100, "completion_tokens": 10})
+
+    async with ChatServer([], responder=tie) as server:
+        monkeypatch.setenv("NOVELBUS_MODEL_BASE_URL", server.base_url)
+        code, out, err = await novelbus("study", "judge", study_id, "--judge-model", "openai:judge-test", "--json", *f)
+    judged = json.loads(out)
+    assert code == 0 and judged["judge"] == "judge-2" and judged["failedPairs"] == 0, err
+    assert len(calls) == 18 and judged["votes"] == 18 * len(STUDY["criteria"])  # 9 pairs, both orders
+    assert judged["usageNovelId"] == row.arms["subagent"]
+    assert (judged["usage"]["calls"], judged["usage"]["inputTokens"], judged["usage"]["outputTokens"]) == (18, 1800, 180)
+    assert (await store.usage_totals(pool, row.arms["subagent"]))["judge"]["calls"] == 18
+    assert "judge" not in await store.usage_totals(pool, row.arms["inline"])
 
     code, out, err = await novelbus("study", "decide", study_id, "--json", *f)
     record = json.loads(out)
