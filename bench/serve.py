@@ -191,6 +191,10 @@ async def phase(ctx_urls: tuple[str, str], novels: int, units: int, slots: int, 
                     ids, seconds = await write_many(ctx, datas, timeout=timeout, label=label, live=live,
                                                     written=length_only)
                 after = await server.metrics()
+                for actor in rt.actors:  # REL-7: the last units' samples travel off their path
+                    accounting = getattr(actor, "accounting", None)
+                    if accounting is not None:
+                        await accounting.idle()
                 usage = await usage_totals(ctx, ids)
                 latencies, spread, done = await latency_and_spread(ctx, ids)
                 cycle = model = 0.0
