@@ -243,7 +243,6 @@ class CommitTotals:
                 del out.completion[(chapter_id, scene_id)]
         if gone and max(c.seq for c in gone) >= out.max_seq:
             out.max_seq = max(out.seqs.values(), default=0)
-        out.commits = self.commits[:same]
         for c in commits[same:]:
             out.seqs[c.commit_id] = c.seq
             out.counts[c.commit_id] = c.paragraph_count
@@ -431,11 +430,16 @@ def completed_chapters(snapshot: NovelSnapshot) -> tuple[str, ...]:
         for chapter in _ordered_chapters(outline)
         if chapter.chapterId in known or ((own := keys.get(chapter.chapterId)) and finished.issuperset(own))
     )
-    _COMPLETE_CHAPTERS[snapshot.novel_id] = (outline, finished, frozenset(done))
-    _COMPLETE_CHAPTERS.move_to_end(snapshot.novel_id)
-    while len(_COMPLETE_CHAPTERS) > 256:
-        _COMPLETE_CHAPTERS.popitem(last=False)
+    _keep_last(_COMPLETE_CHAPTERS, snapshot.novel_id, (outline, finished, frozenset(done)))
     return done
+
+
+def _keep_last(memo: OrderedDict[str, Any], novel_id: str, value: Any, size: int = 256) -> None:
+    """A novel's last answer kept for the next question (the last `size` novels)."""
+    memo[novel_id] = value
+    memo.move_to_end(novel_id)
+    while len(memo) > size:
+        memo.popitem(last=False)
 
 
 # per novel: the outline, the finished scenes and the chapters complete in the last answer
@@ -564,10 +568,7 @@ def _first_unfinished(novel_id: str, walk: _Walk, finished: frozenset[SceneKey])
         if keys[i] not in finished:
             first = i
             break
-    _FIRST[novel_id] = (walk, finished, len(keys) if first is None else first)
-    _FIRST.move_to_end(novel_id)
-    while len(_FIRST) > 256:
-        _FIRST.popitem(last=False)
+    _keep_last(_FIRST, novel_id, (walk, finished, len(keys) if first is None else first))
     return first
 
 
